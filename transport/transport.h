@@ -1,0 +1,136 @@
+// The data plane: one interface, several backends (transport/<backend>/).
+//
+// Model of operation (one-sided, push):
+//  1. Each side creates a Transport, registers the memory it exposes (the decode side its KV
+//     pool) and publishes LocalAddress() and each Registration's RemoteKey() through the
+//     control plane (gRPC handshake).
+//  2. The writer (prefill) Connect()s to the peer with that data and posts Write()s: copies
+//     from its own registered memory into the peer's registered memory, optionally followed
+//     by a notification (request id, layer) that the peer's NotificationSink receives ONLY
+//     AFTER every byte of that write is complete at the destination.
+//  3. The receiver never calls anything per transfer; it just receives notifications.
+//
+// Guarantees:
+//  - Write() is asynchronous: the local source must stay unchanged until the returned
+//    WriteHandle is done. Wait() with a deadline never blocks past it; on kTimeout the write
+//    may still be in flight (cancel it, then the endpoint, before reusing the destination).
+//  - Adjacent CopyOps (contiguous on both sides) are coalesced by the backend.
+//  - A peer that dies or a cut link surfaces as kRemoteDisconnect on pending and later writes
+//    and on the endpoint's status, never as a hang.
+//  - Destroying an Endpoint stops every write through it (after it returns, nothing more can
+//    land in the peer's memory through that endpoint). Destroying a Registration deregisters.
+//  - Operations a backend lacks return kNotSupported; see Capabilities.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+
+namespace kvstream::transport {
+
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
+struct MemoryRegion {
+  void* addr = nullptr;
+  size_t length = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // CUDA ordinal for kCuda
+};
+
+struct Capabilities {
+  bool host_memory = false;   // can register and move host memory
+  bool cuda_memory = false;   // can register and move CUDA device memory directly
+  bool remote = false;        // can reach another host (else same host only)
+  bool notifications = false; // Write(..., notify) supported
+};
+
+// A registered memory region. RemoteKey() is an opaque blob the peer passes to Connect().
+class Registration {
+ public:
+  virtual ~Registration() = default;
+  virtual const MemoryRegion& region() const = 0;
+  virtual std::string RemoteKey() const = 0;
+};
+
+// What the control plane tells a writer about the peer's memory.
+struct RemoteRegion {
+  uint64_t addr = 0;       // peer's virtual address of the region start
+  uint64_t length = 0;
+  std::string key;         // the peer Registration's RemoteKey()
+};
+
+struct PeerDescriptor {
+  std::string address;                 // peer Transport::LocalAddress()
+  std::vector<RemoteRegion> regions;
+};
+
+struct CopyOp {
+  uint64_t local_offset = 0;   // into the local registration
+  uint64_t remote_offset = 0;  // into the remote region
+  uint64_t length = 0;
+};
+
+struct Notification {
+  uint64_t request_id = 0;
+  int32_t layer = 0;
+  int32_t flags = 0;     // reserved (e.g. last layer / error)
+};
+
+struct WriteRequest {
+  const Registration* local = nullptr;
+  int remote_region = 0;        // index into PeerDescriptor::regions
+  std::vector<CopyOp> ops;
+  bool notify = false;
+  Notification notification;    // delivered after the data, if notify
+};
+
+class WriteHandle {
+ public:
+  virtual ~WriteHandle() = default;
+  virtual bool Done() const = 0;
+  // OK once complete at the destination (and notified, if asked); the error otherwise.
+  virtual Status Wait(Deadline deadline) = 0;
+  virtual uint64_t bytes() const = 0;
+};
+
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  virtual Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) = 0;
+  // OK while the peer is reachable; kRemoteDisconnect once it is known lost.
+  virtual Status status() const = 0;
+};
+
+// Called on a transport thread; must not block.
+using NotificationSink = std::function<void(const Notification&)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  virtual std::string LocalAddress() const = 0;
+  virtual Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) = 0;
+  virtual Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) = 0;
+  // Set before peers connect. Notifications that arrive with no sink are dropped.
+  virtual void SetNotificationSink(NotificationSink sink) = 0;
+};
+
+struct TransportOptions {
+  std::string backend = "ucx";   // "ucx", later "cuda_ipc", "nccl", "ucx_staged"
+  std::string ucx_tls;           // e.g. "tcp", "sm", "rc"; empty = UCX default / UCX_TLS env
+  std::string ucx_net_devices;   // e.g. "lo"; empty = UCX default
+  int device = -1;               // CUDA device of registered memory, for GPU backends
+};
+
+// Creates a backend by name; kNotSupported if it was not built in.
+Result<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
+std::vector<std::string> AvailableBackends();
+
+}  // namespace kvstream::transport
