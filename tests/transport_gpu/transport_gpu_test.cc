@@ -459,7 +459,7 @@ TEST_P(GpuTransportTest, RefusesBadInput) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kCuda, 0}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({dev, (1 << 20) + 4096, MemoryKind::kCuda, 0}).status().code(),
+  EXPECT_EQ(tx.Register({dev, 64 << 20, MemoryKind::kCuda, 0}).status().code(),
             StatusCode::kInvalidArgument);
 
   auto local = tx.Register({dev, 1 << 19, MemoryKind::kCuda, 0});

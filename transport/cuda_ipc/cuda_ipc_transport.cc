@@ -248,7 +248,8 @@ class Core : public std::enable_shared_from_this<Core> {
   void ReleaseEvents(Op& op) {
     shared->events.Release(op.done_event);
     shared->events.Release(op.dep_event);
-    op.done_event = op.dep_event = nullptr;
+    // The fields keep their values: a waiter may still query a recycled event, which at worst
+    // reports a state its CAS in Finish() then ignores.
   }
 
   void MarkDisconnected(const Status& why) {
