@@ -634,7 +634,9 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       if (h.ok()) {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_until(lock, deadline, [&] { return bye_acked_ || !status_.ok(); });
-        if (!bye_acked_) KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
+        if (!bye_acked_) {
+          KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
+        }
       }
     } else if (!drained) {
       KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
