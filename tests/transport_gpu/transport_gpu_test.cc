@@ -540,6 +540,8 @@ int main(int argc, char** argv) {
     if (a.rfind("--backend=", 0) == 0) backend = a.substr(10);
   }
   if (helper == "receiver") return kvstream::transport::RunReceiver(backend);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -547,6 +549,5 @@ int main(int argc, char** argv) {
                 err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
     return 77;
   }
-  ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
