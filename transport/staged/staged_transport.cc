@@ -28,7 +28,7 @@ using cuda::DeviceGuard;
 // Protocol messages ride on the inner transport's notifications: flags = kMagic | type | bits.
 constexpr int32_t kFlagMagic = 0x4B500000;
 constexpr int32_t kFlagMagicMask = 0x7FF00000;
-enum MsgType : int32_t { kHello = 1, kChunk = 2, kBye = 3, kCredit = 4, kByeAck = 5 };
+enum MsgType : int32_t { kHello = 1, kChunk = 2, kBye = 3, kCredit = 4, kByeAck = 5, kPing = 6 };
 constexpr int32_t kBitWriteDone = 1 << 8;
 constexpr int32_t kBitError = 1 << 9;
 
@@ -655,6 +655,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       shared->writers.erase(conn_id);
     }
     if (stream) (void)cuda::WaitStreamIdle(stream->get(), DeadlineAfterMs(5000));
+    if (ping_) (void)ping_->Wait(DeadlineAfterMs(1000));
     for (SendBuf& b : bufs_) {
       shared->events.Release(b.event);
       shared->events.Release(b.dep);
@@ -772,6 +773,29 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         Status s = inner_ep->status();
         if (!s.ok()) FailAllLocked(s);
       }
+      // Writes waiting only on the peer (credits, completions): ping it now and then, so that
+      // a dead peer shows up as an inner write error rather than as silence.
+      if (ping_ && ping_->Done()) {
+        Status s = ping_->Wait(Clock::now());
+        ping_.reset();
+        if (!s.ok()) FailAllLocked(s);
+      }
+      if (status_.ok() && !writes_.empty() && in_flight_bufs_ == 0 && !ping_ &&
+          Clock::now() - last_ping_ > std::chrono::milliseconds(100)) {
+        WriteRequest wr;
+        wr.local = send_reg.get();
+        wr.remote_region = 0;
+        wr.notify = true;
+        wr.notification = Msg(kPing, conn_id, int32_t(conn_id));
+        auto h = inner_ep->Write(wr);
+        if (h.ok()) {
+          ping_ = std::move(h).value();
+        } else {
+          FailAllLocked(h.status());
+        }
+        last_ping_ = Clock::now();
+      }
+      if (ping_) active = true;
       // Start chunks while a buffer and a peer slot are free.
       while (status_.ok() && !queue_.empty() && !credits_.empty()) {
         SendBuf* free_buf = nullptr;
@@ -818,6 +842,8 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::map<uint64_t, std::shared_ptr<WriteState>> writes_;
   uint64_t next_seq_ = 1;
   int in_flight_bufs_ = 0;
+  std::unique_ptr<WriteHandle> ping_;
+  Clock::time_point last_ping_ = Clock::now();
   std::vector<SendBuf> bufs_;
   std::thread thread_;
 };
