@@ -232,13 +232,13 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
         MarkPeerLost("cancel of request " + std::to_string(id) + " failed: " + cs.error_message());
         {
           std::lock_guard<std::mutex> lock(mu_);
-          ++stats_.quarantined_loads;
+          stats_.quarantined_blocks += static_cast<int>(load->dest.size());
         }
         KV_LOG_WARN << "[req " << id << "] prefill unreachable; holding " << load->dest.size()
                     << " blocks for " << options_.quarantine_ms << " ms before reuse";
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.quarantine_ms));
         std::lock_guard<std::mutex> lock(mu_);
-        --stats_.quarantined_loads;
+        stats_.quarantined_blocks -= static_cast<int>(load->dest.size());
       }
     }
     if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kRemoteDisconnect)

@@ -64,7 +64,7 @@ struct DecodeConnectorStats {
   uint64_t loads_failed = 0;
   uint64_t kv_bytes = 0;
   uint64_t stale_signals_ignored = 0;
-  int quarantined_loads = 0;     // loads whose writer was lost, blocks still held
+  int quarantined_blocks = 0;    // blocks whose writer was lost, still held
   int loads_in_flight = 0;
 };
 
