@@ -50,6 +50,7 @@ const std::vector<Field>& Fields() {
       KV_FIELD(cancel_timeout_ms, kI64, "bound on confirming a cancelled writer stopped"),
       KV_FIELD(quarantine_ms, kI64, "decode: hold blocks this long after losing their writer"),
       KV_FIELD(log_level, kStr, "debug | info | warn | error"),
+      KV_FIELD(fault_layer_delay_ms, kI64, "fault injection: prefill sleeps after each layer"),
   };
   return f;
 }
@@ -108,6 +109,11 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
                     c.cancel_timeout_ms})
     if (t <= 0) return InvalidArgument("timeouts must be > 0 ms");
   if (c.quarantine_ms < 0) return InvalidArgument("quarantine_ms must be >= 0");
+  if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
+#ifndef KVSTREAM_FAULT_INJECTION
+  if (c.fault_layer_delay_ms != 0)
+    return InvalidArgument("fault_layer_delay_ms: this build has no fault injection");
+#endif
   return OkStatus();
 }
 

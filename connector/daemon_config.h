@@ -44,6 +44,8 @@ struct DaemonConfig {
   int64_t cancel_timeout_ms = 3000;
   int64_t quarantine_ms = 2000;
   std::string log_level;        // debug | info | warn | error
+  // Fault injection (builds with KVSTREAM_FAULT_INJECTION only; refused otherwise):
+  int64_t fault_layer_delay_ms = 0;  // prefill: sleep after each layer's forward (slow prefill)
 
   std::string ToJson() const;
 };

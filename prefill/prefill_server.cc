@@ -1,6 +1,7 @@
 #include "prefill/prefill_server.h"
 
 #include <chrono>
+#include <thread>
 
 #include "common/log.h"
 #include "connector/decode_connector.h"  // kQuiescedTrailer
@@ -22,9 +23,13 @@ int64_t MicrosBetween(Clock::time_point a, Clock::time_point b) {
 class SaveHooks : public model::LayerHooks {
  public:
   SaveHooks(grpc::ServerContext* ctx, connector::SaveRequest* save, bool pipelined,
-            grpc::ServerWriter<v1::PrefillProgress>* writer)
-      : ctx_(ctx), save_(save), pipelined_(pipelined), writer_(writer) {}
+            grpc::ServerWriter<v1::PrefillProgress>* writer, int64_t fault_delay_ms)
+      : ctx_(ctx), save_(save), pipelined_(pipelined), writer_(writer),
+        fault_delay_ms_(fault_delay_ms) {}
   Status AfterLayer(int layer, void* stream) override {
+#ifdef KVSTREAM_FAULT_INJECTION
+    if (fault_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault_delay_ms_));
+#endif
     if (ctx_->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
     if (save_->cancelled()) return Canceled("prefill cancelled");
     if (pipelined_) KV_RETURN_IF_ERROR(save_->SaveLayer(layer));
@@ -44,6 +49,7 @@ class SaveHooks : public model::LayerHooks {
   connector::SaveRequest* save_;
   bool pipelined_;
   grpc::ServerWriter<v1::PrefillProgress>* writer_;
+  int64_t fault_delay_ms_;
 };
 }  // namespace
 
@@ -117,7 +123,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
                       connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
   KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined();
 
-  SaveHooks hooks(ctx, save.get(), req.pipelined(), writer);
+  SaveHooks hooks(ctx, save.get(), req.pipelined(), writer, config_.fault_layer_delay_ms);
   std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
   model::SeqInput seq{tokens, 0, lease.ids()};
   model::ForwardOptions fo;
