@@ -586,6 +586,9 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
     kw.k = qkv + q_w;
     kw.v = qkv + q_w + nkv * hd;
     KV_CUDA(kernels::KvWrite(kw, stream_));
+    // As on the CPU backend: the layer's KV is complete here, before attention and the MLP, so
+    // a transfer of it overlaps the rest of the layer.
+    if (hooks) KV_RETURN_IF_ERROR(hooks->AfterLayer(l, stream_));
 #if KVSTREAM_HAVE_PAGED_DECODE
     if (use_decode_kernel) {
       dp.kv_layer = layer_kv;
@@ -606,7 +609,6 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
     KV_RETURN_IF_ERROR(Gemm(gate_up, xn_.get(), w.gate_up, T, 2 * I, H, false));
     KV_CUDA(kernels::SwiGlu(act_.get(), wd, gate_up, T, I, stream_));
     KV_RETURN_IF_ERROR(Gemm(x, act_.get(), w.down, T, H, I, /*accumulate=*/true));
-    if (hooks) KV_RETURN_IF_ERROR(hooks->AfterLayer(l, stream_));
   }
 
   out->next_tokens.clear();

@@ -8,11 +8,14 @@
 //    the CPU backend reads them) and uploaded once.
 //  - The residual stream and every GEMM output are fp32; GEMM inputs are weight_dtype (cuBLAS,
 //    fp32 accumulation); the KV pool holds kv_dtype.
-//  - Forward() follows model/backend.h. Per layer: RMSNorm, fused QKV GEMM, QKV bias and rotary,
-//    hooks->BeforeAttention(l, stream), then the new tokens' K/V are written into the pool,
-//    then attention reads the pool: kernels::PagedDecodeAttention when every sequence has one
-//    new token, kernels::PrefillAttention otherwise; o_proj (+ residual), RMSNorm, fused
-//    gate/up GEMM, SwiGLU, down_proj (+ residual), hooks->AfterLayer(l, stream).
+//  - Forward() follows model/backend.h, with the CPU backend's hook order. Per layer: RMSNorm,
+//    fused QKV GEMM, QKV bias and rotary (model/rope.h's factors), hooks->BeforeAttention(l,
+//    stream) (before the new K/V are written, so blocks landing from a peer cannot overwrite
+//    them), the new tokens' K/V are written into the pool, hooks->AfterLayer(l, stream) (this
+//    layer's KV of every sequence is complete once the stream reaches this point), attention
+//    reads the pool (kernels::PagedDecodeAttention when every sequence has one new token,
+//    kernels::PrefillAttention otherwise), o_proj (+ residual), RMSNorm, fused gate/up GEMM,
+//    SwiGLU, down_proj (+ residual).
 //    `stream` is the backend's cudaStream_t (one high-priority compute stream per backend);
 //    work enqueued before a hook call is ordered before anything the hook enqueues on it.
 //  - Forward() returns once the outputs are on the host (it synchronises its stream); on an

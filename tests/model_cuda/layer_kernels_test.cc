@@ -470,7 +470,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PagedCase{DType::kF16, 128, 16, 8, 2}, PagedCase{DType::kBF16, 128, 16, 8, 2},
                       PagedCase{DType::kF16, 64, 32, 4, 4}, PagedCase{DType::kBF16, 64, 16, 7, 1},
                       PagedCase{DType::kF16, 256, 16, 4, 1}, PagedCase{DType::kBF16, 256, 32, 2, 2},
-                      PagedCase{DType::kF16, 128, 32, 28, 4}),
+                      PagedCase{DType::kF16, 128, 32, 28, 4}, PagedCase{DType::kF16, 32, 16, 8, 4},
+                      PagedCase{DType::kBF16, 32, 32, 8, 8}),
     CaseName);
 
 }  // namespace
