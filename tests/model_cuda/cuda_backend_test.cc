@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/layer_ops.h"
 #include "model/backend.h"
 #include "model/config.h"
 #include "model/cpu_backend.h"
@@ -401,6 +403,33 @@ TEST(CudaBackend, BadInputIsAnErrorNotACrash) {
   // Out-of-range device.
   o.device = 99;
   EXPECT_EQ(StatusCode::kUnavailable, CreateCudaBackend(spec, o).status().code());
+}
+
+// The GPU's dummy weights are the CPU's, bit for bit (every tensor of the tiny preset, both
+// 16-bit dtypes, as the backend generates them: kernels::DummyFill).
+TEST(CudaBackend, DummyWeightsBitIdenticalToWeightSource) {
+  for (DType wd : {DType::kF16, DType::kBF16}) {
+    ModelSpec spec;
+    spec.model = "tiny";
+    spec.seed = 11;
+    spec.weight_dtype = wd;
+    auto src = OpenWeights(spec);
+    ASSERT_TRUE(src.ok()) << src.status().ToString();
+    ASSERT_TRUE((*src)->is_dummy());
+    for (const TensorSpec& t : (*src)->tensors()) {
+      const size_t bytes = size_t(t.numel()) * DTypeSize(wd);
+      std::vector<std::byte> want(bytes), got(bytes);
+      ASSERT_OK((*src)->Read(t, wd, want.data()));
+      void* d = nullptr;
+      ASSERT_EQ(cudaSuccess, cudaMalloc(&d, bytes));
+      ASSERT_EQ(cudaSuccess, kernels::DummyFill(d, wd, size_t(t.numel()), (*src)->config().seed,
+                                                t.dummy_id, 0, t.dummy_scale, t.dummy_offset,
+                                                nullptr));
+      ASSERT_EQ(cudaSuccess, cudaMemcpy(got.data(), d, bytes, cudaMemcpyDeviceToHost));
+      cudaFree(d);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), bytes)) << t.name << " " << DTypeName(wd);
+    }
+  }
 }
 
 TEST(CudaBackend, FactorySelectsCuda) {
