@@ -146,6 +146,7 @@ struct Op {
   bool notify = false;
   Notification notification;
   uint64_t bytes = 0;
+  uint64_t transfers = 0;  // coalesced runs
   uint64_t ring_end = 0;
   std::atomic<int> state{0};  // 0 in flight, 1 finishing, 2 done (result valid)
   Status result;
@@ -231,7 +232,10 @@ class Core : public std::enable_shared_from_this<Core> {
     }
     for (auto& op : left) {
       cudaError_t err = cudaEventQuery(op->done_event);
-      Finish(*op, Canceled("cuda_ipc: endpoint destroyed before the write was complete"));
+      // Complete copies that owe no notification are done; the rest are cancelled.
+      Finish(*op, err == cudaSuccess && !op->notify
+                      ? OkStatus()
+                      : Canceled("cuda_ipc: endpoint destroyed before the write was complete"));
       if (err != cudaErrorNotReady) ReleaseEvents(*op);  // else leak: it may still fire
     }
     stream.reset();
@@ -369,6 +373,7 @@ class IpcWriteHandle : public WriteHandle {
     }
   }
   uint64_t bytes() const override { return op_->bytes; }
+  uint64_t transfers() const override { return op_->transfers; }
 
  private:
   std::shared_ptr<Core> core_;
@@ -441,6 +446,7 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
   op->notify = req.notify;
   op->notification = req.notification;
   op->bytes = bytes;
+  op->transfers = merged.size();
   KV_ASSIGN_OR_RETURN(op->done_event, shared->events.Acquire());
   auto fail = [&](Status s) -> Status {
     shared->events.Release(op->done_event);
