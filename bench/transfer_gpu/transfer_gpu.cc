@@ -7,7 +7,8 @@
 // Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
 //   layer_contig   one layer, destination contiguous (1 run)
 //   layer_scatter  one layer, destination blocks scattered over a pool twice that size
-//   prompt_scatter every layer, one write per layer posted back to back (notify each)
+//   prompt_contig  every layer, one write per layer posted back to back (notify each), contiguous
+//   prompt_scatter the same, destination blocks scattered
 // Time = host clock from the first Write() to the last WriteHandle::Wait() returning (data at
 // the destination and the notification sent), median over --iters. Baselines, same bytes,
 // same process, same clock: cudaMemcpyAsync device-to-device (+ stream sync), and pinned
@@ -444,6 +445,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
     };
     row("layer_contig", layer_bytes, 1, 1, TimeIt(iters, [&] { run(false, 1); }), base_layer);
     row("layer_scatter", layer_bytes, 1, blocks, TimeIt(iters, [&] { run(true, 1); }), base_layer);
+    row("prompt_contig", prompt_bytes, layers, 1,
+        TimeIt(std::max(3, iters / 4), [&] { run(false, layers); }), base_prompt);
     row("prompt_scatter", prompt_bytes, layers, blocks,
         TimeIt(std::max(3, iters / 4), [&] { run(true, layers); }), base_prompt);
 
