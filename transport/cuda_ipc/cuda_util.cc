@@ -148,6 +148,24 @@ PinnedBuffer::~PinnedBuffer() {
   if (data_ != nullptr) (void)cudaFreeHost(data_);
 }
 
+Result<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(int device, size_t bytes) {
+  if (bytes == 0) return InvalidArgument("DeviceBuffer: zero bytes");
+  DeviceGuard guard(device);
+  KV_RETURN_IF_ERROR(guard.status());
+  std::unique_ptr<DeviceBuffer> b(new DeviceBuffer());
+  KV_CUDA_RETURN_IF_ERROR(cudaMalloc(&b->data_, bytes),
+                          "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+  b->size_ = bytes;
+  b->device_ = device;
+  return b;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ == nullptr) return;
+  DeviceGuard guard(device_);
+  (void)cudaFree(data_);
+}
+
 namespace {
 // cuMemGetAddressRange from the driver, looked up at run time so that binaries start (and
 // GPU tests can skip) on machines without libcuda.so.
@@ -183,8 +201,15 @@ Result<DevicePointerInfo> QueryDevicePointer(const void* ptr, size_t length) {
   info.device = attr.device;
   GetAddressRangeFn fn = LoadGetAddressRange();
   if (fn == nullptr) return Internal("cuMemGetAddressRange not found in libcuda.so.1");
-  DeviceGuard guard(attr.device);
-  KV_RETURN_IF_ERROR(guard.status());
+  // The driver call needs the device's primary context current on this thread: cudaSetDevice
+  // makes it so (even when the device is already the current one).
+  int previous = -1;
+  KV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous), "cudaGetDevice");
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(attr.device), "cudaSetDevice");
+  struct Restore {
+    int d;
+    ~Restore() { (void)cudaSetDevice(d); }
+  } restore{previous};
   unsigned long long base = 0;
   size_t size = 0;
   int rc = fn(&base, &size, reinterpret_cast<unsigned long long>(ptr));

@@ -112,6 +112,23 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
+// Device memory (cudaMalloc) owned for the object's lifetime.
+class DeviceBuffer {
+ public:
+  static Result<std::unique_ptr<DeviceBuffer>> Allocate(int device, size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  DeviceBuffer() = default;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  int device_ = -1;
+};
+
 struct DevicePointerInfo {
   int device = -1;
   uint64_t alloc_base = 0;   // start of the cudaMalloc allocation holding the pointer

@@ -94,15 +94,41 @@ Notification Msg(MsgType type, uint64_t request_id, int32_t layer, int32_t bits 
   return Notification{request_id, layer, kFlagMagic | type | bits};
 }
 
-// Copies `runs` on `stream`: cudaMemcpyAsync for a few, the scatter kernel (table in `table`,
-// capacity `table_cap` entries, pinned) for many.
-Status CopyRuns(const std::vector<CopyRun>& runs, CopyRun* table, size_t table_cap,
-                cudaMemcpyKind kind, cudaStream_t stream) {
-  size_t entries = runs.size() >= 4 ? cuda::ScatterTableEntries(runs.data(), runs.size()) : 0;
-  if (entries > 0 && entries <= table_cap) {
-    cuda::SplitRuns(runs.data(), runs.size(), table);
-    return cuda::LaunchScatterCopy(table, entries, stream);
+// Device -> pinned staging (writer) or pinned staging -> device (receiver) for one chunk.
+// `runs` move between scattered device addresses and the chunk's contiguous staging bytes
+// [0, bytes). Few runs: cudaMemcpyAsync each. Many: the copy engine moves the chunk in one
+// piece between staging and a device scratch buffer, and the scatter kernel does the
+// scattering device-side (its run table, `table`, is pinned and stays untouched until the
+// stream passes it).
+enum class Direction { kToHost, kToDevice };
+Status CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t staging, uint64_t bytes,
+                 void* scratch, CopyRun* table, size_t table_cap, cudaStream_t stream) {
+  if (runs.size() >= 4 && scratch != nullptr) {
+    // Re-aim the runs' staging side at the scratch buffer.
+    std::vector<CopyRun> dev = runs;
+    const uint64_t sc = reinterpret_cast<uint64_t>(scratch);
+    for (CopyRun& r : dev) {
+      if (dir == Direction::kToHost) r.dst = sc + (r.dst - staging);
+      else r.src = sc + (r.src - staging);
+    }
+    size_t entries = cuda::ScatterTableEntries(dev.data(), dev.size());
+    if (entries <= table_cap) {
+      if (dir == Direction::kToDevice) {
+        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch, reinterpret_cast<const void*>(staging), bytes,
+                                                cudaMemcpyHostToDevice, stream),
+                                "cudaMemcpyAsync (staging to scratch)");
+      }
+      cuda::SplitRuns(dev.data(), dev.size(), table);
+      KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, stream));
+      if (dir == Direction::kToHost) {
+        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(staging), scratch, bytes,
+                                                cudaMemcpyDeviceToHost, stream),
+                                "cudaMemcpyAsync (scratch to staging)");
+      }
+      return OkStatus();
+    }
   }
+  const cudaMemcpyKind kind = dir == Direction::kToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (const CopyRun& r : runs) {
     KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(r.dst),
                                             reinterpret_cast<const void*>(r.src), r.length, kind,
@@ -233,6 +259,9 @@ class Receiver {
 
   Status Start() {
     KV_ASSIGN_OR_RETURN(stream_, cuda::Stream::CreateLowestPriority(shared_->device));
+    KV_ASSIGN_OR_RETURN(scratch_, cuda::DeviceBuffer::Allocate(
+                                      shared_->device, size_t(shared_->options.recv_slots) *
+                                                           shared_->options.chunk_bytes));
     for (int s = 0; s < shared_->options.recv_slots; ++s) free_slots_.push_back(uint32_t(s));
     slot_owner_.assign(size_t(shared_->options.recv_slots), 0);
     thread_ = std::thread([this] { Run(); });
@@ -251,6 +280,7 @@ class Receiver {
     conns_.clear();
     closing_.clear();
     stream_.reset();
+    scratch_.reset();
   }
 
   void Post(const Notification& n) {
@@ -333,7 +363,8 @@ class Receiver {
     if (c.granted < uint32_t(shared_->options.credits_per_peer)) starved_.push_back(h.conn_id);
   }
 
-  Status ParseChunk(uint32_t conn_id, uint32_t slot, Item* item, std::vector<CopyRun>* runs) {
+  Status ParseChunk(uint32_t conn_id, uint32_t slot, Item* item, std::vector<CopyRun>* runs,
+                    uint64_t* data_bytes) {
     const char* base = static_cast<const char*>(shared_->staging->data()) + shared_->SlotOffset(slot);
     ChunkWire cw;
     std::memcpy(&cw, base, sizeof(cw));
@@ -349,6 +380,7 @@ class Receiver {
       return DataLoss("ucx_staged: chunk descriptor out of range");
     }
     const uint64_t data = reinterpret_cast<uint64_t>(base) + kHeaderBytes;
+    *data_bytes = cw.data_bytes;
     std::lock_guard<std::mutex> lock(shared_->regions_mu);
     for (uint32_t i = 0; i < cw.npieces; ++i) {
       PieceWire p;
@@ -381,10 +413,15 @@ class Receiver {
     item.conn_id = conn_id;
     item.slot = slot;
     std::vector<CopyRun> runs;
-    item.error = ParseChunk(conn_id, slot, &item, &runs);
+    uint64_t data_bytes = 0;
+    item.error = ParseChunk(conn_id, slot, &item, &runs, &data_bytes);
     if (item.error.ok()) {
       CopyRun* table = static_cast<CopyRun*>(shared_->recv_tables->data()) + size_t(slot) * kTableEntriesPerSlot;
-      Status s = CopyRuns(runs, table, kTableEntriesPerSlot, cudaMemcpyHostToDevice, stream_->get());
+      const uint64_t staging = reinterpret_cast<uint64_t>(shared_->staging->data()) +
+                               shared_->SlotOffset(slot) + kHeaderBytes;
+      void* scratch = static_cast<char*>(scratch_->data()) + size_t(slot) * shared_->options.chunk_bytes;
+      Status s = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
+                           kTableEntriesPerSlot, stream_->get());
       auto ev = shared_->events.Acquire();
       if (s.ok() && ev.ok()) {
         item.event = ev.value();
@@ -498,6 +535,7 @@ class Receiver {
 
   Shared* shared_;
   std::unique_ptr<cuda::Stream> stream_;
+  std::unique_ptr<cuda::DeviceBuffer> scratch_;  // chunk_bytes per slot
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -550,6 +588,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::unique_ptr<cuda::PinnedBuffer> send_staging;
   std::unique_ptr<Registration> send_reg;
   std::unique_ptr<cuda::PinnedBuffer> tables;  // kTableEntriesPerSlot per send buffer
+  std::unique_ptr<cuda::DeviceBuffer> scratch;  // chunk_cap per send buffer
   std::unique_ptr<cuda::Stream> stream;
   std::vector<RegionInfo> remote;  // per peer region: id in `addr`, length
   AddrWire peer{};
@@ -695,20 +734,30 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     cw.data_bytes = chunk.bytes;
     std::memcpy(base, &cw, sizeof(cw));
     std::vector<CopyRun> runs;
+    const uint64_t staging = reinterpret_cast<uint64_t>(base + kHeaderBytes);
     for (size_t i = 0; i < chunk.pieces.size(); ++i) {
       const Piece& p = chunk.pieces[i];
       PieceWire pw{p.region_id, 0, p.dst_offset, p.staging_offset, p.length};
       std::memcpy(base + sizeof(cw) + i * sizeof(PieceWire), &pw, sizeof(pw));
-      runs.push_back({p.src, reinterpret_cast<uint64_t>(base + kHeaderBytes + p.staging_offset), p.length});
+      CopyRun r{p.src, staging + p.staging_offset, p.length};
+      // Pieces sit back to back in staging: merge those whose sources are contiguous too.
+      if (!runs.empty() && runs.back().src + runs.back().length == r.src &&
+          runs.back().dst + runs.back().length == r.dst) {
+        runs.back().length += r.length;
+      } else {
+        runs.push_back(r);
+      }
     }
     if (chunk.dep != nullptr) {
       KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream->get(), chunk.dep, 0), "cudaStreamWaitEvent");
     }
     b.dep = chunk.dep;
     chunk.dep = nullptr;
-    CopyRun* table = static_cast<CopyRun*>(tables->data()) +
-                     size_t(&b - bufs_.data()) * kTableEntriesPerSlot;
-    KV_RETURN_IF_ERROR(CopyRuns(runs, table, kTableEntriesPerSlot, cudaMemcpyDeviceToHost, stream->get()));
+    const size_t index = size_t(&b - bufs_.data());
+    CopyRun* table = static_cast<CopyRun*>(tables->data()) + index * kTableEntriesPerSlot;
+    void* sc = static_cast<char*>(scratch->data()) + index * chunk_cap;
+    KV_RETURN_IF_ERROR(CopyChunk(Direction::kToHost, runs, staging, chunk.bytes, sc, table,
+                                 kTableEntriesPerSlot, stream->get()));
     KV_ASSIGN_OR_RETURN(b.event, shared->events.Acquire());
     KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.event, stream->get()), "cudaEventRecord");
     b.chunk = std::move(chunk);
@@ -1098,6 +1147,7 @@ class StagedTransport : public Transport {
                                                            core->buf_stride * nbufs, MemoryKind::kHost, -1}));
     KV_ASSIGN_OR_RETURN(core->tables, cuda::PinnedBuffer::Allocate(size_t(nbufs) * kTableEntriesPerSlot * sizeof(CopyRun)));
     KV_ASSIGN_OR_RETURN(core->stream, cuda::Stream::CreateLowestPriority(s.device));
+    KV_ASSIGN_OR_RETURN(core->scratch, cuda::DeviceBuffer::Allocate(s.device, size_t(nbufs) * chunk));
     static std::mt19937_64 rng(std::random_device{}());
     static std::mutex rng_mu;
     uint64_t nonce;
