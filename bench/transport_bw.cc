@@ -1,6 +1,9 @@
 // transport_bw: kvstream UCX Write bandwidth between two processes on this host, measured side
 // by side with `ucx_perftest -t ucp_put_bw` (same UCX_TLS, same message size, same iteration
-// count, same run), alternating the two for every repetition.
+// count, same run), alternating them for every repetition. ucx_perftest runs twice: as is, and
+// with -e (endpoints with error handling, UCP_ERR_HANDLING_MODE_PEER, as kvstream's are; in
+// UCX 1.13 that mode leaves out the transports without peer-failure support, e.g. shared
+// memory and TCP's RMA lanes, so it is the same-transport baseline).
 //
 //   transport_bw [--tls tcp] [--net-devices lo] [--sizes 64K,256K,1M,4M,16M,64M]
 //                [--window 8] [--reps 3] [--seconds 0.5] [--memory allocate|register]
@@ -264,10 +267,12 @@ double RunKvstream(Endpoint& ep, const Registration& local, size_t size, int cou
 
 // One ucx_perftest server + client pair on loopback; MiB/s ("overall" bandwidth), <0 on error.
 double RunPerftest(const Args& a, size_t size, int count, int warmup, int port,
-                   std::string* error) {
+                   bool error_handling, std::string* error) {
   Child server, client;
   auto env = UcxEnv(a);
-  if (!server.Start({a.perftest, "-p", std::to_string(port)}, env)) {
+  std::vector<std::string> sargv = {a.perftest, "-p", std::to_string(port)};
+  if (error_handling) sargv.push_back("-e");
+  if (!server.Start(sargv, env)) {
     *error = "cannot start " + a.perftest;
     return -1;
   }
@@ -277,10 +282,11 @@ double RunPerftest(const Args& a, size_t size, int count, int warmup, int port,
     return -1;
   }
   std::string line;
-  client.Start({a.perftest, "127.0.0.1", "-p", std::to_string(port), "-t", "ucp_put_bw", "-s",
-                std::to_string(size), "-n", std::to_string(count), "-w", std::to_string(warmup),
-                "-v"},
-               env);
+  std::vector<std::string> cargv = {a.perftest, "127.0.0.1", "-p", std::to_string(port),
+                                    "-t", "ucp_put_bw", "-s", std::to_string(size),
+                                    "-n", std::to_string(count), "-w", std::to_string(warmup), "-v"};
+  if (error_handling) cargv.push_back("-e");
+  client.Start(cargv, env);
   std::string last, all;
   while (client.ReadLine(&line, DeadlineAfterMs(120000))) {
     all += line + "\n";
@@ -390,7 +396,7 @@ int main(int argc, char** argv) {
   struct Row {
     size_t size;
     int iters;
-    double ours, theirs;
+    double ours, theirs, theirs_e;
   };
   std::vector<Row> rows;
   int port = a.port;
@@ -404,7 +410,7 @@ int main(int argc, char** argv) {
     }
     int iters = std::clamp(static_cast<int>(a.seconds * probe * (1 << 20) / size), 16, 200000);
     int warmup = std::max(4, iters / 10);
-    std::vector<double> ours, theirs;
+    std::vector<double> ours, theirs, theirs_e;
     for (int rep = 0; rep < a.reps; ++rep) {
       if (RunKvstream(**ep, **src, size, warmup, a.window, a.notify, &err) < 0) {
         std::fprintf(stderr, "kvstream warmup failed: %s\n", err.c_str());
@@ -415,35 +421,47 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kvstream write failed: %s\n", err.c_str());
         return 1;
       }
-      double p = RunPerftest(a, size, iters, warmup, port++, &err);
+      double p = RunPerftest(a, size, iters, warmup, port++, /*error_handling=*/false, &err);
       if (p < 0) {
         std::fprintf(stderr, "ucx_perftest failed: %s\n", err.c_str());
         return 1;
       }
+      double pe = RunPerftest(a, size, iters, warmup, port++, /*error_handling=*/true, &err);
+      if (pe < 0) {
+        std::fprintf(stderr, "ucx_perftest -e failed: %s\n", err.c_str());
+        return 1;
+      }
       ours.push_back(k);
       theirs.push_back(p);
+      theirs_e.push_back(pe);
       std::printf("{\"bench\":\"transport_bw\",\"tls\":\"%s\",\"size\":%zu,\"iters\":%d,"
                   "\"window\":%d,\"notify\":%s,\"memory\":\"%s\",\"rep\":%d,"
-                  "\"kvstream_MiBps\":%.1f,\"perftest_MiBps\":%.1f,\"ratio\":%.3f}\n",
+                  "\"kvstream_MiBps\":%.1f,\"perftest_MiBps\":%.1f,\"perftest_e_MiBps\":%.1f,"
+                  "\"ratio\":%.3f,\"ratio_e\":%.3f}\n",
                   a.tls.c_str(), size, iters, a.window, a.notify ? "true" : "false",
-                  a.allocate ? "allocate" : "register", rep, k, p, k / p);
+                  a.allocate ? "allocate" : "register", rep, k, p, pe, k / p, k / pe);
       std::fflush(stdout);
     }
-    Row row{size, iters, Median(ours), Median(theirs)};
+    Row row{size, iters, Median(ours), Median(theirs), Median(theirs_e)};
     std::printf("{\"bench\":\"transport_bw\",\"summary\":true,\"tls\":\"%s\",\"size\":%zu,"
-                "\"kvstream_MiBps\":%.1f,\"perftest_MiBps\":%.1f,\"ratio\":%.3f}\n",
-                a.tls.c_str(), size, row.ours, row.theirs, row.ours / row.theirs);
+                "\"kvstream_MiBps\":%.1f,\"perftest_MiBps\":%.1f,\"perftest_e_MiBps\":%.1f,"
+                "\"ratio\":%.3f,\"ratio_e\":%.3f}\n",
+                a.tls.c_str(), size, row.ours, row.theirs, row.theirs_e, row.ours / row.theirs,
+                row.ours / row.theirs_e);
     std::fflush(stdout);
     rows.push_back(row);
   }
   std::printf("\nUCX_TLS=%s  window=%d  notify=%s  memory=%s  (median of %d reps, MiB/s)\n",
               a.tls.empty() ? "(default)" : a.tls.c_str(), a.window, a.notify ? "on" : "off",
               a.allocate ? "allocate" : "register", a.reps);
-  std::printf("%8s %8s %14s %14s %7s\n", "size", "iters", "kvstream", "ucx_perftest", "ratio");
+  std::printf("%8s %8s %10s %13s %8s %16s %8s\n", "size", "iters", "kvstream", "perftest", "ratio",
+              "perftest -e", "ratio");
   for (const Row& r : rows) {
-    std::printf("%8s %8d %14.1f %14.1f %6.1f%%\n", SizeName(r.size).c_str(), r.iters, r.ours,
-                r.theirs, 100 * r.ours / r.theirs);
+    std::printf("%8s %8d %10.1f %13.1f %7.1f%% %16.1f %7.1f%%\n", SizeName(r.size).c_str(), r.iters,
+                r.ours, r.theirs, 100 * r.ours / r.theirs, r.theirs_e, 100 * r.ours / r.theirs_e);
   }
+  std::printf("perftest = ucx_perftest -t ucp_put_bw; perftest -e = the same with endpoint error\n"
+              "handling (UCP_ERR_HANDLING_MODE_PEER), which kvstream always uses.\n");
   ep->reset();
   peer.Finish(DeadlineAfterMs(5000));
   return 0;
