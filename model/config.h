@@ -28,8 +28,16 @@ struct ModelConfig {
   DType weight_dtype = DType::kF16;  // storage dtype of weights on the backend
   DType kv_dtype = DType::kF16;      // element type of the paged KV cache
   uint64_t seed = 0;                 // dummy-weight seed; meaningless for checkpoints
+  // Identity of checkpoint weights (a hash of the safetensors headers); 0 for dummy weights.
+  uint64_t weights_id = 0;
 
   int group_size() const { return num_heads / num_kv_heads; }
+  int q_dim() const { return num_heads * head_dim; }
+  int kv_dim() const { return num_kv_heads * head_dim; }
+  // Bytes of K and V of one token over all layers, in kv_dtype.
+  uint64_t kv_bytes_per_token() const {
+    return 2ull * num_layers * num_kv_heads * head_dim * DTypeSize(kv_dtype);
+  }
   uint64_t num_parameters() const;
   // Stable 64-bit hash of every field that changes the numbers a forward pass produces
   // (shapes, rope, eps, dtypes, seed or checkpoint identity). Compared at handshake.
@@ -41,6 +49,11 @@ struct ModelConfig {
 std::vector<std::string> PresetNames();
 Result<ModelConfig> PresetConfig(const std::string& name, uint64_t seed = 0);
 // Parses a Hugging Face config.json (LlamaForCausalLM / Qwen2ForCausalLM).
+// weight_dtype comes from torch_dtype; kv_dtype, seed and weights_id keep their defaults.
+// Unsupported features (rope_scaling, attention/mlp bias on Llama, other activations) are
+// refused with kNotSupported rather than silently ignored.
 Result<ModelConfig> ConfigFromHfJson(const std::string& json_text);
+// The inverse, for writing checkpoints: a config.json that ConfigFromHfJson reads back.
+std::string ConfigToHfJson(const ModelConfig& config);
 
 }  // namespace kvstream::model

@@ -82,7 +82,11 @@ Result<std::unique_ptr<PoolMemory>> AllocateHostPoolMemory(size_t bytes);
 // A pool of num_blocks blocks for every layer plus its allocator.
 class KvPool {
  public:
+  // The memory must hold layout.pool_bytes(num_blocks) bytes (checked by Create).
   KvPool(const KvLayout& layout, int num_blocks, std::unique_ptr<PoolMemory> memory);
+  // Checks the layout, num_blocks > 0 and the memory size; kInvalidArgument otherwise.
+  static Result<std::unique_ptr<KvPool>> Create(const KvLayout& layout, int num_blocks,
+                                                std::unique_ptr<PoolMemory> memory);
   const KvLayout& layout() const { return layout_; }
   int num_blocks() const { return num_blocks_; }
   BlockAllocator& allocator() { return allocator_; }
@@ -100,6 +104,9 @@ class KvPool {
   BlockAllocator allocator_;
 };
 
+// A pool in zero-filled host memory.
+Result<std::unique_ptr<KvPool>> CreateHostPool(const KvLayout& layout, int num_blocks);
+
 // Blocks needed to hold n tokens.
 inline int BlocksForTokens(int n, int block_size) { return (n + block_size - 1) / block_size; }
 
@@ -115,9 +122,13 @@ class BlockLease {
   BlockLease& operator=(const BlockLease&) = delete;
   ~BlockLease() { Reset(); }
   const std::vector<int32_t>& ids() const { return ids_; }
-  // Allocates more blocks so that the lease covers n tokens.
+  // Allocates more blocks so that the lease covers n tokens (all-or-nothing; on
+  // kResourceExhausted the lease is unchanged). kFailedPrecondition on a lease without an
+  // allocator.
   Status GrowToTokens(int n_tokens, int block_size);
+  // Releases every block now; the lease is then empty (and still bound to its allocator).
   void Reset();
+  BlockAllocator* allocator() const { return alloc_; }
 
  private:
   BlockAllocator* alloc_ = nullptr;

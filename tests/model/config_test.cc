@@ -1,0 +1,161 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace kvstream::model {
+namespace {
+
+TEST(Presets, ShapesAndParameterCounts) {
+  struct Want {
+    const char* name;
+    int layers, hidden, heads, kv, hd, mlp, vocab;
+    float theta;
+    bool bias;
+    double params;
+  };
+  for (const Want& w : {Want{"llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 1e4f, false, 6.74e9},
+                        Want{"llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 5e5f, false, 8.03e9},
+                        Want{"qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 1e6f, true, 7.62e9}}) {
+    auto c = PresetConfig(w.name);
+    ASSERT_TRUE(c.ok()) << w.name;
+    EXPECT_TRUE(c->Validate().ok());
+    EXPECT_EQ(c->num_layers, w.layers);
+    EXPECT_EQ(c->hidden_size, w.hidden);
+    EXPECT_EQ(c->num_heads, w.heads);
+    EXPECT_EQ(c->num_kv_heads, w.kv);
+    EXPECT_EQ(c->head_dim, w.hd);
+    EXPECT_EQ(c->intermediate_size, w.mlp);
+    EXPECT_EQ(c->vocab_size, w.vocab);
+    EXPECT_EQ(c->rope_theta, w.theta);
+    EXPECT_EQ(c->qkv_bias, w.bias);
+    EXPECT_NEAR(double(c->num_parameters()) / w.params, 1.0, 0.005) << w.name;
+    // The tensor list sums to the same parameter count.
+    uint64_t sum = 0;
+    std::set<std::string> names;
+    for (const auto& t : ModelTensors(*c)) {
+      sum += uint64_t(t.numel());
+      EXPECT_TRUE(names.insert(t.name).second) << t.name;
+    }
+    EXPECT_EQ(sum, c->num_parameters()) << w.name;
+  }
+  auto tiny = PresetConfig("tiny");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_TRUE(tiny->Validate().ok());
+  EXPECT_EQ(tiny->num_layers, 2);
+  EXPECT_EQ(PresetConfig("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(PresetNames().size(), 4u);
+}
+
+TEST(Config, HashCoversNumbers) {
+  ModelConfig a = PresetConfig("tiny", 1).value();
+  ModelConfig b = a;
+  EXPECT_EQ(a.hash(), b.hash());
+  b.seed = 2;
+  EXPECT_NE(a.hash(), b.hash());
+  b = a;
+  b.kv_dtype = DType::kBF16;
+  EXPECT_NE(a.hash(), b.hash());
+  b = a;
+  b.rope_theta = 20000.f;
+  EXPECT_NE(a.hash(), b.hash());
+  b = a;
+  b.num_layers = 1;
+  EXPECT_NE(a.hash(), b.hash());
+}
+
+TEST(Config, ValidateRejectsBadShapes) {
+  ModelConfig c = PresetConfig("tiny").value();
+  c.num_kv_heads = 3;
+  EXPECT_EQ(c.Validate().code(), StatusCode::kInvalidArgument);
+  c = PresetConfig("tiny").value();
+  c.head_dim = 31;
+  EXPECT_FALSE(c.Validate().ok());
+  c = PresetConfig("tiny").value();
+  c.vocab_size = 0;
+  EXPECT_FALSE(c.Validate().ok());
+}
+
+TEST(Config, HfJsonLlamaAndQwen) {
+  auto llama = ConfigFromHfJson(R"({
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "rope_scaling": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 128256,
+    "max_position_embeddings": 8192, "hidden_act": "silu"})");
+  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
+  EXPECT_EQ(llama->family, "llama");
+  EXPECT_EQ(llama->head_dim, 128);  // default hidden / heads
+  EXPECT_EQ(llama->num_kv_heads, 8);
+  EXPECT_EQ(llama->rope_theta, 500000.f);
+  EXPECT_EQ(llama->weight_dtype, DType::kBF16);
+  EXPECT_FALSE(llama->qkv_bias);
+  EXPECT_NEAR(double(llama->num_parameters()) / 8.03e9, 1.0, 0.005);
+
+  auto qwen = ConfigFromHfJson(R"({
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+    "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "vocab_size": 152064})");
+  ASSERT_TRUE(qwen.ok()) << qwen.status().ToString();
+  EXPECT_TRUE(qwen->qkv_bias);
+  EXPECT_EQ(qwen->family, "qwen2");
+  EXPECT_EQ(qwen->rms_eps, 1e-6f);
+
+  // Round trip through the writer's JSON.
+  ModelConfig t = PresetConfig("tiny").value();
+  t.tie_word_embeddings = true;
+  auto back = ConfigFromHfJson(ConfigToHfJson(t));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->hash(), t.hash());
+
+  EXPECT_EQ(ConfigFromHfJson("{not json").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConfigFromHfJson(R"({"architectures": ["GPT2LMHeadModel"]})").status().code(),
+            StatusCode::kNotSupported);
+  auto missing = ConfigFromHfJson(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})");
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("num_hidden_layers"), std::string::npos);
+  EXPECT_EQ(ConfigFromHfJson(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1,
+    "vocab_size": 10, "rope_scaling": {"type": "llama3"}})").status().code(),
+            StatusCode::kNotSupported);
+}
+
+TEST(Weights, DummyValuesAreDeterministicAndScaled) {
+  ModelSpec spec;
+  spec.model = "tiny";
+  spec.seed = 5;
+  spec.weight_dtype = DType::kF32;
+  auto w = OpenWeights(spec);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const auto& ts = (*w)->tensors();
+  ASSERT_FALSE(ts.empty());
+  std::vector<float> a, b;
+  ASSERT_TRUE((*w)->ReadF32(ts[1], &a).ok());  // layer 0 input norm
+  ASSERT_TRUE((*w)->ReadF32(ts[1], &b).ok());
+  EXPECT_EQ(a, b);
+  for (float x : a) {
+    EXPECT_GE(x, 0.9f);
+    EXPECT_LE(x, 1.1f);
+  }
+  EXPECT_EQ(a[3], DummyWeight(ts[1], 5, 3));
+  // bf16 storage rounds the same values.
+  spec.weight_dtype = DType::kBF16;
+  auto wb = OpenWeights(spec);
+  ASSERT_TRUE(wb.ok());
+  std::vector<float> c;
+  ASSERT_TRUE((*wb)->ReadF32(ts[2], &c).ok());
+  for (size_t i = 0; i < c.size(); i += 101)
+    EXPECT_EQ(c[i], RoundToDType(DummyWeight(ts[2], 5, i), DType::kBF16));
+  spec.num_layers_override = 3;
+  EXPECT_EQ(OpenWeights(spec).status().code(), StatusCode::kInvalidArgument);
+  spec.model = "no-such-model";
+  spec.num_layers_override = 0;
+  EXPECT_EQ(OpenWeights(spec).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvstream::model
