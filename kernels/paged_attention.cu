@@ -130,7 +130,6 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   constexpr bool kVEarly = D <= 128;  // issue V's loads with K's (registers permitting)
   constexpr uint32_t kTileBytes = kUnitTokens * D * sizeof(T);
 
-  __shared__ __align__(16) T q_s[kHeadsPerCta][D];
   __shared__ __align__(16) T p_s[kWarps][kHeadsPerCta][kPStride];
   __shared__ __align__(16) float o_s[kWarps][kHeadsPerCta][D];
   __shared__ float2 ml_s[kWarps][kHeadsPerCta];
@@ -153,22 +152,16 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   const int u_end =
       split == a.num_splits - 1 ? n_units : min(n_units, u_begin + a.units_per_split);
 
-  // Q of this chunk's heads into shared memory; heads past the group are zero.
-  for (int i = threadIdx.x; i < kHeadsPerCta * D / 8; i += kThreads) {
-    const int hh = i / (D / 8), col = i % (D / 8);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (hh < nh) {
-      v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) +
-                                               (size_t(seq) * a.num_heads + h0 + hh) * D) +
-                col);
-    }
-    reinterpret_cast<uint4*>(&q_s[hh][0])[col] = v;
-  }
-  __syncthreads();
-  // B operand of S^T = K Q^T for k-steps 2s and 2s+1: Q[head g][32s + 8c .. 32s + 8c + 8).
+  // B operand of S^T = K Q^T for k-steps 2s and 2s+1: Q[head g][32s + 8c .. 32s + 8c + 8),
+  // straight from global memory (no shared-memory staging, no barrier before the first KV
+  // loads); heads past the group are zero.
   uint4 qr[kKLoads];
+  {
+    const uint4* qg = reinterpret_cast<const uint4*>(
+        static_cast<const T*>(a.q) + (size_t(seq) * a.num_heads + h0 + min(g, nh - 1)) * D);
 #pragma unroll
-  for (int s = 0; s < kKLoads; ++s) qr[s] = reinterpret_cast<const uint4*>(&q_s[g][32 * s + 8 * c])[0];
+    for (int s = 0; s < kKLoads; ++s) qr[s] = g < nh ? __ldg(qg + 4 * s + c) : make_uint4(0, 0, 0, 0);
+  }
 
   const T* kv = static_cast<const T*>(a.kv);
   const int32_t* bt = a.block_tables + size_t(seq) * a.max_blocks_per_seq;
@@ -176,11 +169,11 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   const size_t head_stride = size_t(a.block_size) * D;               // one K (or V) tile row set
   const size_t v_offset = size_t(a.num_kv_heads) * head_stride;      // K -> V of the same block
   const size_t block_stride = 2 * v_offset;
-  auto unit_k_ptr = [&](int u) {
-    const int blk = __ldg(bt + u / tiles_per_block);
+  auto unit_ptr = [&](int blk, int u) {
     return kv + size_t(blk) * block_stride + size_t(kvh) * head_stride +
            size_t(u % tiles_per_block) * kUnitTokens * D;
   };
+  auto unit_k_ptr = [&](int u) { return unit_ptr(__ldg(bt + u / tiles_per_block), u); };
 
   float o[kMTiles][4];
 #pragma unroll
@@ -203,8 +196,12 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
       }
     }
   }
+  // The block id of the warp's next unit is read one iteration early, so that the table lookup
+  // is not a dependent load in front of every unit's KV loads.
+  int blk = u < u_end ? __ldg(bt + u / tiles_per_block) : 0;
   for (; u < u_end; u += stride) {
-    const T* kp = unit_k_ptr(u);
+    const int blk_next = u + stride < u_end ? __ldg(bt + (u + stride) / tiles_per_block) : 0;
+    const T* kp = unit_ptr(blk, u);
     const T* vp = kp + v_offset;
     if constexpr (kPrefetch) {
       // The paper's two lines: the unit this warp processes `distance` iterations from now,
@@ -319,6 +316,7 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
                         __byte_perm(t8, t9, 0x5410), __byte_perm(t8, t9, 0x7632), pb0, pb1);
       }
     }
+    blk = blk_next;
   }
 
   // l: per-thread partial sums over its tokens -> sum over the 8 groups.
@@ -374,27 +372,71 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
 }
 
 // One CTA per (sequence, query head): out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M).
+// Latency-bound (the partials are small): the split weights are computed once in parallel, and
+// the weighted sum runs over float4 columns with the splits spread over thread groups, so that
+// many independent loads are in flight instead of a serial chain per split.
+constexpr int kCombineThreads = 256;
 template <bool kBf16>
-__global__ void __launch_bounds__(128) CombineSplitsKernel(void* out, const float* ws_o,
-                                                           const float* ws_lse, int num_splits,
-                                                           int head_dim) {
+__global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out, const float* ws_o,
+                                                                       const float* ws_lse,
+                                                                       int num_splits, int head_dim) {
   using T = Elem<kBf16>;
+  __shared__ float w_s[kMaxSplits];
+  __shared__ float red_s[kCombineThreads / 32];
+  __shared__ float4 acc_s[kCombineThreads];
   WaitPrimaryGrid();
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const size_t row0 = size_t(blockIdx.x) * num_splits;
-  float mx = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, ws_lse[row0 + s]);
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float acc = 0.f, sum = 0.f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < num_splits; ++s) {
-        const float lse = ws_lse[row0 + s];
-        if (lse == -INFINITY) continue;
-        const float f = exp2f(lse - mx);
-        acc += f * ws_o[(row0 + s) * head_dim + d];
-        sum += f;
-      }
+  const float lse = tid < num_splits ? ws_lse[row0 + tid] : -INFINITY;
+  float mx = lse;
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) red_s[warp] = mx;
+  __syncthreads();
+  mx = red_s[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) mx = fmaxf(mx, red_s[w]);
+  const float wt = (lse == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse - mx);
+  if (tid < num_splits) w_s[tid] = wt;
+  float sum = wt;
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  __syncthreads();  // everyone has read red_s (max) before it is reused for the sums
+  if (lane == 0) red_s[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+  for (int w = 0; w < kCombineThreads / 32; ++w) sum += red_s[w];
+
+  const int cols = head_dim / 4;
+  const int groups = kCombineThreads / cols;
+  const int col = tid % cols, grp = tid / cols;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (grp < groups) {
+    const float4* o4 = reinterpret_cast<const float4*>(ws_o) + row0 * cols + col;
+#pragma unroll 4
+    for (int s = grp; s < num_splits; s += groups) {
+      const float f = w_s[s];
+      const float4 v = o4[size_t(s) * cols];
+      acc.x += f * v.x;
+      acc.y += f * v.y;
+      acc.z += f * v.z;
+      acc.w += f * v.w;
     }
-    static_cast<T*>(out)[size_t(blockIdx.x) * head_dim + d] = FromF<kBf16>(sum > 0.f ? acc / sum : 0.f);
+  }
+  acc_s[tid] = acc;
+  __syncthreads();
+  if (tid < cols) {
+    float4 t = acc_s[tid];
+    for (int gidx = 1; gidx < groups; ++gidx) {
+      const float4 v = acc_s[gidx * cols + tid];
+      t.x += v.x;
+      t.y += v.y;
+      t.z += v.z;
+      t.w += v.w;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    T* o = static_cast<T*>(out) + size_t(blockIdx.x) * head_dim + 4 * tid;
+    o[0] = FromF<kBf16>(t.x * inv);
+    o[1] = FromF<kBf16>(t.y * inv);
+    o[2] = FromF<kBf16>(t.z * inv);
+    o[3] = FromF<kBf16>(t.w * inv);
   }
 }
 
@@ -528,7 +570,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   // waits (griddepcontrol.wait) for the main grid's memory before reading the partials.
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(p.num_seqs) * unsigned(p.num_heads));
-  cfg.blockDim = dim3(128);
+  cfg.blockDim = dim3(kCombineThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -583,10 +625,20 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p) {
 }
 
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
-  // Measured on an H200 (bench/results/decode_attention_*.md): see docs/kernels.md.
-  const int group = p.num_heads > 0 && p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 1;
-  (void)group;
-  return false;
+  // The variant that measured faster, by (MHA | GQA) x batch class x context class, from
+  // bench/decode_attention on an H200 (bench/results/decode_attention_2026-11-29.md, fp16,
+  // head 128, block 16, KV rotated over >= 320 MiB). The prefetch-on variant (lookahead 1 warp
+  // stride) was slower at every measured shape except three batch-1 points within noise
+  // (+0.2 %): 0.81-0.97x at batch >= 8, and worse still at lookahead 2 and 4, so every entry
+  // is "off". Columns: batch 1 | 2-8 | 9-32 | > 32; rows: context < 4096 | < 16384 | longer.
+  static constexpr bool kTable[2][3][4] = {
+      {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // MHA
+      {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // GQA
+  };
+  const bool gqa = p.num_kv_heads > 0 && p.num_heads != p.num_kv_heads;
+  const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
+  const int ccls = p.max_context_len < 4096 ? 0 : (p.max_context_len < 16384 ? 1 : 2);
+  return kTable[gqa ? 1 : 0][ccls][bcls];
 }
 
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {
