@@ -127,6 +127,7 @@ struct Variant {
   std::string name;
   Prefetch prefetch;
   int distance;
+  double split_factor = 0;  // 0: the launcher's plan; else that many times the planned splits
 };
 
 }  // namespace
@@ -212,6 +213,9 @@ int main(int argc, char** argv) {
 
   std::vector<Variant> variants = {{"off", Prefetch::kOff, 1}};
   for (int d : distances) variants.push_back({"on_d" + std::to_string(d), Prefetch::kOn, d});
+  // Split-plan probes (prefetch off): half and twice the planned split count.
+  variants.push_back({"off_splits_x0.5", Prefetch::kOff, 1, 0.5});
+  variants.push_back({"off_splits_x2", Prefetch::kOff, 1, 2.0});
 
   struct Row {
     std::string model;
@@ -287,8 +291,16 @@ int main(int argc, char** argv) {
         p.context_lens = d_lens;
         p.kv_layer = pool;
         p.block_tables = d_tables;
-        const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
         const int splits = PagedDecodeNumSplits(p);
+        auto splits_for = [&](const Variant& v) {
+          return v.split_factor > 0 ? std::max(1, int(std::lround(splits * v.split_factor))) : 0;
+        };
+        size_t ws_bytes = 0;
+        for (const Variant& v : variants) {
+          PagedDecodeParams q = p;
+          q.num_splits = splits_for(v);
+          ws_bytes = std::max(ws_bytes, PagedDecodeWorkspaceBytes(q));
+        }
         const bool auto_on = PagedDecodeAutoPrefetch(p);
         void* ws = nullptr;
         if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
@@ -300,6 +312,7 @@ int main(int argc, char** argv) {
           q.block_tables = d_tables + size_t(s) * set_blocks;
           q.prefetch = v.prefetch;
           q.prefetch_distance = v.distance;
+          q.num_splits = splits_for(v);
           return q;
         };
 
@@ -307,6 +320,7 @@ int main(int argc, char** argv) {
         bool identical = true;
         std::vector<uint16_t> ref(qn), got(qn);
         for (size_t vi = 0; vi < variants.size(); ++vi) {
+          if (variants[vi].split_factor > 0) continue;  // other split plans round differently
           CK(cudaMemsetAsync(d_out, 0xff, qn * 2, st));
           CK(PagedDecodeAttention(set_params(0, variants[vi]), st));
           CK(cudaStreamSynchronize(st));
@@ -381,7 +395,8 @@ int main(int argc, char** argv) {
             << ",\"block\":" << bs << ",\"dtype\":\"f16\",\"batch\":" << B << ",\"ctx\":" << ctx
             << ",\"variant\":\"" << variants[vi].name << "\",\"prefetch\":"
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
-            << ",\"prefetch_distance\":" << variants[vi].distance << ",\"splits\":" << splits
+            << ",\"prefetch_distance\":" << variants[vi].distance
+            << ",\"splits\":" << PagedDecodeNumSplits(set_params(0, variants[vi]))
             << ",\"us\":" << med[vi] << ",\"us_min\":" << *std::min_element(us[vi].begin(), us[vi].end())
             << ",\"us_max\":" << *std::max_element(us[vi].begin(), us[vi].end())
             << ",\"kv_bytes\":" << kv_bytes << ",\"gbps\":" << gbps
@@ -393,7 +408,7 @@ int main(int argc, char** argv) {
         // Summary: off vs on (distance 1, the paper's), best distance, the kAuto choice.
         size_t best_on = 1;
         for (size_t vi = 1; vi < variants.size(); ++vi)
-          if (med[vi] < med[best_on]) best_on = vi;
+          if (variants[vi].prefetch == Prefetch::kOn && med[vi] < med[best_on]) best_on = vi;
         const double us_off = med[0], us_on1 = med.size() > 1 ? med[1] : med[0];
         const double us_auto = auto_on ? us_on1 : us_off;
         const double us_other = auto_on ? us_off : us_on1;

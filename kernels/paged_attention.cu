@@ -95,6 +95,14 @@ __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
 #endif
 }
 
+// Lets the dependent (combine) grid be scheduled once every CTA of this grid has started; its
+// griddepcontrol.wait still waits for this grid's completion and memory.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void WaitPrimaryGrid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -138,6 +146,7 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   const int lane = threadIdx.x % 32;
   const int g = lane >> 2;  // mma group id
   const int c = lane & 3;   // thread in group
+  if (a.num_splits > 1) AllowDependentLaunch();
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / a.head_chunks;
   const int chunk = blockIdx.y % a.head_chunks;
