@@ -191,6 +191,7 @@ cudaError_t Launch(const PrefillAttentionParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t LaunchDtype(const PrefillAttentionParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
+    case 32: return Launch<T, 32>(p, stream);
     case 64: return Launch<T, 64>(p, stream);
     case 128: return Launch<T, 128>(p, stream);
     case 256: return Launch<T, 256>(p, stream);
@@ -201,7 +202,9 @@ cudaError_t LaunchDtype(const PrefillAttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool PrefillAttentionSupported(const PrefillAttentionParams& p) {
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.head_dim != 32 && p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
+    return false;
+  }
   if (p.dtype != DType::kF16 && p.dtype != DType::kBF16) return false;
   if (p.num_seqs < 0 || p.num_seqs > 65535 || p.num_heads <= 0 || p.num_kv_heads <= 0 ||
       p.num_kv_heads > 65535 || p.num_heads % p.num_kv_heads != 0) {

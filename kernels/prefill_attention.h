@@ -16,7 +16,7 @@
 //                 keys at positions [0, start_pos[s] + i], whose K/V must already be in the pool
 //                 (write the new tokens' K/V first: kv_write.h).
 // Query head h reads KV head h / (num_heads / num_kv_heads).
-// Supported: head_dim 64, 128, 256; dtype kF16 or kBF16; num_heads a multiple of num_kv_heads.
+// Supported: head_dim 32, 64, 128, 256; dtype kF16 or kBF16; num_heads a multiple of num_kv_heads.
 //
 // Guarantees: launches only (no synchronisation, no allocation); returns cudaErrorInvalidValue
 // for an unsupported shape (nothing launched), else the launch error. max_q_len must bound

@@ -12,6 +12,9 @@
 //    wait_for_layer); hooks->AfterLayer(l) once layer l's KV of every sequence is written
 //    (prefill's save_layer). On the CUDA backend `stream` is the cudaStream_t the work was
 //    enqueued on: the KV is complete once that stream reaches this point.
+//    The CPU backend calls BeforeAttention(l) before writing layer l's new K/V (blocks landing
+//    from a peer may cover the new tokens' slots and must not overwrite them) and
+//    AfterLayer(l) right after writing them (model/cpu_backend.h).
 //  - A hook's error aborts the forward and is returned as is.
 //  - out->next_tokens gets the greedy (argmax) token of each sequence's last position;
 //    out->logits (if want_logits) gets batch * vocab floats.

@@ -193,6 +193,11 @@ Result<std::unique_ptr<WeightSource>> OpenWeights(const ModelSpec& spec) {
   return std::unique_ptr<WeightSource>(std::move(w));
 }
 
+Result<std::unique_ptr<WeightSource>> DummyWeightsFor(const ModelConfig& config) {
+  KV_RETURN_IF_ERROR(config.Validate());
+  return std::unique_ptr<WeightSource>(new DummyWeights(config));
+}
+
 Status WriteHfCheckpoint(const WeightSource& src, DType dtype, const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

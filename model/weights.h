@@ -105,6 +105,9 @@ class WeightSource {
 // spec.num_layers_override > the model's layers is kInvalidArgument.
 Result<std::unique_ptr<WeightSource>> OpenWeights(const ModelSpec& spec);
 
+// Dummy weights for an explicit config (tests, custom shapes); config.seed seeds them.
+Result<std::unique_ptr<WeightSource>> DummyWeightsFor(const ModelConfig& config);
+
 // Writes an HF-format checkpoint directory (config.json with torch_dtype = dtype, and one
 // model.safetensors) holding src's tensors converted to dtype. Creates dir if needed.
 Status WriteHfCheckpoint(const WeightSource& src, DType dtype, const std::string& dir);

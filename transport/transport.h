@@ -18,8 +18,19 @@
 //  - A peer that dies or a cut link surfaces as kRemoteDisconnect on pending and later writes
 //    and on the endpoint's status, never as a hang.
 //  - Destroying an Endpoint stops every write through it (after it returns, nothing more can
-//    land in the peer's memory through that endpoint). Destroying a Registration deregisters.
+//    land in the peer's memory through that endpoint) and finishes them: each of its
+//    WriteHandles is then done, OK if it completed, kCanceled (or the error) otherwise. It takes
+//    bounded time (a backend may first let in-flight writes finish, for a bounded while).
+//    Destroying a Registration deregisters.
 //  - Operations a backend lacks return kNotSupported; see Capabilities.
+//  - Bad input to Write() (null or foreign local registration, remote region index out of
+//    range, an op past the end of either region) is refused with kInvalidArgument before
+//    anything is posted; other writes are not disturbed.
+//  - Registration, Endpoint and WriteHandle objects may outlive the Transport that made them
+//    (each keeps what it needs alive); a Registration must outlive the writes posted from it.
+//  - Thread safety: every call may be made from any thread; Write() may be called
+//    concurrently on one Endpoint. Do not destroy an Endpoint or Transport from inside the
+//    NotificationSink (it runs on the transport's own thread).
 #pragma once
 
 #include <cstddef>
@@ -51,6 +62,8 @@ struct Capabilities {
 };
 
 // A registered memory region. RemoteKey() is an opaque blob the peer passes to Connect().
+// Destroying it deregisters the memory; a Registration made by Transport::Allocate() also
+// frees the memory it owns.
 class Registration {
  public:
   virtual ~Registration() = default;
@@ -97,6 +110,9 @@ class WriteHandle {
   // OK once complete at the destination (and notified, if asked); the error otherwise.
   virtual Status Wait(Deadline deadline) = 0;
   virtual uint64_t bytes() const = 0;
+  // How many contiguous transfers the backend posted for this write after coalescing adjacent
+  // CopyOps (0 where a backend does not report it).
+  virtual uint64_t transfers() const { return 0; }
 };
 
 class Endpoint {
@@ -117,6 +133,13 @@ class Transport {
   virtual Capabilities capabilities() const = 0;
   virtual std::string LocalAddress() const = 0;
   virtual Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) = 0;
+  // Allocates `length` bytes of host memory in the form this backend moves fastest (e.g. UCX
+  // shared memory that a peer on the same host maps and copies into directly) and registers
+  // it. The Registration owns the memory (contents unspecified) and frees it when
+  // destroyed. kNotSupported where a backend has no allocator of its own: use Register().
+  virtual Result<std::unique_ptr<Registration>> Allocate(size_t length) {
+    return NotSupported(name() + " transport has no allocator; use Register()");
+  }
   virtual Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) = 0;
   // Set before peers connect. Notifications that arrive with no sink are dropped.
   virtual void SetNotificationSink(NotificationSink sink) = 0;

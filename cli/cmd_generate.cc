@@ -1,0 +1,104 @@
+// kvstream generate: colocated prefill + greedy decode, printing tokens and timings.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "common/time.h"
+#include "model/generate.h"
+
+namespace kvstream::cli {
+
+int RunGenerate(std::span<const std::string> args) {
+  std::vector<FlagSpec> specs = ModelFlagSpecs();
+  for (auto& s : BackendFlagSpecs()) specs.push_back(s);
+  for (auto& s : PromptFlagSpecs()) specs.push_back(s);
+  specs.push_back({"max-new-tokens", true, "tokens to generate", "8"});
+  specs.push_back({"stop-token", true, "stop after generating this token id", ""});
+  specs.push_back({"block-size", true, "KV block size in tokens", "16"});
+  specs.push_back({"json", false, "print one JSON object instead of text", ""});
+  auto flags = Flags::Parse(args, specs);
+  if (!flags.ok()) return ReportError("generate", flags.status(), true);
+  if (flags->help()) {
+    std::cout << "usage: kvstream generate [flags]\n\n" << FlagsHelp(specs);
+    return kExitOk;
+  }
+  auto spec = ModelSpecFromFlags(*flags);
+  if (!spec.ok()) return ReportError("generate", spec.status(), true);
+  auto bopts = BackendOptionsFromFlags(*flags);
+  if (!bopts.ok()) return ReportError("generate", bopts.status(), true);
+  auto max_new = flags->GetInt("max-new-tokens", 1, 1 << 20);
+  if (!max_new.ok()) return ReportError("generate", max_new.status(), true);
+  auto block_size = flags->GetInt("block-size", 1, 1 << 16);
+  if (!block_size.ok()) return ReportError("generate", block_size.status(), true);
+  model::GenerateOptions gopts;
+  gopts.max_new_tokens = static_cast<int>(*max_new);
+  if (flags->Has("stop-token")) {
+    auto stop = flags->GetInt("stop-token", 0, INT32_MAX);
+    if (!stop.ok()) return ReportError("generate", stop.status(), true);
+    gopts.stop_token = static_cast<int32_t>(*stop);
+  }
+  if (!flags->Has("prompt-tokens") && !flags->Has("prompt-len"))
+    return ReportError("generate", InvalidArgument("give --prompt-tokens or --prompt-len"), true);
+
+  const auto load_start = Clock::now();
+  auto backend = model::CreateBackend(*spec, *bopts);
+  if (!backend.ok()) return ReportError("generate", backend.status().WithContext("loading model"), false);
+  const double load_s = SecondsSince(load_start);
+  const model::ModelConfig& cfg = (*backend)->config();
+  auto prompt = PromptFromFlags(*flags, cfg.vocab_size, spec->seed);
+  if (!prompt.ok()) return ReportError("generate", prompt.status(), true);
+  const int bs = static_cast<int>(*block_size);
+  const int blocks = model::BlocksForTokens(int(prompt->size()) + gopts.max_new_tokens, bs);
+  auto pool = (*backend)->CreatePool(blocks, bs);
+  if (!pool.ok()) return ReportError("generate", pool.status(), false);
+  auto r = model::Generate(**backend, **pool, *prompt, gopts);
+  if (!r.ok()) return ReportError("generate", r.status(), false);
+
+  const double decode_sum = std::accumulate(r->decode_seconds.begin(), r->decode_seconds.end(), 0.0);
+  const double decode_mean = r->decode_seconds.empty() ? 0 : decode_sum / r->decode_seconds.size();
+  if (flags->Has("json")) {
+    nlohmann::ordered_json j;
+    j["model"] = cfg.name;
+    j["layers"] = cfg.num_layers;
+    j["backend"] = (*backend)->name();
+    j["weight_dtype"] = DTypeName(cfg.weight_dtype);
+    j["kv_dtype"] = DTypeName(cfg.kv_dtype);
+    j["model_hash"] = cfg.hash();
+    j["prompt_tokens"] = prompt->size();
+    j["tokens"] = r->tokens;
+    j["load_s"] = load_s;
+    j["prefill_s"] = r->prefill_seconds;
+    j["ttft_s"] = r->ttft_seconds;
+    j["decode_s"] = r->decode_seconds;
+    j["decode_mean_s"] = decode_mean;
+    j["total_s"] = r->total_seconds;
+    j["stopped"] = r->stopped;
+    std::cout << j.dump() << "\n";
+    return kExitOk;
+  }
+  std::printf("model %s: %d layers, hidden %d, heads %d/%d, head %d, vocab %d; backend %s, "
+              "weights %s, kv %s; loaded in %.3f s\n",
+              cfg.name.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+              cfg.head_dim, cfg.vocab_size, (*backend)->name().c_str(),
+              std::string(DTypeName(cfg.weight_dtype)).c_str(),
+              std::string(DTypeName(cfg.kv_dtype)).c_str(), load_s);
+  std::printf("prompt: %zu tokens\n", prompt->size());
+  std::printf("tokens:");
+  for (int32_t t : r->tokens) std::printf(" %d", t);
+  std::printf("%s\n", r->stopped ? "  (stop token)" : "");
+  std::printf("prefill: %.3f ms   TTFT: %.3f ms\n", r->prefill_seconds * 1e3, r->ttft_seconds * 1e3);
+  std::printf("per-token decode (ms):");
+  for (double d : r->decode_seconds) std::printf(" %.3f", d * 1e3);
+  std::printf("\n");
+  if (!r->decode_seconds.empty())
+    std::printf("decode mean: %.3f ms/token (%.1f tokens/s)   total: %.3f ms\n", decode_mean * 1e3,
+                1.0 / decode_mean, r->total_seconds * 1e3);
+  return kExitOk;
+}
+
+}  // namespace kvstream::cli

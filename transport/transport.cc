@@ -1,0 +1,47 @@
+#include "transport/transport.h"
+
+#include "transport/testing/fake_transport.h"
+#ifdef KVSTREAM_TRANSPORT_HAVE_UCX
+#include "transport/ucx/ucx_transport.h"
+#endif
+
+namespace kvstream::transport {
+namespace {
+
+using Factory = Result<std::unique_ptr<Transport>> (*)(const TransportOptions&);
+struct Backend {
+  const char* name;
+  Factory create;
+};
+
+// One line per backend built into this library.
+constexpr Backend kBackends[] = {
+#ifdef KVSTREAM_TRANSPORT_HAVE_UCX
+    {"ucx", &ucx::CreateUcxTransport},
+#endif
+    {"fake", &testing::CreateFakeTransport},
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
+  for (const Backend& b : kBackends) {
+    if (options.backend == b.name) {
+      auto t = b.create(options);
+      if (!t.ok()) return t.status().WithContext("creating the " + options.backend + " transport");
+      return t;
+    }
+  }
+  std::string known;
+  for (const Backend& b : kBackends) known += (known.empty() ? "" : ", ") + std::string(b.name);
+  return NotSupported("transport backend '" + options.backend + "' is not built in (built: " +
+                      known + ")");
+}
+
+std::vector<std::string> AvailableBackends() {
+  std::vector<std::string> out;
+  for (const Backend& b : kBackends) out.emplace_back(b.name);
+  return out;
+}
+
+}  // namespace kvstream::transport
