@@ -6,13 +6,17 @@ set -uo pipefail
 d=${1:?dir}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv > "$out/gpu.txt" 2>&1
-cat "$out/gpu.txt"
+# At most 8 files come back from $OUT: tests.log, bench.log, paged.jsonl, ncu.txt, sdpa.jsonl,
+# sdpa.log, compare.txt (+ the caller's run.log).
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv > "$out/tests.log" 2>&1
+cat "$out/tests.log"
 echo "== args test"; timeout 60 "$d/kernels_paged_attention_args_test" 2>&1 | tail -3
-echo "== gpu tests"; timeout 150 "$d/kernels_paged_attention_test" > "$out/gpu_tests.log" 2>&1; echo "rc=$?"
-grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|got .* want" "$out/gpu_tests.log" | head -20
-echo "== memcheck"; timeout 120 bash "$d/run_memcheck.sh" "$d/kernels_paged_attention_test" > "$out/memcheck.log" 2>&1; echo "rc=$?"
-tail -4 "$out/memcheck.log"
+echo "== gpu tests"; timeout 150 "$d/kernels_paged_attention_test" > /tmp/gpu_tests.log 2>&1; echo "rc=$?"
+cat /tmp/gpu_tests.log >> "$out/tests.log"
+grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|got .* want" /tmp/gpu_tests.log | head -20
+echo "== memcheck"; timeout 120 bash "$d/run_memcheck.sh" "$d/kernels_paged_attention_test" > /tmp/memcheck.log 2>&1; echo "rc=$?"
+cat /tmp/memcheck.log >> "$out/tests.log"
+tail -4 /tmp/memcheck.log
 echo "== bench"; timeout ${BENCH_TIMEOUT:-200} "$d/decode_attention" --json "$out/paged.jsonl" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1; echo "rc=$?"
 echo "== ncu (DRAM bytes, prefetch off vs on, one shape)"
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
