@@ -1,0 +1,183 @@
+#include "connector/daemon_config.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+namespace kvstream::connector {
+namespace {
+
+using json = nlohmann::json;
+
+// One table drives the file keys, the flags, the usage text and ToJson.
+using Member = std::variant<std::string DaemonConfig::*, int DaemonConfig::*,
+                            int64_t DaemonConfig::*, uint64_t DaemonConfig::*,
+                            bool DaemonConfig::*>;
+struct Field {
+  const char* name;
+  const char* help;
+  Member member;
+};
+
+#define KV_FIELD(n, k, h) Field{#n, h, Member(&DaemonConfig::n)}
+const std::vector<Field>& Fields() {
+  static const std::vector<Field> f = {
+      KV_FIELD(model, kStr, "model preset (tiny, llama-3-8b, ...) or HF checkpoint dir"),
+      KV_FIELD(layers, kInt, "keep only the first N layers (0 = all)"),
+      KV_FIELD(seed, kU64, "dummy-weight seed"),
+      KV_FIELD(weight_dtype, kStr, "f16 | bf16 | f32"),
+      KV_FIELD(kv_dtype, kStr, "f16 | bf16 | f32"),
+      KV_FIELD(backend, kStr, "cpu | cuda"),
+      KV_FIELD(device, kInt, "CUDA device ordinal"),
+      KV_FIELD(threads, kInt, "CPU backend threads (0 = all cores)"),
+      KV_FIELD(pool_blocks, kInt, "KV pool size in blocks"),
+      KV_FIELD(block_size, kInt, "tokens per KV block"),
+      KV_FIELD(listen, kStr, "gRPC listen address host:port (port 0 = pick one)"),
+      KV_FIELD(port_file, kStr, "write the bound port here once serving"),
+      KV_FIELD(peer, kStr, "decode: prefill daemon address host:port"),
+      KV_FIELD(transport, kStr, "data-plane backend (ucx)"),
+      KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
+      KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
+      KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
+      KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
+      KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
+      KV_FIELD(request_timeout_ms, kI64, "cap on every request's deadline"),
+      KV_FIELD(handshake_timeout_ms, kI64, "per handshake attempt"),
+      KV_FIELD(load_timeout_ms, kI64, "decode: bound on a prompt's KV load"),
+      KV_FIELD(cancel_timeout_ms, kI64, "bound on confirming a cancelled writer stopped"),
+      KV_FIELD(quarantine_ms, kI64, "decode: hold blocks this long after losing their writer"),
+      KV_FIELD(log_level, kStr, "debug | info | warn | error"),
+      KV_FIELD(fault_layer_delay_ms, kI64, "fault injection: prefill sleeps after each layer"),
+  };
+  return f;
+}
+#undef KV_FIELD
+
+const Field* FindField(std::string name) {
+  for (char& c : name)
+    if (c == '-') c = '_';
+  for (const Field& f : Fields())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+Status SetFromString(DaemonConfig* cfg, const Field& f, const std::string& v) {
+  const Member& m = f.member;
+  try {
+    size_t used = v.size();
+    if (auto* s = std::get_if<std::string DaemonConfig::*>(&m)) {
+      cfg->*(*s) = v;
+    } else if (auto* i = std::get_if<int DaemonConfig::*>(&m)) {
+      cfg->*(*i) = std::stoi(v, &used);
+    } else if (auto* l = std::get_if<int64_t DaemonConfig::*>(&m)) {
+      cfg->*(*l) = std::stoll(v, &used);
+    } else if (auto* u = std::get_if<uint64_t DaemonConfig::*>(&m)) {
+      if (!v.empty() && v[0] == '-') throw std::invalid_argument(v);
+      cfg->*(*u) = std::stoull(v, &used);
+    } else if (auto* b = std::get_if<bool DaemonConfig::*>(&m)) {
+      if (v == "true" || v == "1" || v == "on" || v == "yes") cfg->*(*b) = true;
+      else if (v == "false" || v == "0" || v == "off" || v == "no") cfg->*(*b) = false;
+      else return InvalidArgument(std::string("--") + f.name + ": expected true|false, got '" + v + "'");
+    }
+    if (used != v.size()) throw std::invalid_argument(v);
+  } catch (const std::exception&) {
+    return InvalidArgument(std::string("--") + f.name + ": not a number: '" + v + "'");
+  }
+  return OkStatus();
+}
+
+Status SetFromJson(DaemonConfig* cfg, const Field& f, const json& v) {
+  if (v.is_string()) return SetFromString(cfg, f, v.get<std::string>());
+  if (v.is_boolean()) return SetFromString(cfg, f, v.get<bool>() ? "true" : "false");
+  if (v.is_number_integer() || v.is_number_unsigned()) return SetFromString(cfg, f, v.dump());
+  return InvalidArgument(std::string("config key '") + f.name + "': unsupported value " + v.dump());
+}
+
+Status Validate(const DaemonConfig& c, const std::string& role) {
+  if (c.pool_blocks <= 0) return InvalidArgument("pool_blocks must be > 0");
+  if (c.block_size <= 0) return InvalidArgument("block_size must be > 0");
+  if (c.layers < 0) return InvalidArgument("layers must be >= 0");
+  if (c.backend != "cpu" && c.backend != "cuda") return InvalidArgument("backend must be cpu or cuda");
+  if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
+    return InvalidArgument("on_load_failure must be fail or recompute");
+  if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");
+  if (role == "decode" && c.peer.empty()) return InvalidArgument("decode needs --peer (the prefill address)");
+  for (int64_t t : {c.request_timeout_ms, c.handshake_timeout_ms, c.load_timeout_ms,
+                    c.cancel_timeout_ms})
+    if (t <= 0) return InvalidArgument("timeouts must be > 0 ms");
+  if (c.quarantine_ms < 0) return InvalidArgument("quarantine_ms must be >= 0");
+  if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
+#ifndef KVSTREAM_FAULT_INJECTION
+  if (c.fault_layer_delay_ms != 0)
+    return InvalidArgument("fault_layer_delay_ms: this build has no fault injection");
+#endif
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string DaemonConfig::ToJson() const {
+  json j;
+  for (const Field& f : Fields())
+    std::visit([&](auto member) { j[f.name] = this->*member; }, f.member);
+  return j.dump();
+}
+
+std::string DaemonUsage(const std::string& role) {
+  std::ostringstream os;
+  os << "usage: kvstream-" << role << " [--config FILE.json] [--key=value ...]\n"
+     << "Keys (in the JSON file or as flags; flags win):\n";
+  DaemonConfig d;
+  json defaults = json::parse(d.ToJson());
+  for (const Field& f : Fields())
+    os << "  --" << f.name << std::string(22 - std::min<size_t>(21, strlen(f.name)), ' ') << f.help
+       << " [" << defaults[f.name].dump() << "]\n";
+  return os.str();
+}
+
+Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string& role) {
+  DaemonConfig cfg;
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string config_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") return NotFound(DaemonUsage(role));
+    if (a.rfind("--", 0) != 0) return InvalidArgument("unexpected argument '" + a + "'");
+    a = a.substr(2);
+    std::string key, value;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else {
+      key = a;
+      if (i + 1 >= argc) return InvalidArgument("--" + key + " needs a value");
+      value = argv[++i];
+    }
+    if (key == "config") config_path = value;
+    else flags.emplace_back(key, value);
+  }
+  if (!config_path.empty()) {
+    std::ifstream in(config_path);
+    if (!in) return InvalidArgument("cannot open config file " + config_path);
+    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+      return InvalidArgument("config file " + config_path + " is not a JSON object");
+    for (auto& [k, v] : j.items()) {
+      const Field* f = FindField(k);
+      if (!f) return InvalidArgument("config file " + config_path + ": unknown key '" + k + "'");
+      KV_RETURN_IF_ERROR(SetFromJson(&cfg, *f, v).WithContext(config_path));
+    }
+  }
+  for (auto& [k, v] : flags) {
+    const Field* f = FindField(k);
+    if (!f) return InvalidArgument("unknown flag --" + k + " (see --help)");
+    KV_RETURN_IF_ERROR(SetFromString(&cfg, *f, v));
+  }
+  KV_RETURN_IF_ERROR(Validate(cfg, role));
+  return cfg;
+}
+
+}  // namespace kvstream::connector

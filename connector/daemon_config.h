@@ -1,0 +1,57 @@
+// Configuration of the kvstream daemons: a JSON file (--config) overridden by flags.
+//
+// Every key is accepted both in the file and as a flag: {"pool_blocks": 512} == --pool_blocks=512
+// (or --pool_blocks 512; "-" and "_" are interchangeable in flag names). Unknown keys, bad
+// values and a missing config file are refused with kInvalidArgument naming the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvstream::connector {
+
+struct DaemonConfig {
+  // model
+  std::string model = "tiny";   // preset name or HF checkpoint directory
+  int layers = 0;               // >0: keep only the first N layers
+  uint64_t seed = 0;
+  std::string weight_dtype = "f16";
+  std::string kv_dtype = "f16";
+  // compute
+  std::string backend = "cpu";  // cpu | cuda
+  int device = 0;
+  int threads = 0;
+  // KV pool
+  int pool_blocks = 256;
+  int block_size = 16;
+  // network
+  std::string listen = "127.0.0.1:0";
+  std::string port_file;        // written with the bound port once serving
+  std::string peer;             // decode: the prefill daemon's address
+  std::string transport = "ucx";
+  std::string ucx_tls;          // e.g. "tcp", "sm"; empty = UCX default / $UCX_TLS
+  std::string ucx_net_devices;  // e.g. "lo"
+  // behaviour
+  bool pipelining = true;       // decode's default load mode
+  std::string on_load_failure = "fail";  // fail | recompute
+  int max_batch = 32;           // decode: sequences per decode step
+  int64_t request_timeout_ms = 60000;    // cap on any request's deadline
+  int64_t handshake_timeout_ms = 5000;
+  int64_t load_timeout_ms = 30000;       // decode: whole KV load, from start_load
+  int64_t cancel_timeout_ms = 3000;
+  int64_t quarantine_ms = 2000;
+  std::string log_level;        // debug | info | warn | error
+  // Fault injection (builds with KVSTREAM_FAULT_INJECTION only; refused otherwise):
+  int64_t fault_layer_delay_ms = 0;  // prefill: sleep after each layer's forward (slow prefill)
+
+  std::string ToJson() const;
+};
+
+// argv[0] is skipped. --help yields kNotFound with the usage text as message.
+Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string& role);
+std::string DaemonUsage(const std::string& role);
+
+}  // namespace kvstream::connector

@@ -1,0 +1,40 @@
+// What both daemons do around their service: load the model and pool from the config, create
+// the transport, run a gRPC server with the health service, and wait for SIGTERM/SIGINT.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+#include "connector/daemon_config.h"
+#include "model/backend.h"
+#include "transport/transport.h"
+
+namespace kvstream::connector {
+
+struct ServingModel {
+  std::unique_ptr<model::ModelBackend> backend;
+  std::unique_ptr<model::KvPool> pool;
+};
+
+model::ModelSpec ModelSpecFromConfig(const DaemonConfig& cfg);
+Result<ServingModel> LoadServingModel(const DaemonConfig& cfg);
+Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg);
+
+// Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it creates later;
+// call first thing in main(). WaitForTerminationSignal() returns the signal received.
+void BlockTerminationSignals();
+int WaitForTerminationSignal();
+
+// Builds and starts a server with the standard gRPC health service enabled. *port gets the
+// bound port (the listen address may ask for port 0).
+Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
+                                                      const std::vector<grpc::Service*>& services,
+                                                      int* port);
+// Written atomically (temp file + rename) so a reader never sees a partial port.
+Status WritePortFile(const std::string& path, int port);
+
+}  // namespace kvstream::connector

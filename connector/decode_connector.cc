@@ -1,0 +1,336 @@
+#include "connector/decode_connector.h"
+
+#include <chrono>
+
+#include "common/log.h"
+#include "connector/grpc_status.h"
+
+namespace kvstream::connector {
+
+namespace v1 = kvstream::v1;
+
+struct DecodeConnector::Load {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> dest;
+  bool pipelined = true;
+  Deadline deadline;
+  std::shared_ptr<const void> keepalive;
+  std::thread thread;
+  // Under DecodeConnector::mu_:
+  std::shared_ptr<grpc::ClientContext> ctx;  // the running Prefill call, if any
+  bool cancel_requested = false;
+  bool finished = false;   // the engine called Finished()
+  bool done = false;       // the thread ended and dropped the keepalive
+  bool result_ready = false;
+  Status result;
+  LoadResult info;
+};
+
+Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
+    const DecodeConnectorOptions& options, std::unique_ptr<transport::Transport> transport,
+    model::KvPool* pool, LayoutDescriptor local) {
+  if (!transport || !pool) return InvalidArgument("DecodeConnector: transport and pool required");
+  if (options.prefill_address.empty()) return InvalidArgument("DecodeConnector: no prefill address");
+  if (!(pool->layout() == local.layout))
+    return InvalidArgument("DecodeConnector: pool layout differs from the descriptor");
+  std::unique_ptr<DecodeConnector> c(new DecodeConnector());
+  c->options_ = options;
+  if (c->options_.instance_id.empty()) c->options_.instance_id = NewInstanceId("decode");
+  c->pool_ = pool;
+  c->local_ = std::move(local);
+  DecodeConnector* self = c.get();
+  transport->SetNotificationSink([self](const transport::Notification& n) {
+    self->tracker_.OnLanded(n.request_id, n.layer);
+  });
+  transport::MemoryRegion region;
+  region.addr = pool->base();
+  region.length = pool->memory().size();
+  region.kind = pool->memory().on_device() ? transport::MemoryKind::kCuda : transport::MemoryKind::kHost;
+  region.device = pool->memory().device();
+  KV_ASSIGN_OR_RETURN(c->registration_, transport->Register(region));
+  c->transport_ = std::move(transport);
+
+  grpc::ChannelArguments args;
+  // After a prefill restart, reconnect within a second instead of gRPC's default minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  c->channel_ = grpc::CreateCustomChannel(options.prefill_address,
+                                          grpc::InsecureChannelCredentials(), args);
+  c->stub_ = v1::Prefill::NewStub(c->channel_);
+  return c;
+}
+
+DecodeConnector::~DecodeConnector() {
+  Shutdown();
+  // Nothing may call into the tracker once this returns: the transport (and its notification
+  // thread) goes first, then the registration's memory can no longer be written.
+  registration_.reset();
+  transport_.reset();
+}
+
+Status DecodeConnector::Handshake(Deadline deadline) {
+  v1::HandshakeRequest req;
+  req.set_decode_instance_id(options_.instance_id);
+  req.set_transport_address(transport_->LocalAddress());
+  auto* region = req.add_regions();
+  region->set_addr(reinterpret_cast<uint64_t>(registration_->region().addr));
+  region->set_length(registration_->region().length);
+  region->set_key(registration_->RemoteKey());
+  req.set_pool_blocks(pool_->num_blocks());
+  ToProto(local_, req.mutable_layout());
+  req.set_transport_backend(transport_->name());
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(ToGrpcDeadline(deadline));
+  ctx.set_wait_for_ready(true);  // the prefill may still be starting
+  v1::HandshakeResponse resp;
+  grpc::Status gs = stub_->Handshake(&ctx, req, &resp);
+  if (!gs.ok()) return FromGrpc(gs).WithContext("handshake with prefill " + options_.prefill_address);
+  KV_ASSIGN_OR_RETURN(LayoutDescriptor peer, FromProto(resp.layout()));
+  KV_RETURN_IF_ERROR(CheckCompatible(local_, peer));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefill_instance_id_ = resp.prefill_instance_id();
+    ++stats_.handshakes;
+  }
+  handshake_epoch_.fetch_add(1);
+  KV_LOG_INFO << "handshake with prefill " << resp.prefill_instance_id() << " at "
+              << options_.prefill_address << " done (" << transport_->name() << ")";
+  return OkStatus();
+}
+
+Status DecodeConnector::EnsureHandshake(Deadline deadline) {
+  if (handshake_epoch_.load() != 0) return OkStatus();
+  std::lock_guard<std::mutex> lock(handshake_mu_);
+  if (handshake_epoch_.load() != 0) return OkStatus();
+  auto backoff = std::chrono::milliseconds(50);
+  Status last;
+  while (true) {
+    Deadline attempt = std::min(deadline, DeadlineAfterMs(options_.handshake_timeout_ms));
+    last = Handshake(attempt);
+    if (last.ok()) return last;
+    // A refused layout will not change by retrying.
+    if (last.code() == StatusCode::kFailedPrecondition || last.code() == StatusCode::kInvalidArgument)
+      return last;
+    if (Clock::now() + backoff >= deadline) return last;
+    KV_LOG_WARN << last.ToString() << "; retrying";
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+void DecodeConnector::MarkPeerLost(const std::string& why) {
+  // Only a valid handshake is invalidated; the next load handshakes again.
+  if (handshake_epoch_.exchange(0) != 0) {
+    KV_LOG_WARN << "prefill peer lost: " << why;
+  }
+}
+
+Status DecodeConnector::StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
+                                  std::vector<int32_t> dest_blocks, bool pipelined,
+                                  Deadline deadline, std::shared_ptr<const void> keepalive) {
+  if (tokens.empty()) return InvalidArgument("start_load: no tokens");
+  const int need = model::BlocksForTokens(static_cast<int>(tokens.size()), local_.layout.block_size);
+  if (static_cast<int>(dest_blocks.size()) < need)
+    return InvalidArgument("start_load: dest blocks do not cover the tokens");
+  for (int32_t b : dest_blocks)
+    if (b < 0 || b >= pool_->num_blocks()) return InvalidArgument("start_load: block id out of range");
+  auto load = std::make_shared<Load>();
+  load->id = request_id;
+  load->tokens = std::move(tokens);
+  load->dest = std::move(dest_blocks);
+  load->pipelined = pipelined;
+  load->deadline = deadline;
+  load->keepalive = std::move(keepalive);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return Unavailable("decode connector is shutting down");
+  if (loads_.count(request_id)) return AlreadyExists("request " + std::to_string(request_id) + " is loading");
+  KV_RETURN_IF_ERROR(tracker_.Begin(request_id, local_.layout.num_layers));
+  ReapLocked();
+  loads_[request_id] = load;
+  ++stats_.loads_started;
+  load->thread = std::thread([this, load] { RunLoad(load); });
+  return OkStatus();
+}
+
+void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
+  const uint64_t id = load->id;
+  Status st = EnsureHandshake(load->deadline);
+  bool call_started = false;
+  bool quiesced = false;
+  LoadResult info;
+  for (int attempt = 0; st.ok() && attempt < 2; ++attempt) {
+    v1::PrefillRequest req;
+    req.set_decode_instance_id(options_.instance_id);
+    req.set_request_id(id);
+    *req.mutable_tokens() = {load->tokens.begin(), load->tokens.end()};
+    *req.mutable_dest_blocks() = {load->dest.begin(), load->dest.end()};
+    req.set_pipelined(load->pipelined);
+    auto ctx = std::make_shared<grpc::ClientContext>();
+    ctx->set_deadline(ToGrpcDeadline(load->deadline));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (load->cancel_requested) {
+        st = Canceled("request " + std::to_string(id) + " finished before its load started");
+        break;
+      }
+      load->ctx = ctx;
+    }
+    call_started = true;
+    auto reader = stub_->Prefill(ctx.get(), req);
+    v1::PrefillProgress msg;
+    while (reader->Read(&msg)) {
+      if (msg.done()) {
+        info.kv_bytes = msg.kv_bytes();
+        info.prefill_compute_us = msg.prefill_compute_us();
+        info.transfer_us = msg.transfer_us();
+        info.transfer_exposed_us = msg.transfer_exposed_us();
+      } else {
+        tracker_.OnLanded(id, msg.layer());
+      }
+    }
+    grpc::Status gs = reader->Finish();
+    const auto& trailers = ctx->GetServerTrailingMetadata();
+    auto it = trailers.find(kQuiescedTrailer);
+    quiesced = it != trailers.end() && it->second == "1";
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      load->ctx.reset();
+    }
+    st = FromGrpc(gs);
+    if (!st.ok() && quiesced && st.code() == StatusCode::kFailedPrecondition &&
+        st.message().find("handshake") != std::string::npos && attempt == 0) {
+      // The prefill restarted (or dropped our link): handshake again and retry once.
+      MarkPeerLost(st.message());
+      st = EnsureHandshake(load->deadline);
+      call_started = false;
+      quiesced = false;
+      continue;
+    }
+    break;
+  }
+  if (st.ok()) {
+    tracker_.OnAllLanded(id);
+  } else {
+    tracker_.Fail(id, st.WithContext("loading KV of request " + std::to_string(id) + " from prefill"));
+    if (call_started && !quiesced) {
+      // The writer may still be writing into our blocks: ask it to stop and confirm.
+      v1::CancelRequest creq;
+      creq.set_decode_instance_id(options_.instance_id);
+      creq.set_request_id(id);
+      grpc::ClientContext cctx;
+      cctx.set_deadline(ToGrpcDeadline(DeadlineAfterMs(options_.cancel_timeout_ms)));
+      v1::CancelResponse cresp;
+      grpc::Status cs = stub_->Cancel(&cctx, creq, &cresp);
+      if (cs.ok() && cresp.stopped()) {
+        quiesced = true;
+      } else {
+        MarkPeerLost("cancel of request " + std::to_string(id) + " failed: " + cs.error_message());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          stats_.quarantined_blocks += static_cast<int>(load->dest.size());
+        }
+        KV_LOG_WARN << "[req " << id << "] prefill unreachable; holding " << load->dest.size()
+                    << " blocks for " << options_.quarantine_ms << " ms before reuse";
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.quarantine_ms));
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.quarantined_blocks -= static_cast<int>(load->dest.size());
+      }
+    }
+    if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kRemoteDisconnect)
+      MarkPeerLost(st.message());
+  }
+  load->keepalive.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  load->result_ready = true;
+  load->result = st;
+  load->info = info;
+  load->done = true;
+  if (st.ok()) {
+    ++stats_.loads_ok;
+    stats_.kv_bytes += info.kv_bytes;
+  } else {
+    ++stats_.loads_failed;
+  }
+  finished_threads_.push_back(std::move(load->thread));
+  if (load->finished) loads_.erase(id);
+  cv_.notify_all();
+}
+
+Status DecodeConnector::WaitForLayer(uint64_t request_id, int layer, Deadline deadline) {
+  return tracker_.WaitForLayer(request_id, layer, deadline);
+}
+
+Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    auto it = loads_.find(request_id);
+    if (it == loads_.end()) return NotFound("request " + std::to_string(request_id) + " has no load");
+    if (it->second->result_ready) {
+      if (!it->second->result.ok()) return it->second->result;
+      return it->second->info;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+      return Timeout("load of request " + std::to_string(request_id) + " not finished");
+  }
+}
+
+void DecodeConnector::Finished(uint64_t request_id) {
+  tracker_.Finish(request_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(request_id);
+  if (it == loads_.end()) return;
+  Load& load = *it->second;
+  load.finished = true;
+  if (load.done) {
+    loads_.erase(it);
+    return;
+  }
+  load.cancel_requested = true;
+  if (load.ctx) load.ctx->TryCancel();
+}
+
+void DecodeConnector::ReapLocked() {
+  for (auto& t : finished_threads_)
+    if (t.joinable()) t.join();
+  finished_threads_.clear();
+}
+
+void DecodeConnector::Shutdown() {
+  std::unique_lock<std::mutex> lock(mu_);
+  shutting_down_ = true;
+  for (auto& [id, load] : loads_) {
+    load->cancel_requested = true;
+    if (load->ctx) load->ctx->TryCancel();
+  }
+  auto bound = DeadlineAfterMs(options_.cancel_timeout_ms + options_.quarantine_ms + 2000);
+  cv_.wait_until(lock, bound, [&] {
+    for (auto& [id, load] : loads_)
+      if (!load->done) return false;
+    return true;
+  });
+  std::vector<std::thread> stuck;
+  for (auto& [id, load] : loads_)
+    if (!load->done && load->thread.joinable()) stuck.push_back(std::move(load->thread));
+  ReapLocked();
+  lock.unlock();
+  // A thread past the bound still holds its blocks; joining keeps them from being freed early.
+  for (auto& t : stuck) t.join();
+}
+
+DecodeConnectorStats DecodeConnector::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DecodeConnectorStats s = stats_;
+  s.stale_signals_ignored = tracker_.ignored_signals();
+  int in_flight = 0;
+  for (auto& [id, load] : loads_)
+    if (!load->done) ++in_flight;
+  s.loads_in_flight = in_flight;
+  return s;
+}
+
+}  // namespace kvstream::connector

@@ -1,0 +1,130 @@
+// DecodeConnector: the load side of the KV connector (what the decode engine calls).
+//
+//   StartLoad(r, tokens, dest_blocks, pipelined, deadline, keepalive)   start_load
+//       Asks the prefill daemon (Prefill RPC, asynchronous) to compute the KV of `tokens` and
+//       write it into `dest_blocks` of the local pool. Returns once the load is posted; the
+//       handshake with the prefill happens first if needed (lazily, retried until the deadline).
+//   WaitForLayer(r, l, deadline)   wait_for_layer: OK once layer l of r is complete in the pool.
+//   WaitForLoad(r, deadline)       every layer landed and the prefill finished; returns its figures.
+//   Finished(r)                    finished: the engine no longer needs r's load.
+//
+// Block safety: `keepalive` (the owner of the destination blocks, e.g. a shared BlockLease) is
+// held until no write into those blocks can still arrive: the Prefill call ended with prefill's
+// confirmation, or a Cancel call confirmed it stopped, or, when the prefill is unreachable, a
+// quarantine period passed after the peer was lost. Dropping it is the only way the connector
+// frees blocks, so a block is never reused while a write into it may be in flight.
+// Signals for requests that are not loading (finished, failed, unknown) are ignored.
+//
+// Thread-safe. Every blocking call takes a deadline.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "connector/handshake.h"
+#include "connector/layer_tracker.h"
+#include "model/kv_cache.h"
+#include "proto/kvstream.grpc.pb.h"
+#include "transport/transport.h"
+
+namespace kvstream::connector {
+
+inline constexpr char kQuiescedTrailer[] = "kvstream-writes-quiesced";
+
+struct DecodeConnectorOptions {
+  std::string prefill_address;        // host:port of the prefill daemon's gRPC server
+  std::string instance_id;            // empty: generated
+  int64_t handshake_timeout_ms = 5000;
+  int64_t cancel_timeout_ms = 3000;   // Cancel RPC to confirm a stopped writer
+  int64_t quarantine_ms = 2000;       // hold blocks this long after the writer was lost
+};
+
+struct LoadResult {
+  int64_t prefill_compute_us = 0;
+  int64_t transfer_us = 0;
+  int64_t transfer_exposed_us = 0;
+  uint64_t kv_bytes = 0;
+};
+
+struct DecodeConnectorStats {
+  uint64_t handshakes = 0;
+  uint64_t loads_started = 0;
+  uint64_t loads_ok = 0;
+  uint64_t loads_failed = 0;
+  uint64_t kv_bytes = 0;
+  uint64_t stale_signals_ignored = 0;
+  int quarantined_blocks = 0;    // blocks whose writer was lost, still held
+  int loads_in_flight = 0;
+};
+
+class DecodeConnector {
+ public:
+  // Registers the pool's memory with `transport` and routes its notifications to the tracker.
+  // `pool` must outlive the connector.
+  static Result<std::unique_ptr<DecodeConnector>> Create(
+      const DecodeConnectorOptions& options, std::unique_ptr<transport::Transport> transport,
+      model::KvPool* pool, LayoutDescriptor local);
+  ~DecodeConnector();
+
+  const std::string& instance_id() const { return options_.instance_id; }
+
+  // (Re)does the handshake now. kFailedPrecondition naming the field on a layout mismatch.
+  Status Handshake(Deadline deadline);
+
+  Status StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
+                   std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,
+                   std::shared_ptr<const void> keepalive);
+  Status WaitForLayer(uint64_t request_id, int layer, Deadline deadline);
+  Result<LoadResult> WaitForLoad(uint64_t request_id, Deadline deadline);
+  // Idempotent. If the load still runs it is cancelled at the prefill (asynchronously).
+  void Finished(uint64_t request_id);
+
+  // Cancels every load and waits (bounded by the cancel timeout and quarantine) for them to
+  // release their blocks. Later StartLoad calls fail with kUnavailable.
+  void Shutdown();
+
+  // Prefill's Stats, for clients that only know the decode daemon.
+  DecodeConnectorStats stats() const;
+  LayerTracker& tracker() { return tracker_; }
+
+ private:
+  struct Load;
+  DecodeConnector() = default;
+  void RunLoad(std::shared_ptr<Load> load);
+  Status EnsureHandshake(Deadline deadline);
+  void MarkPeerLost(const std::string& why);
+  void ReapLocked();
+
+  DecodeConnectorOptions options_;
+  std::unique_ptr<transport::Transport> transport_;
+  model::KvPool* pool_ = nullptr;
+  LayoutDescriptor local_;
+  std::unique_ptr<transport::Registration> registration_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<kvstream::v1::Prefill::Stub> stub_;
+  LayerTracker tracker_;
+
+  std::mutex handshake_mu_;           // serialises handshakes
+  std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
+  std::string prefill_instance_id_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutting_down_ = false;
+  std::map<uint64_t, std::shared_ptr<Load>> loads_;
+  std::vector<std::thread> finished_threads_;
+  DecodeConnectorStats stats_;
+};
+
+}  // namespace kvstream::connector

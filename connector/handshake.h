@@ -1,0 +1,42 @@
+// The handshake's layout descriptor: what prefill and decode must agree on before any KV moves.
+//
+// Guarantees:
+//  - CheckCompatible() compares every field and refuses the first mismatch with
+//    kFailedPrecondition whose message names the field and both values
+//    ("handshake refused: block_size differs: local 16, peer 32").
+//  - kProtocolVersion changes whenever the meaning of the wire changes; proto fields are only
+//    ever added.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "proto/kvstream.pb.h"
+
+namespace kvstream::connector {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+struct LayoutDescriptor {
+  model::KvLayout layout;
+  uint64_t model_hash = 0;
+  uint32_t protocol_version = kProtocolVersion;
+  std::string model_name;  // informational, not compared
+};
+
+LayoutDescriptor MakeLayoutDescriptor(const model::ModelConfig& config, int block_size);
+
+Status CheckCompatible(const LayoutDescriptor& local, const LayoutDescriptor& peer);
+
+void ToProto(const LayoutDescriptor& d, kvstream::v1::LayoutDescriptor* out);
+// kInvalidArgument on an unknown dtype name or non-positive shape fields.
+Result<LayoutDescriptor> FromProto(const kvstream::v1::LayoutDescriptor& p);
+
+// A random 64-bit identity (hex) for this process start, used as decode/prefill instance id.
+std::string NewInstanceId(const std::string& role);
+
+}  // namespace kvstream::connector

@@ -1,0 +1,434 @@
+#include "decode/decode_server.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/log.h"
+#include "connector/grpc_status.h"
+
+namespace kvstream::decode {
+
+namespace v1 = kvstream::v1;
+using connector::ToGrpc;
+
+namespace {
+int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+int64_t MicrosSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
+}
+}  // namespace
+
+struct DecodeServer::Request {
+  uint64_t id = 0;
+  std::string tag;
+  std::vector<int32_t> prompt;
+  int max_tokens = 1;
+  std::vector<int32_t> stop;
+  bool remote = false;     // KV of prompt[0, n-1) comes from the prefill
+  bool pipelined = true;
+  Deadline deadline;
+  Deadline load_deadline;
+  Clock::time_point arrival;
+  std::shared_ptr<model::BlockLease> blocks;
+  // Scheduler-thread state.
+  int32_t cache_len = 0;
+  int32_t last_token = -1;
+  int generated = 0;
+  bool load_info_sent = false;
+  v1::LoadInfo load;
+  // Shared with the Generate handler (under mu).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<v1::GenerateResponse> out;
+  bool complete = false;
+  Status final;
+  std::atomic<bool> client_gone{false};
+};
+
+DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+                           model::KvPool* pool, connector::DecodeConnector* connector)
+    : config_(config), backend_(backend), pool_(pool), connector_(connector) {
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+DecodeServer::~DecodeServer() {
+  BeginShutdown();
+  Stop();
+}
+
+grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                                    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  auto r = std::make_shared<Request>();
+  r->arrival = Clock::now();
+  r->deadline = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
+  r->id = next_id_++;
+  r->tag = req->client_request_tag();
+  r->prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
+  r->max_tokens = req->max_tokens();
+  r->stop.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
+  ++total_;
+
+  auto reject = [&](Status s) {
+    ++failed_;
+    KV_LOG_WARN << "[req " << r->id << "] rejected: " << s.ToString();
+    return ToGrpc(s);
+  };
+  const int n = static_cast<int>(r->prompt.size());
+  const int vocab = backend_->config().vocab_size;
+  if (n == 0) return reject(InvalidArgument("prompt_tokens is empty"));
+  if (r->max_tokens < 1) return reject(InvalidArgument("max_tokens must be >= 1"));
+  for (int32_t t : r->prompt)
+    if (t < 0 || t >= vocab)
+      return reject(InvalidArgument("token id " + std::to_string(t) +
+                                    " outside the vocabulary [0, " + std::to_string(vocab) + ")"));
+  const int total_tokens = n + r->max_tokens;
+  if (total_tokens > backend_->config().max_position)
+    return reject(InvalidArgument("prompt + max_tokens = " + std::to_string(total_tokens) +
+                                  " exceeds the model's max_position " +
+                                  std::to_string(backend_->config().max_position)));
+  const int need = model::BlocksForTokens(total_tokens, pool_->layout().block_size);
+  if (need > pool_->num_blocks())
+    return reject(InvalidArgument("request needs " + std::to_string(need) +
+                                  " KV blocks, the pool has " + std::to_string(pool_->num_blocks())));
+
+  switch (req->load_mode()) {
+    case v1::LOAD_MODE_PIPELINED: r->pipelined = true; break;
+    case v1::LOAD_MODE_NON_PIPELINED: r->pipelined = false; break;
+    default: r->pipelined = config_.pipelining; break;
+  }
+  r->remote = n > 1 && req->load_mode() != v1::LOAD_MODE_LOCAL;
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return reject(Unavailable("decode daemon shutting down"));
+  }
+  auto ids = pool_->allocator().Allocate(need);
+  if (!ids.ok())
+    return reject(ResourceExhausted("KV pool full: need " + std::to_string(need) + " blocks, " +
+                                    std::to_string(pool_->allocator().free_count()) + " free"));
+  r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
+
+  KV_LOG_INFO << "[req " << r->id << "] generate: prompt " << n << " tokens, max_tokens "
+              << r->max_tokens << ", "
+              << (r->remote ? (r->pipelined ? "pipelined load" : "non-pipelined load") : "local")
+              << (r->tag.empty() ? "" : ", tag " + r->tag);
+  if (r->remote) {
+    r->load_deadline = std::min(r->deadline, DeadlineAfterMs(config_.load_timeout_ms));
+    std::vector<int32_t> prefix(r->prompt.begin(), r->prompt.end() - 1);
+    Status s = connector_->StartLoad(r->id, std::move(prefix), r->blocks->ids(), r->pipelined,
+                                     r->load_deadline, r->blocks);
+    if (!s.ok()) return reject(s.WithContext("start_load"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      connector_->Finished(r->id);
+      return reject(Unavailable("decode daemon shutting down"));
+    }
+    active_ids_.insert(r->id);
+    pending_.push_back(r);
+  }
+  cv_.notify_all();
+
+  // Stream tokens as the scheduler produces them.
+  std::unique_lock<std::mutex> lock(r->mu);
+  while (true) {
+    while (!r->out.empty()) {
+      v1::GenerateResponse msg = std::move(r->out.front());
+      r->out.pop_front();
+      lock.unlock();
+      bool written = writer->Write(msg);
+      lock.lock();
+      if (!written) {
+        r->client_gone = true;
+        connector_->tracker().Fail(r->id, Canceled("client went away"));
+        cv_.notify_all();
+      }
+    }
+    if (r->complete) return ToGrpc(r->final);
+    if (ctx->IsCancelled() && !r->client_gone) {
+      r->client_gone = true;
+      connector_->tracker().Fail(r->id, Canceled("client cancelled the request"));
+      cv_.notify_all();
+    }
+    r->cv.wait_for(lock, std::chrono::milliseconds(20));
+  }
+}
+
+bool DecodeServer::Done(const Request& r, int32_t token) const {
+  if (r.generated >= r.max_tokens) return true;
+  return std::find(r.stop.begin(), r.stop.end(), token) != r.stop.end();
+}
+
+void DecodeServer::Emit(Request& r, int32_t token) {
+  v1::GenerateResponse msg;
+  msg.set_token_id(token);
+  msg.set_index(r.generated);
+  msg.set_server_time_us(WallMicros());
+  msg.set_since_arrival_us(MicrosSince(r.arrival));
+  msg.set_request_id(r.id);
+  ++r.generated;
+  const bool last = Done(r, token);
+  msg.set_last(last);
+  if (!r.load_info_sent) {
+    // The prefill's figures come with the end of its call, usually just after the last layer
+    // landed; the first token is not held back for them.
+    if (r.remote && !r.load.recomputed()) {
+      auto info = connector_->WaitForLoad(
+          r.id, last ? DeadlineAfterMs(200) : Clock::now());
+      if (info.ok()) {
+        r.load.set_kv_bytes(info->kv_bytes);
+        r.load.set_prefill_compute_us(info->prefill_compute_us);
+        r.load.set_transfer_us(info->transfer_us);
+        r.load.set_transfer_exposed_us(info->transfer_exposed_us);
+        *msg.mutable_load() = r.load;
+        r.load_info_sent = true;
+      } else if (last || r.generated == 1) {
+        *msg.mutable_load() = r.load;
+        if (last) r.load_info_sent = true;
+      }
+    } else {
+      *msg.mutable_load() = r.load;
+      r.load_info_sent = true;
+    }
+  }
+  ++tokens_;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.out.push_back(std::move(msg));
+  }
+  r.cv.notify_all();
+  if (last) Complete(r, OkStatus());
+}
+
+void DecodeServer::Complete(Request& r, Status status) {
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.complete) return;
+    r.complete = true;
+    r.final = status;
+  }
+  if (r.remote) connector_->Finished(r.id);
+  // Our reference; blocks that received a load stay with the connector until it is safe.
+  r.blocks.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_ids_.erase(r.id);
+  }
+  if (status.ok()) {
+    ++ok_;
+    KV_LOG_INFO << "[req " << r.id << "] done: " << r.generated << " tokens in "
+                << MicrosSince(r.arrival) / 1000 << " ms";
+  } else {
+    (status.code() == StatusCode::kCanceled ? cancelled_ : failed_)++;
+    KV_LOG_WARN << "[req " << r.id << "] ended after " << r.generated
+                << " tokens: " << status.ToString();
+  }
+  r.cv.notify_all();
+}
+
+namespace {
+// wait_for_layer before each layer's attention of the last prompt token.
+class LoadHooks : public model::LayerHooks {
+ public:
+  LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline)
+      : c_(c), id_(id), deadline_(deadline) {}
+  Status BeforeAttention(int layer, void* stream) override {
+    auto t = Clock::now();
+    Status s = c_->WaitForLayer(id_, layer, deadline_);
+    wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
+    return s;
+  }
+  int64_t wait_us = 0;
+
+ private:
+  connector::DecodeConnector* c_;
+  uint64_t id_;
+  Deadline deadline_;
+};
+}  // namespace
+
+void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
+  Request& r = *rp;
+  const int n = static_cast<int>(r.prompt.size());
+  model::ForwardOptions fo;
+  model::ForwardOutput out;
+  Status s;
+  if (r.remote) {
+    LoadHooks hooks(connector_, r.id, r.load_deadline);
+    model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
+    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+    r.load.set_loaded_remotely(true);
+    r.load.set_pipelined(r.pipelined);
+    r.load.set_load_wait_us(hooks.wait_us);
+    if (!s.ok()) {
+      bool stopping;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping = stopping_;
+      }
+      if (r.client_gone || stopping || config_.on_load_failure != "recompute") {
+        Complete(r, s.WithContext("KV of the prompt did not land"));
+        return;
+      }
+      KV_LOG_WARN << "[req " << r.id << "] load failed (" << s.ToString()
+                  << "); recomputing the prompt locally";
+      // The old blocks stay with the connector until the writer is confirmed stopped; the
+      // recompute uses fresh ones.
+      connector_->Finished(r.id);
+      r.remote = false;
+      r.blocks.reset();
+      auto ids = pool_->allocator().Allocate(
+          model::BlocksForTokens(n + r.max_tokens, pool_->layout().block_size));
+      if (!ids.ok()) {
+        Complete(r, ids.status().WithContext("recomputing after a failed load"));
+        return;
+      }
+      r.blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
+      r.load.set_loaded_remotely(false);
+      r.load.set_recomputed(true);
+      ++recomputed_;
+    }
+  }
+  if (!r.remote) {
+    model::SeqInput seq{r.prompt, 0, r.blocks->ids()};
+    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), nullptr, fo, &out);
+    if (!s.ok()) {
+      Complete(r, s.WithContext("prompt forward"));
+      return;
+    }
+  }
+  r.cache_len = n;
+  r.last_token = out.next_tokens.at(0);
+  Emit(r, r.last_token);
+  if (!r.complete) running_.push_back(rp);
+}
+
+void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch) {
+  std::vector<model::SeqInput> seqs;
+  seqs.reserve(batch.size());
+  for (auto& r : batch)
+    seqs.push_back(model::SeqInput{std::span<const int32_t>(&r->last_token, 1), r->cache_len,
+                                   r->blocks->ids()});
+  model::ForwardOptions fo;
+  model::ForwardOutput out;
+  Status s = backend_->Forward(*pool_, seqs, nullptr, fo, &out);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request& r = *batch[i];
+    if (!s.ok()) {
+      Complete(r, s.WithContext("decode step"));
+      continue;
+    }
+    r.cache_len += 1;
+    r.last_token = out.next_tokens.at(i);
+    Emit(r, r.last_token);
+  }
+}
+
+void DecodeServer::SchedulerLoop() {
+  while (true) {
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(50), [&] {
+        return stopping_ || !pending_.empty() || !waiting_.empty() || !running_.empty();
+      });
+      stopping = stopping_;
+      while (!pending_.empty()) {
+        waiting_.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+      }
+    }
+    // Requests that ended outside the scheduler's control.
+    auto reap = [&](const std::shared_ptr<Request>& r) {
+      if (r->complete) return true;
+      if (stopping) Complete(*r, Unavailable("decode daemon shutting down"));
+      else if (r->client_gone) Complete(*r, Canceled("client cancelled the request"));
+      else if (Clock::now() >= r->deadline)
+        Complete(*r, Timeout("request deadline passed after " + std::to_string(r->generated) +
+                             " tokens"));
+      return r->complete;
+    };
+    std::erase_if(waiting_, reap);
+    std::erase_if(running_, reap);
+    if (stopping) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty() && waiting_.empty() && running_.empty()) return;
+      continue;
+    }
+    // One new request's first token per iteration, then one decode step for the others, so a
+    // long load does not starve running requests for more than one prompt.
+    if (!waiting_.empty()) {
+      auto r = waiting_.front();
+      waiting_.pop_front();
+      FirstStep(r);
+    }
+    if (!running_.empty()) {
+      std::vector<std::shared_ptr<Request>> batch;
+      const size_t max_batch = static_cast<size_t>(config_.max_batch);
+      if (running_.size() <= max_batch) {
+        batch = running_;
+      } else {
+        for (size_t i = 0; i < max_batch; ++i) batch.push_back(running_[(rr_ + i) % running_.size()]);
+        rr_ = (rr_ + max_batch) % running_.size();
+      }
+      DecodeStep(batch);
+      std::erase_if(running_, [](const std::shared_ptr<Request>& r) { return r->complete; });
+    }
+  }
+}
+
+void DecodeServer::BeginShutdown() {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    ids.assign(active_ids_.begin(), active_ids_.end());
+  }
+  // Wake first steps blocked in wait_for_layer.
+  for (uint64_t id : ids) connector_->tracker().Fail(id, Unavailable("decode daemon shutting down"));
+  cv_.notify_all();
+}
+
+void DecodeServer::Stop() {
+  if (scheduler_.joinable()) scheduler_.join();
+}
+
+grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                                 v1::StatsResponse* resp) {
+  resp->set_instance_id(connector_->instance_id());
+  resp->set_role("decode");
+  auto* p = resp->mutable_pool();
+  p->set_num_blocks(pool_->num_blocks());
+  p->set_free_blocks(pool_->allocator().free_count());
+  p->set_block_size(pool_->layout().block_size);
+  p->set_block_bytes(pool_->layout().block_bytes());
+  p->set_num_layers(pool_->layout().num_layers);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resp->set_requests_in_flight(static_cast<int>(active_ids_.size()));
+  }
+  auto cs = connector_->stats();
+  auto* c = resp->mutable_counters();
+  c->set_requests_total(total_);
+  c->set_requests_ok(ok_);
+  c->set_requests_failed(failed_);
+  c->set_requests_cancelled(cancelled_);
+  c->set_tokens_generated(tokens_);
+  c->set_kv_bytes_moved(cs.kv_bytes);
+  c->set_stale_signals_ignored(cs.stale_signals_ignored);
+  c->set_loads_recomputed(recomputed_);
+  c->set_handshakes(cs.handshakes);
+  resp->set_quarantined_blocks(cs.quarantined_blocks);
+  resp->set_model_name(backend_->config().name);
+  resp->set_backend(backend_->name());
+  resp->set_transport(config_.transport);
+  return grpc::Status::OK;
+}
+
+}  // namespace kvstream::decode

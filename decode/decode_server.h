@@ -1,0 +1,79 @@
+// The decode daemon's gRPC service (kvstream.v1.Decode) over a DecodeConnector.
+//
+// Generate(prompt): allocate blocks for prompt + max_tokens, start_load the first n-1 tokens'
+// KV from the prefill daemon (unless the prompt has one token or LOCAL mode), then a scheduler
+// thread computes the last prompt token itself with wait_for_layer(r, l) before each layer's
+// attention, samples greedily, and decodes every running request together, one token per
+// sequence per Forward. Tokens stream back with timestamps.
+//
+// Guarantees:
+//  - A request's blocks are released however it ends (done, failed, client cancel, deadline,
+//    prefill lost, shutdown); blocks that received a load are released only once the connector
+//    confirms nothing can still be written into them.
+//  - Every request has a deadline: the client's, capped at request_timeout_ms.
+//  - When the KV does not land: on_load_failure=fail ends the request with the load's status;
+//    recompute computes the prompt locally in fresh blocks.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "connector/daemon_config.h"
+#include "connector/decode_connector.h"
+#include "model/backend.h"
+#include "proto/kvstream.grpc.pb.h"
+
+namespace kvstream::decode {
+
+class DecodeServer final : public kvstream::v1::Decode::Service {
+ public:
+  DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+               model::KvPool* pool, connector::DecodeConnector* connector);
+  ~DecodeServer() override;
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const kvstream::v1::GenerateRequest* req,
+                        grpc::ServerWriter<kvstream::v1::GenerateResponse>* writer) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
+                     kvstream::v1::StatsResponse* resp) override;
+
+  // Refuses new requests and ends every request in flight with kUnavailable.
+  void BeginShutdown();
+  // Joins the scheduler (after BeginShutdown and the gRPC server's shutdown).
+  void Stop();
+
+ private:
+  struct Request;
+  void SchedulerLoop();
+  void FirstStep(const std::shared_ptr<Request>& r);
+  void DecodeStep(std::vector<std::shared_ptr<Request>>& batch);
+  void Emit(Request& r, int32_t token);
+  void Complete(Request& r, Status status);
+  bool Done(const Request& r, int32_t token) const;
+
+  connector::DaemonConfig config_;
+  model::ModelBackend* backend_;
+  model::KvPool* pool_;
+  connector::DecodeConnector* connector_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::deque<std::shared_ptr<Request>> pending_;  // admitted, not yet seen by the scheduler
+  std::set<uint64_t> active_ids_;
+  std::thread scheduler_;
+  // Scheduler-thread state.
+  std::deque<std::shared_ptr<Request>> waiting_;   // first step not done
+  std::vector<std::shared_ptr<Request>> running_;  // decoding
+  size_t rr_ = 0;
+
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0}, tokens_{0}, recomputed_{0};
+};
+
+}  // namespace kvstream::decode

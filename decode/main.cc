@@ -1,0 +1,81 @@
+// kvstream-decode: serves Generate; loads prompts' KV from a prefill daemon layer by layer and decodes.
+#include <cstdio>
+
+#include "common/log.h"
+#include "connector/daemon_runtime.h"
+#include "connector/handshake.h"
+#include "decode/decode_server.h"
+
+using namespace kvstream;
+
+namespace {
+int Fail(const Status& s) {
+  KV_LOG_ERROR << "kvstream-decode: " << s.ToString();
+  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+void ApplyLogLevel(const std::string& level) {
+  if (level == "debug") SetLogLevel(LogLevel::kDebug);
+  else if (level == "info") SetLogLevel(LogLevel::kInfo);
+  else if (level == "warn") SetLogLevel(LogLevel::kWarn);
+  else if (level == "error") SetLogLevel(LogLevel::kError);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  connector::BlockTerminationSignals();
+  auto cfg = connector::ParseDaemonConfig(argc, argv, "decode");
+  if (!cfg.ok()) {
+    if (cfg.status().code() == StatusCode::kNotFound) {
+      std::fputs(cfg.status().message().c_str(), stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "kvstream-decode: %s\n%s", cfg.status().ToString().c_str(),
+                 connector::DaemonUsage("decode").c_str());
+    return 2;
+  }
+  ApplyLogLevel(cfg->log_level);
+  KV_LOG_INFO << "kvstream-decode starting: " << cfg->ToJson();
+
+  auto model = connector::LoadServingModel(*cfg);
+  if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
+  auto transport = connector::CreateTransportFromConfig(*cfg);
+  if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
+  connector::DecodeConnectorOptions dopt;
+  dopt.prefill_address = cfg->peer;
+  dopt.handshake_timeout_ms = cfg->handshake_timeout_ms;
+  dopt.cancel_timeout_ms = cfg->cancel_timeout_ms;
+  dopt.quarantine_ms = cfg->quarantine_ms;
+  auto conn = connector::DecodeConnector::Create(
+      dopt, std::move(transport).value(), model->pool.get(),
+      connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));
+  if (!conn.ok()) return Fail(conn.status().WithContext("creating the connector"));
+  // Handshake eagerly so a layout mismatch shows at startup; a prefill that is not up yet is
+  // retried lazily by the first request.
+  if (Status hs = (*conn)->Handshake(DeadlineAfterMs(cfg->handshake_timeout_ms)); !hs.ok()) {
+    if (hs.code() == StatusCode::kFailedPrecondition) return Fail(hs);
+    KV_LOG_WARN << hs.ToString() << " (will retry on the first request)";
+  }
+
+  decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
+  int port = 0;
+  auto server = connector::StartGrpcServer(cfg->listen, {&service}, &port);
+  if (!server.ok()) return Fail(server.status());
+  if (Status s = connector::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
+  KV_LOG_INFO << "kvstream-decode " << (*conn)->instance_id() << " serving on port " << port
+              << " (model " << model->backend->config().name << ", "
+              << model->backend->config().num_layers << " layers, backend "
+              << model->backend->name() << ", pool " << cfg->pool_blocks << " blocks, prefill "
+              << cfg->peer << ", pipelining " << (cfg->pipelining ? "on" : "off") << ")";
+
+  int sig = connector::WaitForTerminationSignal();
+  KV_LOG_INFO << "signal " << sig << ": shutting down";
+  service.BeginShutdown();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Wait();
+  service.Stop();
+  conn->reset();
+  int free_blocks = model->pool->allocator().free_count();
+  KV_LOG_INFO << "kvstream-decode stopped; " << free_blocks << "/" << model->pool->num_blocks()
+              << " blocks free";
+  return 0;
+}

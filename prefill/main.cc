@@ -1,0 +1,69 @@
+// kvstream-prefill: computes prompts' KV and pushes it, layer by layer, into decode daemons' pools.
+#include <cstdio>
+
+#include "common/log.h"
+#include "connector/daemon_runtime.h"
+#include "connector/handshake.h"
+#include "prefill/prefill_server.h"
+
+using namespace kvstream;
+
+namespace {
+int Fail(const Status& s) {
+  KV_LOG_ERROR << "kvstream-prefill: " << s.ToString();
+  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+void ApplyLogLevel(const std::string& level) {
+  if (level == "debug") SetLogLevel(LogLevel::kDebug);
+  else if (level == "info") SetLogLevel(LogLevel::kInfo);
+  else if (level == "warn") SetLogLevel(LogLevel::kWarn);
+  else if (level == "error") SetLogLevel(LogLevel::kError);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  connector::BlockTerminationSignals();
+  auto cfg = connector::ParseDaemonConfig(argc, argv, "prefill");
+  if (!cfg.ok()) {
+    if (cfg.status().code() == StatusCode::kNotFound) {
+      std::fputs(cfg.status().message().c_str(), stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "kvstream-prefill: %s\n%s", cfg.status().ToString().c_str(),
+                 connector::DaemonUsage("prefill").c_str());
+    return 2;
+  }
+  ApplyLogLevel(cfg->log_level);
+  KV_LOG_INFO << "kvstream-prefill starting: " << cfg->ToJson();
+
+  auto model = connector::LoadServingModel(*cfg);
+  if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
+  auto transport = connector::CreateTransportFromConfig(*cfg);
+  if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
+  auto conn = connector::PrefillConnector::Create(
+      std::move(transport).value(), model->pool.get(),
+      connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));
+  if (!conn.ok()) return Fail(conn.status().WithContext("creating the connector"));
+
+  prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
+  int port = 0;
+  auto server = connector::StartGrpcServer(cfg->listen, {&service}, &port);
+  if (!server.ok()) return Fail(server.status());
+  if (Status s = connector::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
+  KV_LOG_INFO << "kvstream-prefill " << service.instance_id() << " serving on port " << port
+              << " (model " << model->backend->config().name << ", "
+              << model->backend->config().num_layers << " layers, backend "
+              << model->backend->name() << ", pool " << cfg->pool_blocks << " blocks, transport "
+              << (*conn)->transport().name() << ")";
+
+  int sig = connector::WaitForTerminationSignal();
+  KV_LOG_INFO << "signal " << sig << ": shutting down";
+  service.BeginShutdown();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Wait();
+  conn->reset();
+  int free_blocks = model->pool->allocator().free_count();
+  KV_LOG_INFO << "kvstream-prefill stopped; " << free_blocks << "/" << model->pool->num_blocks()
+              << " blocks free";
+  return 0;
+}

@@ -1,0 +1,201 @@
+#include "prefill/prefill_server.h"
+
+#include <chrono>
+#include <thread>
+
+#include "common/log.h"
+#include "connector/decode_connector.h"  // kQuiescedTrailer
+#include "connector/grpc_status.h"
+#include "connector/handshake.h"
+
+namespace kvstream::prefill {
+
+namespace v1 = kvstream::v1;
+using connector::FromGrpc;
+using connector::ToGrpc;
+
+namespace {
+int64_t MicrosBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+}
+
+// save_layer from the forward: layer l's KV is in the pool once AfterLayer(l) runs.
+class SaveHooks : public model::LayerHooks {
+ public:
+  SaveHooks(grpc::ServerContext* ctx, connector::SaveRequest* save, bool pipelined,
+            grpc::ServerWriter<v1::PrefillProgress>* writer, int64_t fault_delay_ms)
+      : ctx_(ctx), save_(save), pipelined_(pipelined), writer_(writer),
+        fault_delay_ms_(fault_delay_ms) {}
+  Status AfterLayer(int layer, void* stream) override {
+#ifdef KVSTREAM_FAULT_INJECTION
+    if (fault_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault_delay_ms_));
+#endif
+    if (ctx_->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
+    if (save_->cancelled()) return Canceled("prefill cancelled");
+    if (pipelined_) KV_RETURN_IF_ERROR(save_->SaveLayer(layer));
+    SendProgress();
+    return OkStatus();
+  }
+  void SendProgress() {
+    for (int l : save_->TakeCompletedLayers()) {
+      v1::PrefillProgress p;
+      p.set_layer(l);
+      writer_->Write(p);  // a gone client shows up as ctx cancellation
+    }
+  }
+
+ private:
+  grpc::ServerContext* ctx_;
+  connector::SaveRequest* save_;
+  bool pipelined_;
+  grpc::ServerWriter<v1::PrefillProgress>* writer_;
+  int64_t fault_delay_ms_;
+};
+}  // namespace
+
+PrefillServer::PrefillServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+                             model::KvPool* pool, connector::PrefillConnector* connector)
+    : config_(config), backend_(backend), pool_(pool), connector_(connector),
+      instance_id_(connector::NewInstanceId("prefill")) {}
+
+grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
+                                      v1::HandshakeResponse* resp) {
+  auto peer_layout = connector::FromProto(req->layout());
+  if (!peer_layout.ok()) return ToGrpc(peer_layout.status());
+  transport::PeerDescriptor peer;
+  peer.address = req->transport_address();
+  for (const auto& r : req->regions())
+    peer.regions.push_back(transport::RemoteRegion{r.addr(), r.length(), r.key()});
+  Status s = connector_->AcceptPeer(req->decode_instance_id(), *peer_layout, peer, req->pool_blocks());
+  if (!s.ok()) {
+    KV_LOG_WARN << "handshake from " << req->decode_instance_id() << " refused: " << s.ToString();
+    return ToGrpc(s);
+  }
+  KV_LOG_INFO << "handshake from " << req->decode_instance_id() << " (" << req->transport_backend()
+              << ", " << req->pool_blocks() << " blocks) accepted";
+  resp->set_prefill_instance_id(instance_id_);
+  connector::ToProto(connector_->local_layout(), resp->mutable_layout());
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillServer::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
+                                    grpc::ServerWriter<v1::PrefillProgress>* writer) {
+  ++total_;
+  ++in_flight_;
+  Status s = RunPrefill(ctx, *req, writer);
+  --in_flight_;
+  // RunPrefill returns only once nothing it posted can still land.
+  ctx->AddTrailingMetadata(connector::kQuiescedTrailer, "1");
+  if (s.ok()) {
+    ++ok_;
+  } else {
+    (s.code() == StatusCode::kCanceled ? cancelled_ : failed_)++;
+    KV_LOG_WARN << "[req " << req->request_id() << "] prefill ended: " << s.ToString();
+  }
+  return ToGrpc(s);
+}
+
+Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
+                                 grpc::ServerWriter<v1::PrefillProgress>* writer) {
+  const uint64_t id = req.request_id();
+  if (stopping_) return Unavailable("prefill daemon shutting down");
+  const Deadline deadline =
+      connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
+  const int n = req.tokens_size();
+  if (n == 0) return InvalidArgument("prefill: no tokens");
+  const int vocab = backend_->config().vocab_size;
+  for (int32_t t : req.tokens())
+    if (t < 0 || t >= vocab)
+      return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                             std::to_string(vocab) + ")");
+  std::unique_lock<std::timed_mutex> forward_lock(forward_mu_, std::defer_lock);
+  if (!forward_lock.try_lock_until(deadline))
+    return Timeout("request " + std::to_string(id) + ": prefill busy until the deadline");
+  if (ctx->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
+
+  const int nblocks = model::BlocksForTokens(n, pool_->layout().block_size);
+  auto ids = pool_->allocator().Allocate(nblocks);
+  if (!ids.ok()) return ids.status().WithContext("prefill pool");
+  // Declared before `save`: the local blocks outlive every write that reads them.
+  model::BlockLease lease(&pool_->allocator(), *ids);
+  std::vector<int32_t> dest(req.dest_blocks().begin(), req.dest_blocks().end());
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<connector::SaveRequest> save,
+                      connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
+  KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined();
+
+  SaveHooks hooks(ctx, save.get(), req.pipelined(), writer, config_.fault_layer_delay_ms);
+  std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
+  model::SeqInput seq{tokens, 0, lease.ids()};
+  model::ForwardOptions fo;
+  fo.skip_lm_head = true;
+  model::ForwardOutput out;
+  auto t0 = Clock::now();
+  Status s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+  auto t1 = Clock::now();
+  forward_lock.unlock();
+  if (s.ok() && !req.pipelined()) {
+    for (int l = 0; l < pool_->layout().num_layers && s.ok(); ++l) s = save->SaveLayer(l);
+  }
+  if (s.ok()) s = save->WaitForSave(deadline);
+  auto t2 = Clock::now();
+  if (!s.ok()) {
+    save->Quiesce(DeadlineAfterMs(config_.cancel_timeout_ms), s.ToString());
+  }
+  connector_->EndSave(req.decode_instance_id(), id);
+  if (!s.ok()) return s;
+  hooks.SendProgress();
+  v1::PrefillProgress done;
+  done.set_done(true);
+  done.set_layer(pool_->layout().num_layers - 1);
+  done.set_kv_bytes(save->bytes_posted());
+  done.set_prefill_compute_us(MicrosBetween(t0, t1));
+  done.set_transfer_us(save->transfer_us());
+  done.set_transfer_exposed_us(MicrosBetween(t1, t2));
+  writer->Write(done);
+  KV_LOG_DEBUG << "[req " << id << "] prefill done: compute " << MicrosBetween(t0, t1)
+               << " us, " << save->bytes_posted() << " bytes";
+  return OkStatus();
+}
+
+grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* req,
+                                   v1::CancelResponse* resp) {
+  Deadline d = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.cancel_timeout_ms));
+  auto r = connector_->Cancel(req->decode_instance_id(), req->request_id(), d);
+  resp->set_known(r.known);
+  resp->set_stopped(r.stopped);
+  KV_LOG_INFO << "[req " << req->request_id() << "] cancel from " << req->decode_instance_id()
+              << (r.known ? " (was running)" : " (not running)");
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                                  v1::StatsResponse* resp) {
+  resp->set_instance_id(instance_id_);
+  resp->set_role("prefill");
+  auto* p = resp->mutable_pool();
+  p->set_num_blocks(pool_->num_blocks());
+  p->set_free_blocks(pool_->allocator().free_count());
+  p->set_block_size(pool_->layout().block_size);
+  p->set_block_bytes(pool_->layout().block_bytes());
+  p->set_num_layers(pool_->layout().num_layers);
+  resp->set_requests_in_flight(in_flight_.load());
+  auto cs = connector_->stats();
+  auto* c = resp->mutable_counters();
+  c->set_requests_total(total_);
+  c->set_requests_ok(ok_);
+  c->set_requests_failed(failed_);
+  c->set_requests_cancelled(cancelled_);
+  c->set_kv_bytes_moved(cs.bytes_written);
+  c->set_handshakes(cs.handshakes);
+  resp->set_model_name(backend_->config().name);
+  resp->set_backend(backend_->name());
+  resp->set_transport(connector_->transport().name());
+  return grpc::Status::OK;
+}
+
+void PrefillServer::BeginShutdown() {
+  stopping_ = true;
+  connector_->CancelAll(DeadlineAfterMs(config_.cancel_timeout_ms));
+}
+
+}  // namespace kvstream::prefill

@@ -1,0 +1,53 @@
+// The prefill daemon's gRPC service (kvstream.v1.Prefill) over a PrefillConnector.
+//
+// Prefill(r): allocate local blocks, run the forward over r's tokens; with pipelining, after
+// layer l push l's KV (save_layer) at once, else push every layer after the whole forward; wait
+// for the writes (wait_for_save), then free the local blocks. Whatever the outcome, the call
+// returns only when no write of r can still land (trailer kvstream-writes-quiesced: 1).
+// Forward passes run one at a time (the backend uses every core).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+
+#include "connector/daemon_config.h"
+#include "connector/prefill_connector.h"
+#include "model/backend.h"
+#include "proto/kvstream.grpc.pb.h"
+
+namespace kvstream::prefill {
+
+class PrefillServer final : public kvstream::v1::Prefill::Service {
+ public:
+  PrefillServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+                model::KvPool* pool, connector::PrefillConnector* connector);
+
+  grpc::Status Handshake(grpc::ServerContext* ctx, const kvstream::v1::HandshakeRequest* req,
+                         kvstream::v1::HandshakeResponse* resp) override;
+  grpc::Status Prefill(grpc::ServerContext* ctx, const kvstream::v1::PrefillRequest* req,
+                       grpc::ServerWriter<kvstream::v1::PrefillProgress>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* ctx, const kvstream::v1::CancelRequest* req,
+                      kvstream::v1::CancelResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
+                     kvstream::v1::StatsResponse* resp) override;
+
+  // New Prefill calls are refused; running ones are cancelled (their writes quiesced).
+  void BeginShutdown();
+  const std::string& instance_id() const { return instance_id_; }
+
+ private:
+  Status RunPrefill(grpc::ServerContext* ctx, const kvstream::v1::PrefillRequest& req,
+                    grpc::ServerWriter<kvstream::v1::PrefillProgress>* writer);
+
+  connector::DaemonConfig config_;
+  model::ModelBackend* backend_;
+  model::KvPool* pool_;
+  connector::PrefillConnector* connector_;
+  std::string instance_id_;
+  std::timed_mutex forward_mu_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0};
+};
+
+}  // namespace kvstream::prefill

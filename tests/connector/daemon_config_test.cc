@@ -1,0 +1,59 @@
+#include "connector/daemon_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace kvstream::connector {
+namespace {
+
+Result<DaemonConfig> Parse(std::vector<std::string> args, const std::string& role = "prefill") {
+  args.insert(args.begin(), "kvstream-" + role);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ParseDaemonConfig(static_cast<int>(argv.size()), argv.data(), role);
+}
+
+TEST(DaemonConfig, FlagsInBothSpellings) {
+  auto c = Parse({"--pool_blocks=64", "--block-size", "32", "--pipelining=off", "--model", "tiny"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->pool_blocks, 64);
+  EXPECT_EQ(c->block_size, 32);
+  EXPECT_FALSE(c->pipelining);
+}
+
+TEST(DaemonConfig, FileThenFlagsWin) {
+  std::string path = ::testing::TempDir() + "/kvstream_cfg_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"pool_blocks": 100, "listen": "127.0.0.1:7000", "pipelining": false,
+            "peer": "127.0.0.1:7001", "quarantine_ms": 10})";
+  }
+  auto c = Parse({"--config", path, "--pool_blocks=50"}, "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->pool_blocks, 50);
+  EXPECT_EQ(c->listen, "127.0.0.1:7000");
+  EXPECT_EQ(c->peer, "127.0.0.1:7001");
+  EXPECT_FALSE(c->pipelining);
+  EXPECT_EQ(c->quarantine_ms, 10);
+  std::remove(path.c_str());
+}
+
+TEST(DaemonConfig, BadInputIsRefusedNamingIt) {
+  auto c = Parse({"--pool_blocks=lots"});
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("pool_blocks"), std::string::npos);
+  c = Parse({"--no_such_flag=1"});
+  EXPECT_NE(c.status().message().find("no_such_flag"), std::string::npos);
+  c = Parse({"--on_load_failure=retry"});
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  c = Parse({}, "decode");  // decode needs its prefill peer
+  EXPECT_NE(c.status().message().find("peer"), std::string::npos);
+  c = Parse({"--config", "/nonexistent/kvstream.json"});
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--help"}).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvstream::connector

@@ -1,0 +1,87 @@
+#include "tests/daemons/disagg_fixture.h"
+
+#include <cstdlib>
+
+namespace kvstream::testing {
+
+std::vector<std::string> DefaultDaemonFlags() {
+  const char* tls = std::getenv("KVSTREAM_TEST_UCX_TLS");
+  return {"--ucx_tls=" + std::string(tls ? tls : "tcp"), "--threads=1", "--quarantine_ms=300",
+          "--cancel_timeout_ms=2000"};
+}
+
+void DisaggTest::TearDown() {
+  if (HasFailure()) {
+    if (prefill_) std::fprintf(stderr, "---- prefill log ----\n%s\n", prefill_->Log().c_str());
+    if (decode_) std::fprintf(stderr, "---- decode log ----\n%s\n", decode_->Log().c_str());
+  }
+  if (decode_) decode_->Signal(SIGKILL);
+  if (prefill_) prefill_->Signal(SIGKILL);
+}
+
+std::string DisaggTest::prefill_address() const {
+  return pair_.prefill_host + ":" + std::to_string(prefill_->port());
+}
+
+void DisaggTest::StartPrefill() {
+  std::vector<std::string> args = DefaultDaemonFlags();
+  for (auto& a : pair_.common) args.push_back(a);
+  for (auto& a : pair_.prefill) args.push_back(a);
+  std::string host = pair_.prefill_prefix.empty() ? "127.0.0.1" : pair_.prefill_host;
+  args.push_back("--listen=" + host + ":" + std::to_string(pair_.prefill_port));
+  prefill_ = std::make_unique<DaemonProcess>("prefill", KVSTREAM_PREFILL_BIN, args, dir_.path(),
+                                             pair_.prefill_prefix);
+  Status s = prefill_->Start(DeadlineAfterMs(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+void DisaggTest::StartDecode() {
+  std::vector<std::string> args = DefaultDaemonFlags();
+  for (auto& a : pair_.common) args.push_back(a);
+  for (auto& a : pair_.decode) args.push_back(a);
+  args.push_back("--listen=" + pair_.decode_listen);
+  args.push_back("--peer=" + prefill_address());
+  decode_ = std::make_unique<DaemonProcess>("decode", KVSTREAM_DECODE_BIN, args, dir_.path(),
+                                            pair_.decode_prefix);
+  Status s = decode_->Start(DeadlineAfterMs(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::string host = pair_.decode_listen.substr(0, pair_.decode_listen.rfind(':'));
+  stub_ = DecodeStub(host + ":" + std::to_string(decode_->port()));
+}
+
+void DisaggTest::StartDaemons(const DaemonPair& pair) {
+  pair_ = pair;
+  ASSERT_NO_FATAL_FAILURE(StartPrefill());
+  ASSERT_NO_FATAL_FAILURE(StartDecode());
+}
+
+std::vector<int32_t> DisaggTest::Colocated(const std::vector<std::string>& model_flags,
+                                           const std::vector<int32_t>& prompt, int max_tokens) {
+  model::ModelSpec spec;
+  std::string key;
+  for (const auto& f : model_flags) {
+    key += f + " ";
+    if (f.rfind("--model=", 0) == 0) spec.model = f.substr(8);
+    if (f.rfind("--layers=", 0) == 0) spec.num_layers_override = std::stoi(f.substr(9));
+    if (f.rfind("--seed=", 0) == 0) spec.seed = std::stoull(f.substr(7));
+  }
+  auto& backend = reference_[key];
+  if (!backend) {
+    model::BackendOptions bo;
+    bo.num_threads = 1;
+    auto b = model::CreateBackend(spec, bo);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok()) return {};
+    backend = std::move(b).value();
+  }
+  auto pool = backend->CreatePool(
+      model::BlocksForTokens(static_cast<int>(prompt.size()) + max_tokens, 16), 16);
+  EXPECT_TRUE(pool.ok());
+  model::GenerateOptions go;
+  go.max_new_tokens = max_tokens;
+  auto r = model::Generate(*backend, **pool, prompt, go);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+}  // namespace kvstream::testing

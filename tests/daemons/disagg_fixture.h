@@ -1,0 +1,52 @@
+// Fixture: one prefill and one decode daemon on loopback, plus the colocated reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/backend.h"
+#include "model/generate.h"
+#include "tests/daemons/daemon_harness.h"
+
+namespace kvstream::testing {
+
+struct DaemonPair {
+  std::vector<std::string> common;   // flags for both
+  std::vector<std::string> prefill;  // extra prefill flags
+  std::vector<std::string> decode;   // extra decode flags
+  std::vector<std::string> prefill_prefix, decode_prefix;  // e.g. ip netns exec
+  int prefill_port = 0;              // 0: any
+  std::string prefill_host = "127.0.0.1";
+  std::string decode_listen = "127.0.0.1:0";
+};
+
+// Flags every test daemon gets: UCX over TCP on loopback unless KVSTREAM_TEST_UCX_TLS says
+// otherwise, one compute thread each (two daemons share CI's two cores).
+std::vector<std::string> DefaultDaemonFlags();
+
+class DisaggTest : public ::testing::Test {
+ protected:
+  void TearDown() override;
+  // Starts prefill, then decode pointed at it.
+  void StartDaemons(const DaemonPair& pair);
+  void StartPrefill();
+  void StartDecode();
+
+  // Greedy tokens of the same model in this process.
+  std::vector<int32_t> Colocated(const std::vector<std::string>& model_flags,
+                                 const std::vector<int32_t>& prompt, int max_tokens);
+
+  std::string prefill_address() const;
+  std::string decode_address() const { return decode_->address(); }
+
+  TempDir dir_;
+  DaemonPair pair_;
+  std::unique_ptr<DaemonProcess> prefill_, decode_;
+  std::unique_ptr<kvstream::v1::Decode::Stub> stub_;
+  std::map<std::string, std::unique_ptr<model::ModelBackend>> reference_;
+};
+
+}  // namespace kvstream::testing

@@ -1,0 +1,63 @@
+// The receiving side of the two-process transport tests: registers a region, prints how to
+// reach it, then checks each notified layer's bytes and reports them, until stdin closes.
+//
+//   transport_peer <backend> <ucx_tls or -> <region bytes> <chunk bytes>
+//   stdout: "READY <hex address> <region addr> <region length> <hex key>"
+//           "NOTE <request_id> <layer> OK|BAD" per notification: layer l covers
+//           [l*chunk, (l+1)*chunk) and holds pattern seed request_id + l.
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/transport/test_util.h"
+#include "transport/transport.h"
+
+using namespace kvstream;
+using namespace kvstream::transport;
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s backend tls|- region_bytes chunk_bytes\n", argv[0]);
+    return 2;
+  }
+  std::string tls = argv[2];
+  auto t = CreateTransport(test::Options(argv[1], tls == "-" ? "" : tls));
+  if (!t.ok()) {
+    std::fprintf(stderr, "peer: %s\n", t.status().ToString().c_str());
+    return 1;
+  }
+  size_t size = std::strtoull(argv[3], nullptr, 10), chunk = std::strtoull(argv[4], nullptr, 10);
+  std::vector<uint8_t> mem(size, 0);
+  auto reg = (*t)->Register(MemoryRegion{mem.data(), mem.size()});
+  if (!reg.ok()) {
+    std::fprintf(stderr, "peer: %s\n", reg.status().ToString().c_str());
+    return 1;
+  }
+  test::NotificationQueue notes;
+  (*t)->SetNotificationSink([&](const Notification& n) { notes.Push(n); });
+  std::printf("READY %s %llu %zu %s\n", test::ToHex((*t)->LocalAddress()).c_str(),
+              static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(mem.data())), mem.size(),
+              test::ToHex((*reg)->RemoteKey()).c_str());
+  std::fflush(stdout);
+  for (;;) {
+    Notification n;
+    while (notes.Pop(&n, Clock::now())) {
+      bool ok = n.layer >= 0 && (static_cast<size_t>(n.layer) + 1) * chunk <= size &&
+                test::CheckPattern(mem.data() + n.layer * chunk, chunk, n.request_id + n.layer);
+      std::printf("NOTE %llu %d %s\n", static_cast<unsigned long long>(n.request_id), n.layer,
+                  ok ? "OK" : "BAD");
+      std::fflush(stdout);
+    }
+    pollfd p{0, POLLIN, 0};
+    if (poll(&p, 1, 5) > 0) {
+      char buf[256];
+      if (read(0, buf, sizeof(buf)) <= 0) break;  // stdin closed: done
+    }
+  }
+  (*t)->SetNotificationSink(nullptr);
+  return 0;
+}
