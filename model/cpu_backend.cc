@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_set>
 
 #include "model/rope.h"
 #include "model/thread_pool.h"
@@ -186,6 +187,7 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
             G = c.group_size();
   // Token t of the flattened batch: its sequence and absolute position.
   std::vector<int32_t> seq_of, pos_of, first_tok(batch.size());
+  std::unordered_set<int32_t> written;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SeqInput& in = batch[s];
     const std::string who = "Forward: sequence " + std::to_string(s) + ": ";
@@ -202,6 +204,17 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
       if (in.block_table[b] < 0 || in.block_table[b] >= kv.num_blocks())
         return InvalidArgument(who + "block id " + std::to_string(in.block_table[b]) +
                                " out of range");
+    // A block written here must belong to this sequence alone and appear once in its table;
+    // otherwise two positions would share a slot and corrupt each other silently.
+    for (int64_t b = 0; b < (end + bs - 1) / bs; ++b) {
+      const int32_t id = in.block_table[b];
+      for (int64_t b2 = 0; b2 < b; ++b2)
+        if (in.block_table[b2] == id)
+          return InvalidArgument(who + "block " + std::to_string(id) + " appears twice in its table");
+      if (b >= in.start_pos / bs && !written.insert(id).second)
+        return InvalidArgument(who + "block " + std::to_string(id) +
+                               " is written by two sequences of the batch");
+    }
     for (int32_t tok : in.tokens)
       if (tok < 0 || tok >= V)
         return InvalidArgument(who + "token id " + std::to_string(tok) + " out of range [0, " +

@@ -455,6 +455,23 @@ TEST(CpuBackend, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ(fwd({}, 0, table), StatusCode::kInvalidArgument);
   EXPECT_EQ(fwd(ok_tokens, -1, table), StatusCode::kInvalidArgument);
   EXPECT_EQ(backend->Forward(*pool, {}, nullptr, {}, &out).code(), StatusCode::kInvalidArgument);
+  std::vector<int32_t> dup_table = {1, 1};
+  std::vector<int32_t> long_tokens(20, 1);
+  EXPECT_EQ(fwd(long_tokens, 0, dup_table), StatusCode::kInvalidArgument);
+  {
+    // Two sequences writing into one block.
+    std::vector<int32_t> t0 = {2}, t1 = {2};
+    SeqInput two[2] = {{ok_tokens, 0, t0}, {ok_tokens, 0, t1}};
+    EXPECT_EQ(backend->Forward(*pool, two, nullptr, {}, &out).code(), StatusCode::kInvalidArgument);
+    // Sharing a block they only read (a common prefix) is fine.
+    std::vector<int32_t> full(16, 5);
+    std::vector<int32_t> prefix = {2}, a = {2, 0}, b = {2, 3};
+    SeqInput first{full, 0, prefix};
+    ASSERT_TRUE(backend->Forward(*pool, {&first, 1}, nullptr, {}, &out).ok());
+    SeqInput shared[2] = {{ok_tokens, 16, a}, {ok_tokens, 16, b}};
+    EXPECT_TRUE(backend->Forward(*pool, shared, nullptr, {}, &out).ok());
+    EXPECT_EQ(out.next_tokens[0], out.next_tokens[1]);
+  }
   // A pool of another layout.
   auto other = CreateHostPool(KvLayout{2, 4, 32, 16, DType::kBF16}, 4).value();
   SeqInput in{ok_tokens, 0, table};
