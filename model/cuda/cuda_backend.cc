@@ -15,11 +15,9 @@
 #include "common/log.h"
 #include "kernels/kv_write.h"
 #include "kernels/layer_ops.h"
+#include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
 #include "model/weights.h"
-#if KVSTREAM_HAVE_PAGED_DECODE
-#include "kernels/paged_attention.h"
-#endif
 
 namespace kvstream::model {
 namespace {
@@ -533,8 +531,10 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   KV_CUDA(kernels::EmbeddingGather(x, embed_, wd, d_tokens, T, c.vocab_size, H, stream_));
   KV_CUDA(kernels::RopeTable(rope, d_positions, T, hd, c.rope_theta, stream_));
 
+  // Decode (one new token per sequence): the paged decode kernel where it supports the shape
+  // (head 64/128/256, block 16/32); otherwise (e.g. the tiny preset's head 32) the prefill
+  // kernel, which is exact for one token too.
   bool use_decode_kernel = false;
-#if KVSTREAM_HAVE_PAGED_DECODE
   kernels::PagedDecodeParams dp;
   if (all_single) {
     dp.out = attn_.get();
@@ -562,11 +562,6 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
       dp.workspace_bytes = ws ? decode_ws_.size() : 0;
     }
   }
-#else
-  (void)all_single;
-  (void)d_ctx_lens;
-  (void)max_ctx;
-#endif
 
   kernels::PrefillAttentionParams pp;
   pp.out = attn_.get();
@@ -614,13 +609,10 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
     // As on the CPU backend: the layer's KV is complete here, before attention and the MLP, so
     // a transfer of it overlaps the rest of the layer.
     if (hooks) KV_RETURN_IF_ERROR(hooks->AfterLayer(l, stream_));
-#if KVSTREAM_HAVE_PAGED_DECODE
     if (use_decode_kernel) {
       dp.kv_layer = layer_kv;
       KV_CUDA(kernels::PagedDecodeAttention(dp, stream_));
-    }
-#endif
-    if (!use_decode_kernel) {
+    } else {
       pp.kv_layer = layer_kv;
       KV_CUDA(kernels::PrefillAttention(pp, stream_));
     }
