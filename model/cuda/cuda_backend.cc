@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -195,6 +196,7 @@ class CudaBackend final : public ModelBackend {
   ModelConfig config_;
   int device_;
   std::string name_;
+  std::mutex forward_mu_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 
@@ -453,6 +455,8 @@ Status CudaBackend::Gemm(float* y, const void* x, const void* w, int tokens, int
 Status CudaBackend::Forward(KvPool& pool, std::span<const SeqInput> batch, LayerHooks* hooks,
                             const ForwardOptions& options, ForwardOutput* out) {
   if (!out) return InvalidArgument("Forward: null output");
+  // The work buffers are shared: concurrent calls run one after the other.
+  std::lock_guard<std::mutex> lock(forward_mu_);
   KV_CUDA(cudaSetDevice(device_));
   KV_RETURN_IF_ERROR(Validate(pool, batch));
   Status st = Run(pool, batch, hooks, options, out);

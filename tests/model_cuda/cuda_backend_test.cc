@@ -16,6 +16,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -394,6 +395,47 @@ TEST(CudaBackend, HooksInOrderAndErrorsReturnedAsIs) {
   skip.skip_lm_head = true;
   ASSERT_OK((*gpu)->Forward(**pool, {&in, 1}, nullptr, skip, &out));
   EXPECT_EQ(std::vector<int32_t>{-1}, out.next_tokens);
+}
+
+// Forward() from several threads at once (each on its own pool) gives what it gives alone.
+TEST(CudaBackend, ConcurrentForwardsAreSerialised) {
+  ModelSpec spec;
+  spec.model = "tiny";
+  spec.seed = 9;
+  BackendOptions o;
+  o.kind = "cuda";
+  auto gpu = CreateCudaBackend(spec, o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  const int kThreads = 4, kSteps = 6;
+  auto run = [&](int which, std::vector<int32_t>* toks) -> Status {
+    KV_ASSIGN_OR_RETURN(auto pool, (*gpu)->CreatePool(8, 16));
+    const std::vector<int32_t> prompt = Prompt(30 + which, 512, 100 + which);
+    std::vector<int32_t> table(8);
+    std::iota(table.begin(), table.end(), 0);
+    SeqInput in;
+    in.tokens = prompt;
+    in.block_table = table;
+    ForwardOutput out;
+    for (int i = 0; i <= kSteps; ++i) {
+      KV_RETURN_IF_ERROR((*gpu)->Forward(*pool, {&in, 1}, nullptr, {}, &out));
+      toks->push_back(out.next_tokens[0]);
+      in.start_pos += int(in.tokens.size());
+      in.tokens = std::span<const int32_t>(&toks->back(), 1);
+    }
+    return OkStatus();
+  };
+  std::vector<std::vector<int32_t>> alone(kThreads), together(kThreads);
+  for (int t = 0; t < kThreads; ++t) ASSERT_OK(run(t, &alone[t]));
+  std::vector<Status> st(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] { st[t] = run(t, &together[t]); });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_OK(st[t]);
+    EXPECT_EQ(alone[t], together[t]) << "thread " << t;
+  }
 }
 
 TEST(CudaBackend, BadInputIsAnErrorNotACrash) {
