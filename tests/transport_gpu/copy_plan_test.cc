@@ -126,6 +126,12 @@ TEST(ChooseCopyPath, CopyEngineForFewRunsOrOverlapKernelForMany) {
   EXPECT_EQ(ChooseCopyPath(8, true, true, false, 4, s), CopyPath::kMemcpy);    // forced memcpy
   EXPECT_EQ(ChooseCopyPath(2, true, false, true, 4, s), CopyPath::kKernel);    // forced kernel
   EXPECT_EQ(ChooseCopyPath(0, true, false, true, 4, s), CopyPath::kMemcpy);
+  // One run forced onto the kernel: the shape must cover the whole run.
+  CopyRun one{0, 0, 16ull << 20};
+  ScatterShape s1 = PlanScatter(&one, 1);
+  EXPECT_EQ(ChooseCopyPath(1, true, false, true, 4, s1), CopyPath::kKernel);
+  EXPECT_GE(s1.piece_bytes * s1.pieces_per_run, one.length);
+  EXPECT_EQ(s1.wasted, 0u);
 }
 
 TEST(RunRing, HandsOutRangesInOrderNeverWrapsAndRefusesWhenFull) {

@@ -503,7 +503,7 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
                                     local->region().length, target.addr, target.length));
   const std::vector<CopyRun>& runs = planner_.runs();
   const CopyMode mode = shared->options.copy_mode;
-  const ScatterShape shape = runs.size() >= 2 ? PlanScatter(runs.data(), runs.size()) : ScatterShape{};
+  const ScatterShape shape = PlanScatter(runs.data(), runs.size());
   CopyPath path = ChooseCopyPath(runs.size(), planner_.disjoint(), mode == CopyMode::kMemcpy,
                                  mode == CopyMode::kKernel, shared->options.kernel_min_runs, shape);
   const uint64_t t1 = profiling ? NowNs() : 0;

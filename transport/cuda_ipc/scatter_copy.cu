@@ -81,8 +81,9 @@ ScatterCopyPiecesKernel(const CopyRun* __restrict__ table, uint64_t piece_bytes)
 
 Status LaunchScatterCopyPieces(const CopyRun* table, size_t runs, uint64_t piece_bytes,
                                uint32_t pieces_per_run, cudaStream_t stream) {
-  if (runs == 0 || pieces_per_run == 0) return OkStatus();
-  if (runs > 0x7fffffffu || pieces_per_run > 65535u || piece_bytes == 0 || piece_bytes % 16 != 0) {
+  if (runs == 0) return OkStatus();
+  if (runs > 0x7fffffffu || pieces_per_run == 0 || pieces_per_run > 65535u || piece_bytes == 0 ||
+      piece_bytes % 16 != 0) {
     return InvalidArgument("scatter copy: launch shape out of range");
   }
   dim3 grid(static_cast<unsigned>(runs), pieces_per_run);
