@@ -361,12 +361,22 @@ void DecodeServer::SchedulerLoop() {
       if (pending_.empty() && waiting_.empty() && running_.empty()) return;
       continue;
     }
-    // One new request's first token per iteration, then one decode step for the others, so a
-    // long load does not starve running requests for more than one prompt.
+    // One new request's first token per iteration, then one decode step for the others. With
+    // nothing running, the first step starts at once and follows the prefill layer by layer;
+    // while others decode, a request joins only once its KV has landed, so their inter-token
+    // latency never waits on a prefill (the newcomer's TTFT grows by at most one step).
     if (!waiting_.empty()) {
-      auto r = waiting_.front();
-      waiting_.pop_front();
-      FirstStep(r);
+      auto pick = waiting_.begin();
+      if (!running_.empty()) {
+        pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
+          return !r->remote || connector_->tracker().Settled(r->id);
+        });
+      }
+      if (pick != waiting_.end()) {
+        auto r = *pick;
+        waiting_.erase(pick);
+        FirstStep(r);
+      }
     }
     if (!running_.empty()) {
       std::vector<std::shared_ptr<Request>> batch;
