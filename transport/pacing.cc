@@ -162,20 +162,6 @@ namespace {
 
 using internal::WriteCompletion;
 
-// WriteRequest::after_stream arrives with the GPU transports; until then no request has one.
-template <typename R>
-void* AfterStream(const R& r) {
-  if constexpr (requires { r.after_stream; }) {
-    return r.after_stream;
-  } else {
-    return nullptr;
-  }
-}
-template <typename R>
-void ClearAfterStream(R& r) {
-  if constexpr (requires { r.after_stream; }) r.after_stream = nullptr;
-}
-
 struct Chunk {
   std::vector<CopyOp> ops;
   uint64_t bytes = 0;
@@ -416,7 +402,7 @@ class PacedEndpoint final : public Endpoint {
         if (w.proto.notify && w.last_chunk_next() && w.next > 0 && !w.inflight.empty()) break;
         if (w.ordered && !w.inflight.empty()) break;
         // A producer dependency is honoured by chunk 0; the others follow its completion.
-        if (AfterStream(w.proto) != nullptr && w.next > 0 && w.completed == 0) break;
+        if (w.proto.after_stream != nullptr && w.next > 0 && w.completed == 0) break;
         if (!w.reserved) {
           w.release = bucket_->Reserve(w.chunks[w.next].bytes);
           w.reserved = true;
@@ -428,7 +414,7 @@ class PacedEndpoint final : public Endpoint {
         WriteRequest req = w.proto;
         req.ops = w.chunks[w.next].ops;
         req.notify = w.proto.notify && w.last_chunk_next();
-        if (w.next > 0) ClearAfterStream(req);
+        if (w.next > 0) req.after_stream = nullptr;
         w.reserved = false;
         ++w.next;
         auto h = inner_->Write(req);
