@@ -4,6 +4,12 @@
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX
 #include "transport/ucx/ucx_transport.h"
 #endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_CUDA_IPC
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_UCX_STAGED
+#include "transport/staged/staged_transport.h"
+#endif
 
 namespace kvstream::transport {
 namespace {
@@ -18,6 +24,12 @@ struct Backend {
 constexpr Backend kBackends[] = {
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX
     {"ucx", &ucx::CreateUcxTransport},
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_CUDA_IPC
+    {"cuda_ipc", &cuda_ipc::CreateCudaIpcTransport},
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_UCX_STAGED
+    {"ucx_staged", &staged::CreateStagedTransport},
 #endif
     {"fake", &testing::CreateFakeTransport},
 };

@@ -102,6 +102,13 @@ struct WriteRequest {
   std::vector<CopyOp> ops;
   bool notify = false;
   Notification notification;    // delivered after the data, if notify
+  // Optional producer dependency (GPU backends): a cudaStream_t on the local registration's
+  // device. The copy starts only after all work enqueued on it before Write() returned
+  // (the backend records an event on it and makes its copy stream wait on that event; the
+  // caller's thread is not blocked). Lets prefill post a layer's write right after enqueueing
+  // that layer's compute. nullptr = no dependency (the source is ready now). Backends whose
+  // sources are never GPU memory return kNotSupported when it is set.
+  void* after_stream = nullptr;
 };
 
 class WriteHandle {

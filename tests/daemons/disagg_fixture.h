@@ -32,6 +32,9 @@ class DisaggTest : public ::testing::Test {
   void TearDown() override;
   // Starts prefill, then decode pointed at it.
   void StartDaemons(const DaemonPair& pair);
+  // Both at once (model loading overlaps): the prefill gets a fixed port picked beforehand,
+  // the decode handshakes lazily once the prefill serves.
+  void StartDaemonsTogether(const DaemonPair& pair);
   void StartPrefill();
   void StartDecode();
 

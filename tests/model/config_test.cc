@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "model/config.h"
@@ -170,6 +171,16 @@ TEST(Weights, DummyValuesAreDeterministicAndScaled) {
   ASSERT_TRUE((*wb)->ReadF32(ts[2], &c).ok());
   for (size_t i = 0; i < c.size(); i += 101)
     EXPECT_EQ(c[i], RoundToDType(DummyWeight(ts[2], 5, i), DType::kBF16));
+  std::vector<std::byte> raw;
+  DType raw_dtype;
+  ASSERT_TRUE((*wb)->ReadRaw(ts[2], &raw, &raw_dtype).ok());
+  ASSERT_EQ(raw_dtype, DType::kBF16);
+  for (size_t i = 0; i < c.size(); i += 97) {
+    uint16_t bits;
+    std::memcpy(&bits, raw.data() + 2 * i, 2);
+    EXPECT_EQ(bits, F32ToBf16(DummyWeight(ts[2], 5, i)));
+    EXPECT_EQ(Bf16ToF32(bits), c[i]);
+  }
   spec.num_layers_override = 3;
   EXPECT_EQ(OpenWeights(spec).status().code(), StatusCode::kInvalidArgument);
   spec.model = "no-such-model";
