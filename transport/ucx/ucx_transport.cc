@@ -830,6 +830,9 @@ class UcxEndpoint final : public Endpoint {
 
   Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override {
     KV_RETURN_IF_ERROR(internal::CheckRequestShape(request, state_->regions.size()));
+    if (request.after_stream != nullptr) {
+      return NotSupported("ucx: after_stream needs a GPU backend; this one moves host memory");
+    }
     const auto* local = dynamic_cast<const UcxRegistration*>(request.local);
     if (local == nullptr || local->state()->worker.get() != worker_.get()) {
       return InvalidArgument("local registration was not made by this UCX transport");
