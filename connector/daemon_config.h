@@ -27,10 +27,15 @@ struct DaemonConfig {
   // KV pool
   int pool_blocks = 256;
   int block_size = 16;
+  // cuda backend: >0 sizes the pool as this fraction of the device's free memory after the
+  // weights are loaded (overrides pool_blocks); 0 = use pool_blocks.
+  double pool_gpu_fraction = 0;
   // network
   std::string listen = "127.0.0.1:0";
   std::string port_file;        // written with the bound port once serving
   std::string peer;             // decode: the prefill daemon's address
+  // ucx | ucx_staged | cuda_ipc. With GPU pools (backend cuda) "ucx" means the UCX path this
+  // host's UCX supports: UCX direct on CUDA memory where UCX reports it, else ucx_staged.
   std::string transport = "ucx";
   std::string ucx_tls;          // e.g. "tcp", "sm"; empty = UCX default / $UCX_TLS
   std::string ucx_net_devices;  // e.g. "lo"

@@ -133,6 +133,15 @@ TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonProcess decode2("decode-mismatch2", KVSTREAM_DECODE_BIN, args, dir_.path());
   EXPECT_FALSE(decode2.Start(DeadlineAfterMs(30000)).ok());
   EXPECT_NE(decode2.Log().find("block_size differs"), std::string::npos) << decode2.Log();
+
+  // Another data plane (the prefill runs ucx): refused by name, not failing later in Connect.
+  args.pop_back();
+  args.pop_back();
+  args.push_back("--transport=fake");
+  args.push_back("--peer=" + prefill_address());
+  DaemonProcess decode3("decode-mismatch3", KVSTREAM_DECODE_BIN, args, dir_.path());
+  EXPECT_FALSE(decode3.Start(DeadlineAfterMs(30000)).ok());
+  EXPECT_NE(decode3.Log().find("transport differs"), std::string::npos) << decode3.Log();
 }
 
 }  // namespace
