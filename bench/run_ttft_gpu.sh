@@ -10,7 +10,8 @@
 #     machine.txt, gpu_test.log, bench.log (the tables), ttft_gpu.jsonl (every JSON line, one
 #     bench run after another), daemons.log (tails of the daemon logs), summary.txt.
 #   Knobs (env): MODELS, TRANSPORTS, REQUESTS, WARMUP, MAX_NEW, LENS_<model with _ for ->,
-#     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, DEVICE, UCX_TLS (for ucx_staged).
+#     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE, UCX_TLS (for ucx_staged),
+#     BACKEND (cuda; cpu only to try the script on a machine without a GPU).
 set -uo pipefail
 B=${1:-.devbuild/gpuint}
 B=$(cd "$B" && pwd)
@@ -23,8 +24,12 @@ REQUESTS=${REQUESTS:-3}
 WARMUP=${WARMUP:-1}
 MAX_NEW=${MAX_NEW:-4}
 DEVICE=${DEVICE:-0}
-STEP_TIMEOUT=${STEP_TIMEOUT:-75}
-TEST_TIMEOUT=${TEST_TIMEOUT:-150}
+BACKEND=${BACKEND:-cuda}
+STEP_TIMEOUT=${STEP_TIMEOUT:-100}
+TEST_TIMEOUT=${TEST_TIMEOUT:-100}
+# Wall-time budget of the whole script (s): a step starts only with >= 40 s left and its
+# timeout is cut to what is left (minus time to stop the daemons).
+TOTAL_BUDGET=${TOTAL_BUDGET:-270}
 # Prompt lengths stay within each preset's max_position (llama-3-8b 8192, llama-2-7b 4096)
 # minus the new tokens.
 LENS_llama_3_8b=${LENS_llama_3_8b:-1024,4096,$((8192 - MAX_NEW))}
@@ -77,9 +82,15 @@ for model in $MODELS; do
   blocks=$(( (maxlen + MAX_NEW + 15) / 16 + 8 ))
   for tr in $TRANSPORTS; do
     tag="$model/$tr"
+    left=$(( TOTAL_BUDGET - $(elapsed) - 15 ))
+    if (( left < 40 )); then
+      log "$tag: skipped, ${left}s of the budget left"
+      continue
+    fi
+    step_timeout=$(( left < STEP_TIMEOUT ? left : STEP_TIMEOUT ))
     port=$((port + 1))
     rm -f "$TMP"/*.port
-    common=(--model "$model" --backend cuda --device "$DEVICE" --transport "$tr"
+    common=(--model "$model" --backend "$BACKEND" --device "$DEVICE" --transport "$tr"
             --pool_blocks "$blocks" --log_level warn --request_timeout_ms 120000)
     [[ $tr == ucx_staged && -n "${UCX_TLS:-}" ]] && common+=(--ucx_tls "$UCX_TLS")
     log "$tag: starting daemons (pool $blocks blocks each, prompts $lens)"
@@ -90,7 +101,7 @@ for model in $MODELS; do
       --port_file "$TMP/decode.port" > "$TMP/decode.log" 2>&1 &
     PID_D=$!
     ok=0
-    for _ in $(seq 1 600); do
+    for _ in $(seq 1 400); do
       [[ -s "$TMP/prefill.port" && -s "$TMP/decode.port" ]] && { ok=1; break; }
       kill -0 "$PID_P" 2>/dev/null && kill -0 "$PID_D" 2>/dev/null || break
       sleep 0.1
@@ -99,10 +110,10 @@ for model in $MODELS; do
       log "$tag: daemons did not come up"
     else
       dport=$(cat "$TMP/decode.port")
-      log "$tag: serving (prefill :$port, decode :$dport); bench ttft (timeout ${STEP_TIMEOUT}s)"
+      log "$tag: serving (prefill :$port, decode :$dport); bench ttft (timeout ${step_timeout}s)"
       echo "=== $tag ===" >> "$OUT/bench.log"
-      timeout -k 5 "$STEP_TIMEOUT" "$B/kvstream" bench ttft --decode "127.0.0.1:$dport" \
-        --prefill "127.0.0.1:$port" --model "$model" --backend cuda --device "$DEVICE" \
+      timeout -k 5 "$step_timeout" "$B/kvstream" bench ttft --decode "127.0.0.1:$dport" \
+        --prefill "127.0.0.1:$port" --model "$model" --backend "$BACKEND" --device "$DEVICE" \
         --prompt-lens "$lens" --requests "$REQUESTS" --warmup "$WARMUP" \
         --max-new-tokens "$MAX_NEW" --modes pipelined,non-pipelined,colocated \
         --deadline-ms 60000 --json-out "$TMP/run.jsonl" >> "$OUT/bench.log" 2> "$TMP/bench.err"
@@ -123,4 +134,5 @@ for model in $MODELS; do
   done
 done
 log "done in $(elapsed)s"
-grep -E "^(=== |rc=| *[0-9]+ \| )" "$OUT/bench.log" | tee -a "$OUT/summary.txt"
+grep -E "^(=== |rc=|TTFT / ITL|(pipelined|non-pipelined|colocated) +[0-9]| *[0-9]+ \| )" "$OUT/bench.log" \
+  | tee -a "$OUT/summary.txt"
