@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include "transport/pacing.h"
 #include "transport/testing/fake_transport.h"
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX
 #include "transport/ucx/ucx_transport.h"
@@ -37,11 +38,13 @@ constexpr Backend kBackends[] = {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
+  auto pacing = ResolvePacing(options);
+  if (!pacing.ok()) return pacing.status().WithContext("transport pacing options");
   for (const Backend& b : kBackends) {
     if (options.backend == b.name) {
       auto t = b.create(options);
       if (!t.ok()) return t.status().WithContext("creating the " + options.backend + " transport");
-      return t;
+      return PaceTransport(std::move(t).value(), *pacing);
     }
   }
   std::string known;

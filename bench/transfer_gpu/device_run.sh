@@ -17,12 +17,12 @@ export KVSTREAM_LOG_LEVEL=${KVSTREAM_LOG_LEVEL:-warn}
 } > "$OUT/machine.txt" 2>&1
 "$B/transport_gpu_unit_test" > "$OUT/transport_gpu_unit_test.log" 2>&1
 echo "rc=$?" >> "$OUT/transport_gpu_unit_test.log"
-timeout 150 "$B/transport_gpu_test" > "$OUT/transport_gpu_test.log" 2>&1
+timeout 120 "$B/transport_gpu_test" > "$OUT/transport_gpu_test.log" 2>&1
 echo "rc=$?" >> "$OUT/transport_gpu_test.log"
-timeout 90 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_memcpy --json="$OUT/transfer_gpu.jsonl" \
+timeout 60 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_memcpy --json="$OUT/transfer_gpu.jsonl" \
   > "$OUT/transfer_gpu_ipc.log" 2>&1
 echo "rc=$?" >> "$OUT/transfer_gpu_ipc.log"
-timeout 90 "$B/transfer_gpu" --backends=ucx_staged --json="$OUT/transfer_gpu.jsonl" \
+timeout 60 "$B/transfer_gpu" --backends=ucx_host,ucx_staged --json="$OUT/transfer_gpu.jsonl" \
   > "$OUT/transfer_gpu_staged.log" 2>&1
 echo "rc=$?" >> "$OUT/transfer_gpu_staged.log"
 tail -n 4 "$OUT/transport_gpu_test.log"

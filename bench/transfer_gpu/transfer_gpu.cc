@@ -2,7 +2,7 @@
 // the device's own copy bandwidth and pinned host<->device bandwidth measured in the same run.
 //
 //   transfer_gpu [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=20]
-//                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_staged] [--json=FILE] [--device=0]
+//                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
 //
 // Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
 //   layer_contig   one layer, destination contiguous (1 run)
@@ -13,7 +13,9 @@
 // the destination and the notification sent), median over --iters. Baselines, same bytes,
 // same process, same clock: cudaMemcpyAsync device-to-device (+ stream sync), and pinned
 // host->device / device->host cudaMemcpyAsync. Ratios: cuda_ipc* against D2D, ucx_staged
-// against min(H2D, D2H) (the staged path does both).
+// against min(H2D, D2H) (the staged path does both) and against ucx_host: the UCX backend
+// moving the same bytes host memory to host memory between the same two processes (the
+// staged path's own network leg, its ceiling on a host where UCX is the slower part).
 //
 // Output: one JSON line per measurement on stdout (and --json FILE), then a table.
 // The receiver is this binary re-executed with --role=receiver.
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -44,6 +47,7 @@
 #include "transport/transport.h"
 #if KVSTREAM_HAVE_UCX_STAGED
 #include "transport/staged/staged_transport.h"
+#include "transport/ucx/ucx_transport.h"
 #endif
 
 namespace kvstream::bench {
@@ -99,6 +103,11 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
     return transport::cuda_ipc::CreateCudaIpcTransport(o);
   }
 #if KVSTREAM_HAVE_UCX_STAGED
+  if (name == "ucx_host") {  // the staged path's own UCX leg, host memory to host memory
+    transport::TransportOptions o;
+    o.backend = "ucx";
+    return transport::ucx::CreateUcxTransport(o);
+  }
   if (name == "ucx_staged") {
     transport::staged::StagedOptions o;
     o.device = device;
@@ -138,12 +147,21 @@ int RunReceiver(const std::map<std::string, std::string>& args) {
     std::printf("ERROR %s\n", t.status().ToString().c_str());
     return 1;
   }
+  // ucx_host: host memory on both sides (the staged backend's UCX leg alone).
+  const bool host = backend == "ucx_host";
   void* pool = nullptr;
-  CHECK_CUDA(cudaMalloc(&pool, region_bytes * regions));
+  if (host) {
+    pool = std::malloc(region_bytes * regions);
+    if (pool == nullptr) Die("malloc");
+    std::memset(pool, 0, region_bytes * regions);
+  } else {
+    CHECK_CUDA(cudaMalloc(&pool, region_bytes * regions));
+  }
   std::vector<std::unique_ptr<transport::Registration>> regs;
   for (int r = 0; r < regions; ++r) {
     auto reg = t.value()->Register(
-        {static_cast<char*>(pool) + r * region_bytes, region_bytes, MemoryKind::kCuda, device});
+        {static_cast<char*>(pool) + r * region_bytes, region_bytes,
+         host ? MemoryKind::kHost : MemoryKind::kCuda, host ? -1 : device});
     if (!reg.ok()) {
       std::printf("ERROR %s\n", reg.status().ToString().c_str());
       return 1;
@@ -170,7 +188,8 @@ int RunReceiver(const std::map<std::string, std::string>& args) {
   t.value()->SetNotificationSink(nullptr);
   regs.clear();
   t.value().reset();
-  cudaFree(pool);
+  if (host) std::free(pool);
+  else cudaFree(pool);
   return 0;
 }
 
@@ -254,9 +273,11 @@ struct Row {
   uint64_t bytes = 0;
   size_t writes = 0, runs = 0;
   double seconds = 0, gbps = 0, baseline_gbps = 0;
+  double ucx_host_gbps = 0;  // ucx_staged rows: its UCX leg alone, same case, same run
 };
 
 std::vector<Row> g_rows;
+std::map<std::string, double> g_ucx_host;  // "model/case" -> GB/s of ucx_host
 std::ofstream g_json;
 
 void Emit(const Row& r, int tokens) {
@@ -270,6 +291,9 @@ void Emit(const Row& r, int tokens) {
   if (!r.baseline.empty()) {
     j << ",\"baseline\":\"" << r.baseline << "\",\"baseline_gbps\":" << r.baseline_gbps
       << ",\"ratio\":" << (r.baseline_gbps > 0 ? r.gbps / r.baseline_gbps : 0);
+  }
+  if (r.ucx_host_gbps > 0) {
+    j << ",\"ucx_host_gbps\":" << r.ucx_host_gbps << ",\"ratio_vs_ucx_host\":" << r.gbps / r.ucx_host_gbps;
   }
   j << "}";
   std::printf("%s\n", j.str().c_str());
@@ -394,7 +418,11 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
     if (!t.ok()) Die(t.status().ToString());
     auto ep = t.value()->Connect(peer);
     if (!ep.ok()) Die(backend + " connect: " + ep.status().ToString());
-    auto reg = t.value()->Register({src, prompt_bytes, MemoryKind::kCuda, device});
+    const bool host = backend == "ucx_host";
+    std::vector<char> host_src;
+    if (host) host_src.assign(prompt_bytes, 0x3C);
+    auto reg = host ? t.value()->Register({host_src.data(), prompt_bytes, MemoryKind::kHost, -1})
+                    : t.value()->Register({src, prompt_bytes, MemoryKind::kCuda, device});
     if (!reg.ok()) Die(reg.status().ToString());
 
     uint64_t expected_notes = 0;
@@ -425,7 +453,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
       }
       next_req++;
     };
-    const bool staged = backend == "ucx_staged";
+    const bool staged = backend == "ucx_staged" || host;
     const double base_layer = staged ? std::min(b.h2d_layer, b.d2h_layer) : b.d2d_layer;
     const double base_prompt = staged ? std::min(b.h2d_prompt, b.d2h_prompt) : b.d2d_prompt;
     const std::string base_name = staged ? "min(pinned_h2d,pinned_d2h)" : "cudaMemcpy_d2d";
@@ -441,6 +469,10 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
       r.gbps = bytes / sec / 1e9;
       r.baseline = base_name;
       r.baseline_gbps = base;
+      if (backend == "ucx_staged" && g_ucx_host.count(model_name + "/" + kase)) {
+        r.ucx_host_gbps = g_ucx_host[model_name + "/" + kase];
+      }
+      if (host) g_ucx_host[model_name + "/" + kase] = r.gbps;
       Emit(r, tokens);
     };
     row("layer_contig", layer_bytes, 1, 1, TimeIt(iters, [&] { run(false, 1); }), base_layer);
@@ -482,6 +514,7 @@ void PrintTable() {
                 r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.seconds * 1e6, r.gbps);
     if (!r.baseline.empty()) std::printf(" %7.3f  (vs %s %.1f GB/s)", r.gbps / r.baseline_gbps,
                                          r.baseline.c_str(), r.baseline_gbps);
+    if (r.ucx_host_gbps > 0) std::printf("  %.3f of ucx_host %.1f GB/s", r.gbps / r.ucx_host_gbps, r.ucx_host_gbps);
     std::printf("\n");
   }
 }
@@ -503,7 +536,7 @@ int main(int argc, char** argv) {
   const int device = args.count("device") ? std::stoi(args["device"]) : 0;
   std::string backends = "cuda_ipc,cuda_ipc_memcpy";
 #if KVSTREAM_HAVE_UCX_STAGED
-  backends += ",ucx_staged";
+  backends += ",ucx_host,ucx_staged";
 #endif
   if (args.count("backends")) backends = args["backends"];
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -35,13 +36,19 @@ inline void FillPattern(uint64_t request, int layer, uint64_t dst_block, uint64_
   for (size_t i = 0; i < nwords; ++i) words[i] = SplitMix64(seed + i);
 }
 
-// `count` distinct destination blocks out of `pool_blocks`, random but fixed by (request, layer).
-// Every fourth pick is followed by its neighbour when free, so that some runs coalesce.
+// `count` distinct destination blocks out of `pool_blocks`, random but fixed by (request, layer),
+// taken only among blocks of class `phase` out of `classes` (groups of 8 neighbouring blocks
+// take turns: class(b) = (b / 8) % classes), so that writes of different classes never touch
+// each other's blocks. Every fourth pick is followed by its neighbour when that is free and of
+// the same class, so that some runs are contiguous on both sides.
+inline uint64_t BlockClass(uint64_t b, uint64_t classes) { return (b / 8) % classes; }
 inline std::vector<uint64_t> PlanBlocks(uint64_t request, int layer, uint64_t pool_blocks,
-                                        size_t count) {
+                                        size_t count, uint64_t classes = 1, uint64_t phase = 0) {
   std::mt19937_64 rng(SplitMix64(request ^ (static_cast<uint64_t>(layer) << 40)));
-  std::vector<uint64_t> ids(pool_blocks);
-  for (uint64_t i = 0; i < pool_blocks; ++i) ids[i] = i;
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < pool_blocks; ++i) {
+    if (BlockClass(i, classes) == phase) ids.push_back(i);
+  }
   std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<char> used(pool_blocks, 0);
   std::vector<uint64_t> out;
@@ -50,9 +57,11 @@ inline std::vector<uint64_t> PlanBlocks(uint64_t request, int layer, uint64_t po
     if (used[b]) continue;
     used[b] = 1;
     out.push_back(b);
-    if (out.size() % 4 == 0 && b + 1 < pool_blocks && !used[b + 1] && out.size() < count) {
-      used[b + 1] = 1;
-      out.push_back(b + 1);
+    const uint64_t next = b + 1;
+    if (out.size() % 4 == 0 && next < pool_blocks && BlockClass(next, classes) == phase &&
+        !used[next] && out.size() < count) {
+      used[next] = 1;
+      out.push_back(next);
     }
   }
   return out;

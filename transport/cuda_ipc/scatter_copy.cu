@@ -10,10 +10,15 @@ constexpr int kUnroll = 4;
 
 __global__ void ScatterCopyKernel(const CopyRun* __restrict__ table) {
   // Read the entry once per CTA (it may sit in host memory across PCIe).
-  __shared__ CopyRun run;
-  if (threadIdx.x == 0) run = table[blockIdx.x];
+  // Plain words, not CopyRun (whose member initialisers must not run per thread here).
+  __shared__ uint64_t run[3];
+  if (threadIdx.x == 0) {
+    run[0] = table[blockIdx.x].src;
+    run[1] = table[blockIdx.x].dst;
+    run[2] = table[blockIdx.x].length;
+  }
   __syncthreads();
-  const uint64_t src = run.src, dst = run.dst, len = run.length;
+  const uint64_t src = run[0], dst = run[1], len = run[2];
   if (((src | dst | len) & 15u) == 0) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
