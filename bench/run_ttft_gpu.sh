@@ -11,7 +11,8 @@
 #     bench run after another), daemons.log (tails of the daemon logs), summary.txt.
 #   Knobs (env): MODELS, TRANSPORTS, REQUESTS, WARMUP, MAX_NEW, LENS_<model with _ for ->,
 #     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE, UCX_TLS (for ucx_staged),
-#     BACKEND (cuda; cpu only to try the script on a machine without a GPU).
+#     BACKEND (cuda; cpu only to try the script on a machine without a GPU),
+#     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=true").
 set -uo pipefail
 B=${1:-.devbuild/gpuint}
 B=$(cd "$B" && pwd)
@@ -97,7 +98,8 @@ for model in $MODELS; do
     "$B/kvstream-prefill" "${common[@]}" --listen "127.0.0.1:$port" \
       --port_file "$TMP/prefill.port" > "$TMP/prefill.log" 2>&1 &
     PID_P=$!
-    "$B/kvstream-decode" "${common[@]}" --listen 127.0.0.1:0 --peer "127.0.0.1:$port" \
+    # shellcheck disable=SC2086
+    "$B/kvstream-decode" "${common[@]}" ${EXTRA_DECODE_FLAGS:-} --listen 127.0.0.1:0 --peer "127.0.0.1:$port" \
       --port_file "$TMP/decode.port" > "$TMP/decode.log" 2>&1 &
     PID_D=$!
     ok=0

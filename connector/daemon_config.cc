@@ -45,6 +45,8 @@ const std::vector<Field>& Fields() {
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
       KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
+      KV_FIELD(first_step_after_load, kBool,
+               "decode: first step only after every layer landed (prefill on this GPU)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
       KV_FIELD(request_timeout_ms, kI64, "cap on every request's deadline"),

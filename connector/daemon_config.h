@@ -41,6 +41,10 @@ struct DaemonConfig {
   std::string ucx_net_devices;  // e.g. "lo"
   // behaviour
   bool pipelining = true;       // decode's default load mode
+  // decode: start the first token's forward only once every layer of the prompt's KV landed
+  // (the transfer still overlaps the prefill's compute). For a prefill on the same GPU, whose
+  // compute the layer-by-layer first step would otherwise time-slice with.
+  bool first_step_after_load = false;
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
   int64_t request_timeout_ms = 60000;    // cap on any request's deadline

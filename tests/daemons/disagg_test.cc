@@ -109,6 +109,25 @@ TEST_F(DisaggTest, BadRequestsGetClearStatusAndFreeNothing) {
   EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(3000)).ok());
 }
 
+// first_step_after_load: the decode's first step waits for every layer before layer 0; the
+// load itself stays pipelined at the prefill. Same tokens.
+TEST_F(DisaggTest, FirstStepAfterLoadGivesTheSameTokens) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=32");
+  pair.decode = {"--first_step_after_load=true"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  for (int n : {2, 17, 40}) {
+    auto prompt = MakePrompt(n, 512, 500 + n);
+    auto expected = Colocated(kTiny, prompt, 4);
+    auto r = CallGenerate(*stub_, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected) << "prompt " << n;
+    EXPECT_TRUE(r.messages.front().load().loaded_remotely());
+  }
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+}
+
 TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonPair pair;
   pair.common = kTiny;
