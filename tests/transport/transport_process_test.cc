@@ -1,6 +1,7 @@
 // Two real processes over UCX on this host: the writer here, the receiver in a child.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -60,8 +61,14 @@ TEST_P(TwoProcesses, LayersLandAndAreNotifiedInTheOtherProcess) {
   for (size_t l = 0; l < kLayers; ++l) EXPECT_TRUE(seen[l]) << l;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ucx, TwoProcesses, ::testing::Values("tcp", ""),
-                         [](const auto& info) { return info.param.empty() ? std::string("default") : info.param; });
+std::string TlsName(const ::testing::TestParamInfo<std::string>& info) {
+  if (info.param.empty()) return "default";
+  std::string n = info.param;
+  std::replace(n.begin(), n.end(), ',', '_');
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, TwoProcesses, ::testing::Values("tcp", "sm,tcp", ""), TlsName);
 
 }  // namespace
 }  // namespace kvstream::transport
