@@ -1,4 +1,7 @@
 // Integration: real kvstream-prefill and kvstream-decode processes, real gRPC, real UCX.
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
@@ -161,6 +164,62 @@ TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonProcess decode3("decode-mismatch3", KVSTREAM_DECODE_BIN, args, dir_.path());
   EXPECT_FALSE(decode3.Start(DeadlineAfterMs(30000)).ok());
   EXPECT_NE(decode3.Log().find("transport differs"), std::string::npos) << decode3.Log();
+}
+
+}  // namespace
+}  // namespace kvstream::testing
+
+namespace kvstream::testing {
+namespace {
+
+std::string RunCapture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
+  if (!p) {
+    *rc = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+TEST_F(DisaggTest, CliGenerateThroughDaemonsAndBenchTtft) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const std::string kv = KVSTREAM_CLI_BIN;
+  int rc = 0;
+  std::string remote = RunCapture(kv + " generate --decode " + decode_address() +
+                                      " --prompt-len 37 --max-new-tokens 6 --json", &rc);
+  ASSERT_EQ(rc, 0) << remote;
+  std::string local = RunCapture(kv + " generate --model tiny --prompt-len 37 --max-new-tokens 6 --json", &rc);
+  ASSERT_EQ(rc, 0) << local;
+  auto tokens_of = [](const std::string& j) {
+    auto at = j.find("\"tokens\":");
+    return at == std::string::npos ? std::string() : j.substr(at, j.find(']', at) - at);
+  };
+  EXPECT_FALSE(tokens_of(remote).empty()) << remote;
+  EXPECT_EQ(tokens_of(remote), tokens_of(local));
+  EXPECT_NE(remote.find("\"loaded_remotely\":true"), std::string::npos) << remote;
+
+  std::string bench = RunCapture(kv + " bench ttft --decode " + decode_address() + " --prefill " +
+                                     prefill_address() +
+                                     " --model tiny --threads 1 --requests 2 --warmup 0 "
+                                     "--prompt-lens 8,40 --max-new-tokens 3",
+                                 &rc);
+  EXPECT_EQ(rc, 0) << bench;
+  EXPECT_NE(bench.find("\"kind\":\"comparison\",\"prompt_len\":40,\"tokens_identical_across_modes\":true"),
+            std::string::npos) << bench;
+  EXPECT_NE(bench.find("\"kind\":\"summary\",\"mode\":\"pipelined\""), std::string::npos);
+  EXPECT_NE(bench.find("TTFT p50"), std::string::npos);
+  // A model other than the daemons' is refused, naming the hash.
+  bench = RunCapture(kv + " bench ttft --decode " + decode_address() +
+                         " --model tiny --seed 3 --requests 1 --prompt-lens 8", &rc);
+  EXPECT_NE(rc, 0);
 }
 
 }  // namespace
