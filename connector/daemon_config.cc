@@ -49,6 +49,7 @@ const std::vector<Field>& Fields() {
                "decode: first step only after every layer landed (prefill on this GPU)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
+      KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
       KV_FIELD(request_timeout_ms, kI64, "cap on every request's deadline"),
       KV_FIELD(handshake_timeout_ms, kI64, "per handshake attempt"),
       KV_FIELD(load_timeout_ms, kI64, "decode: bound on a prompt's KV load"),
@@ -120,6 +121,7 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
                     c.cancel_timeout_ms})
     if (t <= 0) return InvalidArgument("timeouts must be > 0 ms");
   if (c.quarantine_ms < 0) return InvalidArgument("quarantine_ms must be >= 0");
+  if (c.queue_timeout_ms < 0) return InvalidArgument("queue_timeout_ms must be >= 0");
   if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
 #ifndef KVSTREAM_FAULT_INJECTION
   if (c.fault_layer_delay_ms != 0)

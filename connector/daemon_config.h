@@ -47,6 +47,7 @@ struct DaemonConfig {
   bool first_step_after_load = false;
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
+  int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)
   int64_t request_timeout_ms = 60000;    // cap on any request's deadline
   int64_t handshake_timeout_ms = 5000;
   int64_t load_timeout_ms = 30000;       // decode: whole KV load, from start_load

@@ -106,10 +106,23 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return reject(Unavailable("decode daemon shutting down"));
   }
+  // A full pool queues the request (bounded by queue_timeout_ms and its deadline) rather than
+  // failing a burst outright.
+  const Deadline queue_deadline =
+      std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
   auto ids = pool_->allocator().Allocate(need);
+  while (!ids.ok() && Clock::now() < queue_deadline && !ctx->IsCancelled()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return reject(Unavailable("decode daemon shutting down"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ids = pool_->allocator().Allocate(need);
+  }
   if (!ids.ok())
     return reject(ResourceExhausted("KV pool full: need " + std::to_string(need) + " blocks, " +
-                                    std::to_string(pool_->allocator().free_count()) + " free"));
+                                    std::to_string(pool_->allocator().free_count()) + " free after waiting " +
+                                    std::to_string(config_.queue_timeout_ms) + " ms"));
   r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
 
   KV_LOG_INFO << "[req " << r->id << "] generate: prompt " << n << " tokens, max_tokens "

@@ -224,3 +224,31 @@ TEST_F(DisaggTest, CliGenerateThroughDaemonsAndBenchTtft) {
 
 }  // namespace
 }  // namespace kvstream::testing
+
+namespace kvstream::testing {
+namespace {
+
+TEST_F(DisaggTest, BurstLargerThanThePoolQueuesThenAllSucceed) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny", "--pool_blocks=8"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  // Each request needs 4 of the 8 blocks (50 + 10 tokens): at most two fit at once.
+  constexpr int kRequests = 6;
+  std::vector<GenerateResult> results(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i)
+    threads.emplace_back([&, i] {
+      auto stub = DecodeStub(decode_address());
+      results[i] = CallGenerate(*stub, MakePrompt(50, 512, 300 + i), 10,
+                                kvstream::v1::LOAD_MODE_PIPELINED, 30000);
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens, Colocated({"--model=tiny"}, MakePrompt(50, 512, 300 + i), 10));
+  }
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+}
+
+}  // namespace
+}  // namespace kvstream::testing
