@@ -1,9 +1,12 @@
 #include "transport/ucx/ucx_transport.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -35,7 +38,7 @@ using internal::WriteCompletion;
 constexpr unsigned kNotifyAmId = 17;
 // Wire version of the notification header and of the address / key envelopes. Bump on any
 // layout change; a mismatch is refused, never misread.
-constexpr uint32_t kWireVersion = 2;
+constexpr uint32_t kWireVersion = 3;
 constexpr uint32_t kNotifyMagic = 0x4b564e00u | kWireVersion;  // "KVN" + version
 constexpr char kAddressTag[4] = {'K', 'V', 'U', 'A'};
 constexpr char kKeyTag[4] = {'K', 'V', 'U', 'K'};
@@ -106,6 +109,18 @@ struct HostIdentity {
   uint64_t start_time = 0;  // /proc/<pid>/stat field 22: tells a reused pid apart
 };
 static_assert(sizeof(HostIdentity) == 64);
+
+// In front of the packed UCX rkey: where a same-host writer can map the region's memory
+// (Allocate() backs it with a memfd; fd = -1 for memory the caller registered).
+struct SharedFile {
+  int32_t fd = -1;
+  uint32_t reserved = 0;
+  uint64_t ino = 0;
+  uint64_t dev = 0;
+  uint64_t base = 0;    // the owner's address of byte 0 of the file
+  uint64_t length = 0;
+};
+static_assert(sizeof(SharedFile) == 40);
 
 uint64_t ProcessStartTime(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -479,18 +494,23 @@ struct RegState {
   ucp_mem_h memh = nullptr;
   MemoryRegion region;
   std::string key;
+  int memfd = -1;            // Allocate(): the memory is this memfd, mapped at region.addr
+  size_t mapped_length = 0;
 
   ~RegState() {
-    if (memh == nullptr) return;
-    ucp_context_h ctx = worker->context();
-    ucp_mem_h m = memh;
-    Status s = worker->RunSync([ctx, m] {
-      ucs_status_t st = ucp_mem_unmap(ctx, m);
-      return st == UCS_OK ? OkStatus() : FromUcs(st, "ucp_mem_unmap");
-    });
-    if (!s.ok()) {
-      KV_LOG_WARN << "ucx: deregistration failed: " << s.ToString();
+    if (memh != nullptr) {
+      ucp_context_h ctx = worker->context();
+      ucp_mem_h m = memh;
+      Status s = worker->RunSync([ctx, m] {
+        ucs_status_t st = ucp_mem_unmap(ctx, m);
+        return st == UCS_OK ? OkStatus() : FromUcs(st, "ucp_mem_unmap");
+      });
+      if (!s.ok()) {
+        KV_LOG_WARN << "ucx: deregistration failed: " << s.ToString();
+      }
     }
+    if (mapped_length != 0) munmap(region.addr, mapped_length);
+    if (memfd >= 0) close(memfd);
   }
 };
 
@@ -516,6 +536,14 @@ struct EpState {
   // Same-host peer reachable with process_vm_writev (0 = use UCX puts). Set before use.
   pid_t cma_pid = 0;
   int pidfd = -1;  // tells when that process exits
+  // Per remote region: the peer's memfd mapped here (nullptr = none); writes then memcpy.
+  struct PeerMap {
+    uint8_t* ptr = nullptr;
+    size_t length = 0;
+    uint64_t base = 0;
+  };
+  std::vector<PeerMap> maps;
+  std::vector<SharedFile> shared;  // from the keys, per region
 
   // Progress-thread only.
   int inflight = 0;
@@ -530,6 +558,9 @@ struct EpState {
   bool closed = false;     // guarded by mu: ep closed and every write through it finished
 
   ~EpState() {
+    for (PeerMap& m : maps) {
+      if (m.ptr != nullptr) munmap(m.ptr, m.length);
+    }
     if (pidfd >= 0) close(pidfd);
   }
   Status Error() const {
@@ -555,6 +586,7 @@ struct WriteOp {
   std::shared_ptr<RegState> reg;
   uint64_t remote_base = 0;
   ucp_rkey_h rkey = nullptr;
+  uint8_t* mapped_dst = nullptr;  // the remote region mapped here (same host, memfd)
   std::vector<Run> runs;
   bool notify = false;
   NotifyWire wire{};
@@ -663,6 +695,20 @@ void CmaCopy(WriteOp* op) {
       st = RemoteDisconnect("ucx: the peer process exited");
       break;
     }
+    if (op->mapped_dst != nullptr) {
+      // A shared mapping of the peer's memory: copy in slices so cancel and close act fast.
+      constexpr uint64_t kSlice = 8 << 20;
+      const Run& run = runs[idx];
+      uint64_t n = std::min<uint64_t>(kSlice, run.length - done_in_run);
+      std::memcpy(op->mapped_dst + run.remote_offset + done_in_run,
+                  base + run.local_offset + done_in_run, n);
+      done_in_run += n;
+      if (done_in_run == run.length) {
+        ++idx;
+        done_in_run = 0;
+      }
+      continue;
+    }
     iovec local[kBatch], remote[kBatch];
     size_t n = 0;
     for (size_t j = idx; j < runs.size() && n < kBatch; ++j, ++n) {
@@ -698,6 +744,8 @@ void CmaCopy(WriteOp* op) {
       }
     }
   }
+  // The notification is sent by the progress thread after this: make the copies visible first.
+  std::atomic_thread_fence(std::memory_order_release);
   ep->worker->Post([op, st = std::move(st)]() mutable { AfterCmaCopy(op, std::move(st)); });
 }
 
@@ -849,6 +897,9 @@ class UcxEndpoint final : public Endpoint {
     op->reg = local->state();
     op->remote_base = remote.addr;
     op->rkey = state_->rkeys[request.remote_region];
+    if (const EpState::PeerMap& m = state_->maps[request.remote_region]; m.ptr != nullptr) {
+      op->mapped_dst = m.ptr + (remote.addr - m.base);
+    }
     op->runs = std::move(plan.runs);
     op->notify = request.notify;
     op->wire = NotifyWire{kNotifyMagic, request.notification.layer,
@@ -910,13 +961,19 @@ class UcxTransport final : public Transport {
     std::memcpy(&peer_id, sealed.data(), sizeof(peer_id));
     std::string_view address = sealed.substr(sizeof(HostIdentity));
     std::vector<std::string_view> keys;
+    std::vector<SharedFile> shared;
     for (size_t i = 0; i < peer.regions.size(); ++i) {
-      KV_ASSIGN_OR_RETURN(std::string_view key,
-                          Unseal(kKeyTag, peer.regions[i].key,
-                                 ("memory key of region " + std::to_string(i)).c_str()));
-      keys.push_back(key);
+      std::string what = "memory key of region " + std::to_string(i);
+      KV_ASSIGN_OR_RETURN(std::string_view key, Unseal(kKeyTag, peer.regions[i].key, what.c_str()));
+      if (key.size() <= sizeof(SharedFile)) return InvalidArgument(what + " is too short");
+      SharedFile f;
+      std::memcpy(&f, key.data(), sizeof(f));
+      shared.push_back(f);
+      keys.push_back(key.substr(sizeof(SharedFile)));
     }
     auto ep = std::make_shared<EpState>();
+    ep->shared = std::move(shared);
+    ep->maps.resize(peer.regions.size());
     ep->worker = worker_.get();
     ep->regions = peer.regions;
     for (auto& r : ep->regions) r.key.clear();
@@ -971,15 +1028,62 @@ class UcxTransport final : public Transport {
     }
     ep.pidfd = fd;
     ep.cma_pid = static_cast<pid_t>(peer.pid);
-    KV_LOG_INFO << "ucx: peer pid " << peer.pid << " is on this host: writes use process_vm_writev";
+    int mapped = 0;
+    for (size_t i = 0; i < ep.regions.size(); ++i) mapped += MapPeerRegion(ep, peer.pid, i);
+    KV_LOG_INFO << "ucx: peer pid " << peer.pid << " is on this host: writes copy directly ("
+                << mapped << " of " << ep.regions.size() << " regions mapped, the others with "
+                << "process_vm_writev)";
+  }
+
+  // Maps the peer's memfd behind region i, when it published one and it is the same file
+  // (inode and device) covering the region; true when mapped.
+  static bool MapPeerRegion(EpState& ep, uint32_t pid, size_t i) {
+    const SharedFile& f = ep.shared[i];
+    const RemoteRegion& r = ep.regions[i];
+    if (f.fd < 0 || f.length == 0 || r.addr < f.base || r.length > f.length ||
+        r.addr - f.base > f.length - r.length) {
+      return false;
+    }
+    std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(f.fd);
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_ino == f.ino && st.st_dev == f.dev &&
+        static_cast<uint64_t>(st.st_size) >= f.length) {
+      p = mmap(nullptr, f.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (p == MAP_FAILED) return false;
+    ep.maps[i] = EpState::PeerMap{static_cast<uint8_t*>(p), f.length, f.base};
+    return true;
   }
 
   Result<std::unique_ptr<Registration>> Map(const MemoryRegion& region, bool allocate) {
     auto state = std::make_shared<RegState>();
     state->worker = worker_;
     state->region = region;
+    SharedFile shared;
+    if (allocate && worker_->cma_allowed()) {
+      // Back it with a memfd that a writer on this host can map and copy into directly.
+      int fd = memfd_create("kvstream-region", MFD_CLOEXEC);
+      if (fd < 0) return Internal(std::string("ucx: memfd_create: ") + std::strerror(errno));
+      state->memfd = fd;  // from here on ~RegState closes it
+      struct stat st {};
+      if (ftruncate(fd, static_cast<off_t>(region.length)) != 0 || fstat(fd, &st) != 0) {
+        return ResourceExhausted("ucx: sizing a " + std::to_string(region.length) +
+                                 "-byte memfd: " + std::strerror(errno));
+      }
+      void* p = mmap(nullptr, region.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) return ResourceExhausted(std::string("ucx: mmap: ") + std::strerror(errno));
+      state->region.addr = p;
+      state->mapped_length = region.length;
+      shared = SharedFile{fd, 0, static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev),
+                          reinterpret_cast<uint64_t>(p), region.length};
+      allocate = false;  // registered with UCX like caller memory
+    }
     ucp_context_h ctx = worker_->context();
-    Status s = worker_->RunSync([ctx, state, allocate]() -> Status {
+    Status s = worker_->RunSync([ctx, state, allocate, shared]() -> Status {
       ucp_mem_map_params_t p{};
       p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
       p.address = state->region.addr;
@@ -1008,7 +1112,10 @@ class UcxTransport final : public Transport {
       size_t packed_len = 0;
       st = ucp_rkey_pack(ctx, memh, &packed, &packed_len);
       if (st != UCS_OK) return FromUcs(st, "ucx: ucp_rkey_pack");
-      state->key = Seal(kKeyTag, packed, packed_len);
+      std::string payload(sizeof(SharedFile) + packed_len, '\0');
+      std::memcpy(payload.data(), &shared, sizeof(SharedFile));
+      std::memcpy(payload.data() + sizeof(SharedFile), packed, packed_len);
+      state->key = Seal(kKeyTag, payload.data(), payload.size());
       ucp_rkey_buffer_release(packed);
       return OkStatus();
     });
