@@ -247,11 +247,19 @@ namespace {
 // wait_for_layer before each layer's attention of the last prompt token.
 class LoadHooks : public model::LayerHooks {
  public:
-  LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline)
-      : c_(c), id_(id), deadline_(deadline) {}
+  // all_layers_first: wait for every layer before layer 0 (see DaemonConfig::first_step_after_load).
+  LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline, int num_layers,
+            bool all_layers_first)
+      : c_(c), id_(id), deadline_(deadline), num_layers_(num_layers),
+        all_layers_first_(all_layers_first) {}
   Status BeforeAttention(int layer, void* stream) override {
     auto t = Clock::now();
-    Status s = c_->WaitForLayer(id_, layer, deadline_);
+    Status s;
+    if (all_layers_first_ && layer == 0) {
+      for (int l = 0; l < num_layers_ && s.ok(); ++l) s = c_->WaitForLayer(id_, l, deadline_);
+    } else {
+      s = c_->WaitForLayer(id_, layer, deadline_);
+    }
     wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
     return s;
   }
@@ -261,6 +269,8 @@ class LoadHooks : public model::LayerHooks {
   connector::DecodeConnector* c_;
   uint64_t id_;
   Deadline deadline_;
+  int num_layers_;
+  bool all_layers_first_;
 };
 }  // namespace
 
@@ -271,7 +281,8 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   model::ForwardOutput out;
   Status s;
   if (r.remote) {
-    LoadHooks hooks(connector_, r.id, r.load_deadline);
+    LoadHooks hooks(connector_, r.id, r.load_deadline, pool_->layout().num_layers,
+                    config_.first_step_after_load);
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     r.load.set_loaded_remotely(true);

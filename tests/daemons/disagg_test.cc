@@ -112,6 +112,25 @@ TEST_F(DisaggTest, BadRequestsGetClearStatusAndFreeNothing) {
   EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(3000)).ok());
 }
 
+// first_step_after_load: the decode's first step waits for every layer before layer 0; the
+// load itself stays pipelined at the prefill. Same tokens.
+TEST_F(DisaggTest, FirstStepAfterLoadGivesTheSameTokens) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=32");
+  pair.decode = {"--first_step_after_load=true"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  for (int n : {2, 17, 40}) {
+    auto prompt = MakePrompt(n, 512, 500 + n);
+    auto expected = Colocated(kTiny, prompt, 4);
+    auto r = CallGenerate(*stub_, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected) << "prompt " << n;
+    EXPECT_TRUE(r.messages.front().load().loaded_remotely());
+  }
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+}
+
 TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonPair pair;
   pair.common = kTiny;
@@ -136,6 +155,15 @@ TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonProcess decode2("decode-mismatch2", KVSTREAM_DECODE_BIN, args, dir_.path());
   EXPECT_FALSE(decode2.Start(DeadlineAfterMs(30000)).ok());
   EXPECT_NE(decode2.Log().find("block_size differs"), std::string::npos) << decode2.Log();
+
+  // Another data plane (the prefill runs ucx): refused by name, not failing later in Connect.
+  args.pop_back();
+  args.pop_back();
+  args.push_back("--transport=fake");
+  args.push_back("--peer=" + prefill_address());
+  DaemonProcess decode3("decode-mismatch3", KVSTREAM_DECODE_BIN, args, dir_.path());
+  EXPECT_FALSE(decode3.Start(DeadlineAfterMs(30000)).ok());
+  EXPECT_NE(decode3.Log().find("transport differs"), std::string::npos) << decode3.Log();
 }
 
 }  // namespace
