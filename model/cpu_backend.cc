@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_set>
 
 #include "model/rope.h"
 #include "model/thread_pool.h"
@@ -17,6 +18,22 @@ float ReferenceDot(const float* a, const float* b, int n) {
   float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
   for (; k < n; ++k) s += a[k] * b[k];
   return s;
+}
+
+void ReferenceDot4(const float* a, const float* const b[4], int n, float out[4]) {
+  // Four independent dot products interleaved for instruction-level parallelism; each one
+  // follows ReferenceDot's order exactly, so the results are bit-identical to it.
+  float acc[4][8] = {};
+  int k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 8; ++j) acc[r][j] += a[k + j] * b[r][k + j];
+  for (int r = 0; r < 4; ++r) {
+    const float* c = acc[r];
+    float s = ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7]));
+    for (int i = k; i < n; ++i) s += a[i] * b[r][i];
+    out[r] = s;
+  }
 }
 
 namespace {
@@ -126,7 +143,9 @@ class CpuBackend : public ModelBackend {
         for (int64_t t = 0; t < T; ++t) {
           const float* xt = x + t * W.cols;
           float* yt = y + t * W.rows;
-          for (int64_t r = r0; r < r1; ++r) yt[r] = ReferenceDot(xt, rows[r - r0], cols);
+          int64_t r = r0;
+          for (; r + 4 <= r1; r += 4) ReferenceDot4(xt, &rows[r - r0], cols, &yt[r]);
+          for (; r < r1; ++r) yt[r] = ReferenceDot(xt, rows[r - r0], cols);
         }
       }
     });
@@ -168,6 +187,7 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
             G = c.group_size();
   // Token t of the flattened batch: its sequence and absolute position.
   std::vector<int32_t> seq_of, pos_of, first_tok(batch.size());
+  std::unordered_set<int32_t> written;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SeqInput& in = batch[s];
     const std::string who = "Forward: sequence " + std::to_string(s) + ": ";
@@ -184,6 +204,17 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
       if (in.block_table[b] < 0 || in.block_table[b] >= kv.num_blocks())
         return InvalidArgument(who + "block id " + std::to_string(in.block_table[b]) +
                                " out of range");
+    // A block written here must belong to this sequence alone and appear once in its table;
+    // otherwise two positions would share a slot and corrupt each other silently.
+    for (int64_t b = 0; b < (end + bs - 1) / bs; ++b) {
+      const int32_t id = in.block_table[b];
+      for (int64_t b2 = 0; b2 < b; ++b2)
+        if (in.block_table[b2] == id)
+          return InvalidArgument(who + "block " + std::to_string(id) + " appears twice in its table");
+      if (b >= in.start_pos / bs && !written.insert(id).second)
+        return InvalidArgument(who + "block " + std::to_string(id) +
+                               " is written by two sequences of the batch");
+    }
     for (int32_t tok : in.tokens)
       if (tok < 0 || tok >= V)
         return InvalidArgument(who + "token id " + std::to_string(tok) + " out of range [0, " +

@@ -38,5 +38,7 @@ Result<std::unique_ptr<ModelBackend>> CreateCpuBackend(const ModelSpec& spec,
 
 // The dot product the backend uses for every output element (exposed for tests).
 float ReferenceDot(const float* a, const float* b, int n);
+// out[r] = ReferenceDot(a, b[r], n) for r < 4, bit for bit (computed interleaved).
+void ReferenceDot4(const float* a, const float* const b[4], int n, float out[4]);
 
 }  // namespace kvstream::model

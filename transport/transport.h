@@ -13,7 +13,8 @@
 // Guarantees:
 //  - Write() is asynchronous: the local source must stay unchanged until the returned
 //    WriteHandle is done. Wait() with a deadline never blocks past it; on kTimeout the write
-//    may still be in flight (cancel it, then the endpoint, before reusing the destination).
+//    may still be in flight (Cancel() it and wait for it to be done, or destroy the endpoint,
+//    before reusing the destination).
 //  - Adjacent CopyOps (contiguous on both sides) are coalesced by the backend.
 //  - A peer that dies or a cut link surfaces as kRemoteDisconnect on pending and later writes
 //    and on the endpoint's status, never as a hang.
@@ -113,6 +114,14 @@ class WriteHandle {
   // How many contiguous transfers the backend posted for this write after coalescing adjacent
   // CopyOps (0 where a backend does not report it).
   virtual uint64_t transfers() const { return 0; }
+  // Asks the backend to stop this write: what is not posted yet is not posted, and the
+  // notification is not sent if it has not gone yet. Non-blocking, any thread, idempotent.
+  // The handle still completes only once the backend no longer reads the source and none of
+  // the write's bytes are in flight (kCanceled, or OK / the error if it finished first), so
+  // Done() / Wait() keep telling when the source may be reused; a write cancelled this way
+  // may have landed partly. Returns false where the backend cannot cancel (the write then
+  // runs to its end).
+  virtual bool Cancel() { return false; }
 };
 
 class Endpoint {

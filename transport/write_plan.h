@@ -34,6 +34,7 @@ Status CheckRequestShape(const WriteRequest& request, size_t num_remote_regions)
 
 }  // namespace kvstream::transport::internal
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -51,8 +52,11 @@ class WriteCompletion {
   Status Wait(Deadline deadline);
   uint64_t bytes() const { return bytes_; }
   uint64_t transfers() const { return transfers_; }
+  void RequestCancel() { cancel_.store(true); }
+  bool cancel_requested() const { return cancel_.load(); }
 
  private:
+  std::atomic<bool> cancel_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -68,6 +72,10 @@ class CompletionHandle final : public WriteHandle {
   Status Wait(Deadline deadline) override { return c_->Wait(deadline); }
   uint64_t bytes() const override { return c_->bytes(); }
   uint64_t transfers() const override { return c_->transfers(); }
+  bool Cancel() override {
+    c_->RequestCancel();
+    return true;
+  }
 
  private:
   std::shared_ptr<WriteCompletion> c_;

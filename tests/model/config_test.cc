@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "model/config.h"
@@ -124,6 +125,26 @@ TEST(Config, HfJsonLlamaAndQwen) {
             StatusCode::kNotSupported);
 }
 
+TEST(Weights, BigPresetResolvesWithoutMaterialising) {
+  ModelSpec spec;
+  spec.model = "llama-3-8b";
+  spec.num_layers_override = 1;
+  spec.weight_dtype = DType::kBF16;
+  spec.kv_dtype = DType::kBF16;
+  auto w = OpenWeights(spec);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ((*w)->config().num_layers, 1);
+  EXPECT_EQ((*w)->config().kv_bytes_per_token(), 2u * 1 * 8 * 128 * 2);
+  EXPECT_EQ((*w)->tensors().size(), 1u + 9u + 2u);
+  EXPECT_EQ((*w)->tensors().back().name, "lm_head.weight");
+  EXPECT_EQ((*w)->tensors().back().shape, (std::vector<int64_t>{128256, 4096}));
+  // One small tensor reads fine (the layer norm), with values in its documented range.
+  std::vector<float> norm;
+  ASSERT_TRUE((*w)->ReadF32((*w)->tensors()[1], &norm).ok());
+  EXPECT_EQ(norm.size(), 4096u);
+  for (float x : norm) ASSERT_TRUE(x >= 0.89f && x <= 1.11f) << x;  // 1 +- 0.1, bf16-rounded
+}
+
 TEST(Weights, DummyValuesAreDeterministicAndScaled) {
   ModelSpec spec;
   spec.model = "tiny";
@@ -150,6 +171,16 @@ TEST(Weights, DummyValuesAreDeterministicAndScaled) {
   ASSERT_TRUE((*wb)->ReadF32(ts[2], &c).ok());
   for (size_t i = 0; i < c.size(); i += 101)
     EXPECT_EQ(c[i], RoundToDType(DummyWeight(ts[2], 5, i), DType::kBF16));
+  std::vector<std::byte> raw;
+  DType raw_dtype;
+  ASSERT_TRUE((*wb)->ReadRaw(ts[2], &raw, &raw_dtype).ok());
+  ASSERT_EQ(raw_dtype, DType::kBF16);
+  for (size_t i = 0; i < c.size(); i += 97) {
+    uint16_t bits;
+    std::memcpy(&bits, raw.data() + 2 * i, 2);
+    EXPECT_EQ(bits, F32ToBf16(DummyWeight(ts[2], 5, i)));
+    EXPECT_EQ(Bf16ToF32(bits), c[i]);
+  }
   spec.num_layers_override = 3;
   EXPECT_EQ(OpenWeights(spec).status().code(), StatusCode::kInvalidArgument);
   spec.model = "no-such-model";

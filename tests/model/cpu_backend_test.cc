@@ -10,7 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <condition_variable>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "model/generate.h"
 #include "model/weights.h"
@@ -178,6 +181,30 @@ std::vector<int32_t> Scrambled(KvPool& pool, int tokens, uint32_t seed) {
   auto ids = pool.allocator().Allocate(BlocksForTokens(tokens, pool.layout().block_size)).value();
   std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
   return ids;
+}
+
+TEST(CpuBackend, Dot4IsBitIdenticalToDot) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (int n : {1, 7, 8, 9, 31, 256, 1000}) {
+    std::vector<float> a(n), b[4];
+    for (auto& x : a) x = d(rng);
+    const float* rows[4];
+    for (int r = 0; r < 4; ++r) {
+      b[r].resize(n);
+      for (auto& x : b[r]) x = d(rng);
+      rows[r] = b[r].data();
+    }
+    float out[4];
+    ReferenceDot4(a.data(), rows, n, out);
+    for (int r = 0; r < 4; ++r) {
+      const float one = ReferenceDot(a.data(), rows[r], n);
+      EXPECT_EQ(std::memcmp(&out[r], &one, 4), 0) << "n " << n << " row " << r;
+      double exact = 0;
+      for (int i = 0; i < n; ++i) exact += double(a[i]) * b[r][i];
+      EXPECT_NEAR(one, exact, 1e-4 * std::sqrt(double(n)));
+    }
+  }
 }
 
 struct Case {
@@ -352,6 +379,63 @@ TEST(CpuBackend, HooksInOrderAndErrorsAbort) {
   EXPECT_EQ(failing.events, (std::vector<std::string>{"before0", "after0", "before1"}));
 }
 
+// Two Forwards on one backend at once, one waiting in BeforeAttention for the other's
+// AfterLayer of the same layer (a prefill and a decode sharing a backend in one process).
+class LayerGate : public LayerHooks {
+ public:
+  Status AfterLayer(int layer, void*) override {
+    std::lock_guard<std::mutex> l(mu);
+    done = std::max(done, layer + 1);
+    cv.notify_all();
+    return OkStatus();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+};
+class WaitFor : public LayerHooks {
+ public:
+  explicit WaitFor(LayerGate* g) : g_(g) {}
+  Status BeforeAttention(int layer, void*) override {
+    std::unique_lock<std::mutex> l(g_->mu);
+    if (!g_->cv.wait_for(l, std::chrono::seconds(20), [&] { return g_->done > layer; }))
+      return Timeout("layer " + std::to_string(layer));
+    return OkStatus();
+  }
+  LayerGate* g_;
+};
+
+TEST(CpuBackend, ConcurrentForwardsInterleaveLayerByLayer) {
+  const ModelConfig c = TinyConfig(DType::kF16, DType::kF16);
+  auto backend = MakeBackend(c, 2);
+  auto pa = backend->CreatePool(8, 16).value(), pb = backend->CreatePool(8, 16).value();
+  const auto p1 = Prompt(30, c.vocab_size, 1), p2 = Prompt(9, c.vocab_size, 2);
+  auto ta = pa->allocator().Allocate(2).value(), tb = pb->allocator().Allocate(1).value();
+  // Expected results, sequentially.
+  ForwardOutput want1, want2;
+  {
+    auto qa = backend->CreatePool(8, 16).value(), qb = backend->CreatePool(8, 16).value();
+    SeqInput a{p1, 0, ta}, b{p2, 0, tb};
+    ASSERT_TRUE(backend->Forward(*qa, {&a, 1}, nullptr, {.want_logits = true}, &want1).ok());
+    ASSERT_TRUE(backend->Forward(*qb, {&b, 1}, nullptr, {.want_logits = true}, &want2).ok());
+  }
+  LayerGate gate;
+  WaitFor waiter(&gate);
+  ForwardOutput got1, got2;
+  Status s2;
+  std::thread second([&] {
+    SeqInput b{p2, 0, tb};
+    s2 = backend->Forward(*pb, {&b, 1}, &waiter, {.want_logits = true}, &got2);
+  });
+  SeqInput a{p1, 0, ta};
+  Status s1 = backend->Forward(*pa, {&a, 1}, &gate, {.want_logits = true}, &got1);
+  second.join();
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  ASSERT_TRUE(s2.ok()) << s2.ToString();
+  EXPECT_EQ(got1.logits, want1.logits);
+  EXPECT_EQ(got2.logits, want2.logits);
+}
+
 TEST(CpuBackend, BadInputIsAnErrorNotACrash) {
   const ModelConfig c = TinyConfig(DType::kF16, DType::kF16);
   auto backend = MakeBackend(c);
@@ -371,6 +455,23 @@ TEST(CpuBackend, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ(fwd({}, 0, table), StatusCode::kInvalidArgument);
   EXPECT_EQ(fwd(ok_tokens, -1, table), StatusCode::kInvalidArgument);
   EXPECT_EQ(backend->Forward(*pool, {}, nullptr, {}, &out).code(), StatusCode::kInvalidArgument);
+  std::vector<int32_t> dup_table = {1, 1};
+  std::vector<int32_t> long_tokens(20, 1);
+  EXPECT_EQ(fwd(long_tokens, 0, dup_table), StatusCode::kInvalidArgument);
+  {
+    // Two sequences writing into one block.
+    std::vector<int32_t> t0 = {2}, t1 = {2};
+    SeqInput two[2] = {{ok_tokens, 0, t0}, {ok_tokens, 0, t1}};
+    EXPECT_EQ(backend->Forward(*pool, two, nullptr, {}, &out).code(), StatusCode::kInvalidArgument);
+    // Sharing a block they only read (a common prefix) is fine.
+    std::vector<int32_t> full(16, 5);
+    std::vector<int32_t> prefix = {2}, a = {2, 0}, b = {2, 3};
+    SeqInput first{full, 0, prefix};
+    ASSERT_TRUE(backend->Forward(*pool, {&first, 1}, nullptr, {}, &out).ok());
+    SeqInput shared[2] = {{ok_tokens, 16, a}, {ok_tokens, 16, b}};
+    EXPECT_TRUE(backend->Forward(*pool, shared, nullptr, {}, &out).ok());
+    EXPECT_EQ(out.next_tokens[0], out.next_tokens[1]);
+  }
   // A pool of another layout.
   auto other = CreateHostPool(KvLayout{2, 4, 32, 16, DType::kBF16}, 4).value();
   SeqInput in{ok_tokens, 0, table};

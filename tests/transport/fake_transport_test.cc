@@ -73,6 +73,23 @@ TEST_F(FakeFaults, DelayMakesWaitTimeOutThenComplete) {
   EXPECT_TRUE((*h)->Wait(DeadlineAfterMs(5000)).ok());
 }
 
+TEST_F(FakeFaults, CancelBeforeTheCopyLeavesTheDestinationAlone) {
+  writer_->SetWriteDelay(std::chrono::milliseconds(100));
+  auto h = ep_->Write(Req(0, 4096, 0));
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE((*h)->Cancel());
+  EXPECT_EQ((*h)->Wait(DeadlineAfterMs(5000)).code(), StatusCode::kCanceled);
+  EXPECT_TRUE(std::all_of(dst_.begin(), dst_.end(), [](uint8_t x) { return x == 0; }));
+  Notification n;
+  EXPECT_FALSE(notes_.Pop(&n, DeadlineAfterMs(50)));
+  // Cancel after completion changes nothing.
+  writer_->SetWriteDelay(std::chrono::microseconds(0));
+  auto done = ep_->Write(Req(0, 4096, 1));
+  ASSERT_TRUE((*done)->Wait(DeadlineAfterMs(5000)).ok());
+  (*done)->Cancel();
+  EXPECT_TRUE((*done)->Wait(Clock::now()).ok());
+}
+
 TEST_F(FakeFaults, DisconnectFailsPendingAndLaterWrites) {
   writer_->SetWriteDelay(std::chrono::milliseconds(100));
   auto pending = ep_->Write(Req(0, 4096, 0));

@@ -91,6 +91,9 @@ class PeerProcess {
       reaped_ = true;
     }
   }
+  void Signal(int sig) {
+    if (pid_ > 0 && !reaped_) kill(pid_, sig);
+  }
   pid_t pid() const { return pid_; }
 
  private:

@@ -341,6 +341,44 @@ TEST_P(TransportConformance, DestroyedEndpointWritesNothingMore) {
   EXPECT_EQ(snapshot, dst_);
 }
 
+TEST_P(TransportConformance, CancelNotifiesExactlyTheWritesThatCompleted) {
+  constexpr int kWrites = 24;
+  constexpr size_t kSize = kRegion / kWrites / 4096 * 4096;
+  std::vector<std::unique_ptr<WriteHandle>> hs;
+  for (int i = 0; i < kWrites; ++i) {
+    std::vector<CopyOp> ops;
+    for (size_t off = 0; off < kSize; off += 8192) {  // every other 4 KiB block: many runs
+      ops.push_back(CopyOp{i * kSize + off, i * kSize + off, 4096});
+    }
+    auto h = ep_->Write(Request(ops, true, Notification{77, i, 0}));
+    ASSERT_TRUE(h.ok());
+    hs.push_back(std::move(h).value());
+  }
+  for (int i = kWrites - 1; i >= 0; i -= 2) EXPECT_TRUE(hs[i]->Cancel());
+  int completed = 0;
+  for (int i = 0; i < kWrites; ++i) {
+    Status s = hs[i]->Wait(Soon());
+    ASSERT_TRUE(s.ok() || s.code() == StatusCode::kCanceled) << s.ToString();
+    if (i % 2 == 0) {
+      EXPECT_TRUE(s.ok()) << "write " << i << " was not canceled";
+    }
+    completed += s.ok();
+  }
+  // A notification arrives for each write that completed OK, and for no other.
+  std::vector<bool> notified(kWrites, false);
+  for (int i = 0; i < completed; ++i) {
+    Notification n;
+    ASSERT_TRUE(notes_.Pop(&n, Soon()));
+    notified[n.layer] = true;
+  }
+  Notification extra;
+  EXPECT_FALSE(notes_.Pop(&extra, DeadlineAfterMs(200))) << "notified canceled write " << extra.layer;
+  for (int i = 0; i < kWrites; ++i) {
+    EXPECT_EQ(notified[i], hs[i]->Wait(Clock::now()).ok()) << i;
+  }
+  EXPECT_TRUE(ep_->status().ok());
+}
+
 std::string ConfigName(const ::testing::TestParamInfo<BackendConfig>& info) {
   return info.param.label;
 }

@@ -140,6 +140,42 @@ TEST_P(KillPeer, WriteToAPeerKilledBeforehandFailsFast) {
   std::printf("dead peer detected after %.3f s\n", SecondsSince(t0));
 }
 
+TEST_P(KillPeer, StalledPeerTimesOutAndClosingIsBounded) {
+  auto peer = test::StartPeer(GetParam(), kChunk * kSlots, kChunk);
+  ASSERT_NE(peer, nullptr);
+  auto ep = t_->Connect(peer->descriptor);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto first = (*ep)->Write(Layer(0));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Wait(DeadlineAfterMs(10000)).ok());
+
+  peer->process.Signal(SIGSTOP);  // alive but silent: no acks, no progress
+  std::vector<std::unique_ptr<WriteHandle>> hs;
+  for (size_t l = 0; l < 2 * kSlots; ++l) {
+    auto h = (*ep)->Write(Layer(l));
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    hs.push_back(std::move(h).value());
+  }
+  auto t0 = Clock::now();
+  Status s = hs.back()->Wait(DeadlineAfterMs(300));
+  double waited = SecondsSince(t0);
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_GE(waited, 0.29);
+  EXPECT_LT(waited, 1.0) << "Wait overran its deadline";
+  for (auto& h : hs) h->Cancel();
+  t0 = Clock::now();
+  ep->reset();
+  double closing = SecondsSince(t0);
+  EXPECT_LT(closing, 5.0) << "closing an endpoint to a stalled peer must be bounded";
+  for (auto& h : hs) {
+    ASSERT_TRUE(h->Done());
+    Status hs_status = h->Wait(Clock::now());
+    EXPECT_TRUE(hs_status.ok() || hs_status.code() == StatusCode::kCanceled) << hs_status.ToString();
+  }
+  std::printf("stalled peer: endpoint closed in %.3f s\n", closing);
+  peer->process.Signal(SIGCONT);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ucx, KillPeer, ::testing::Values("tcp", ""),
                          [](const auto& info) { return info.param.empty() ? std::string("default") : info.param; });
 

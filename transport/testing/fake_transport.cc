@@ -180,6 +180,7 @@ class FakeEndpoint final : public Endpoint {
       {
         std::lock_guard<std::mutex> ep_lock(s->mu);
         if (s->closed) return completion->Complete(Canceled("fake: endpoint closed"));
+        if (completion->cancel_requested()) return completion->Complete(Canceled("fake: canceled"));
         std::shared_ptr<FakeCore> peer = s->peer.lock();
         if (Status st = s->Check(peer); !st.ok()) return completion->Complete(st);
         std::lock_guard<std::mutex> peer_lock(peer->mu);

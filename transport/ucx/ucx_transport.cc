@@ -476,6 +476,9 @@ void OnWriteFlushed(void* request, ucs_status_t st, void* user) {
   if (st != UCS_OK) return FinishWrite(op, OpFailure(op, st, "flush"));
   if (!op->put_error.ok()) return FinishWrite(op, op->put_error);
   if (!op->notify) return FinishWrite(op, OkStatus());
+  if (op->completion->cancel_requested()) {
+    return FinishWrite(op, Canceled("ucx: write canceled before its notification"));
+  }
   // Every put is complete at the destination: now the notification may go.
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -494,6 +497,7 @@ void StartWrite(WriteOp* op) {
   ++ep->inflight;
   ++ep->worker->busy;
   if (ep->closing) return FinishWrite(op, Canceled("ucx: endpoint is closing"));
+  if (op->completion->cancel_requested()) return FinishWrite(op, Canceled("ucx: write canceled"));
   if (ep->failed.load()) return FinishWrite(op, ep->Error());
   if (op->runs.empty() && !op->notify) return FinishWrite(op, OkStatus());
 
@@ -504,6 +508,10 @@ void StartWrite(WriteOp* op) {
   // No completion callback per put: the flush below covers all of them, and a request the put
   // returns is released at once (UCX frees it when it completes).
   for (const Run& run : op->runs) {
+    if (op->completion->cancel_requested()) {
+      op->put_error = Canceled("ucx: write canceled");
+      break;
+    }
     ucs_status_ptr_t r = ucp_put_nbx(ep->ep, base + run.local_offset, run.length,
                                      op->remote_base + run.remote_offset, op->rkey, &put);
     if (UCS_PTR_IS_ERR(r)) {
