@@ -8,12 +8,14 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/remote.h"
 #include "common/time.h"
 #include "model/generate.h"
 
 namespace kvstream::cli {
 
 int RunGenerate(std::span<const std::string> args) {
+  if (WantsRemoteGenerate(args)) return RunRemoteGenerate(args);  // through the daemons
   std::vector<FlagSpec> specs = ModelFlagSpecs();
   for (auto& s : BackendFlagSpecs()) specs.push_back(s);
   for (auto& s : PromptFlagSpecs()) specs.push_back(s);

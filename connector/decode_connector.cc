@@ -20,6 +20,9 @@ struct DecodeConnector::Load {
   // Under DecodeConnector::mu_:
   std::shared_ptr<grpc::ClientContext> ctx;  // the running Prefill call, if any
   bool cancel_requested = false;
+  // Every layer's notification arrived before Finished(): each layer is written once and
+  // notified after its data, so no write of this request can still land.
+  bool all_landed = false;
   bool finished = false;   // the engine called Finished()
   bool done = false;       // the thread ended and dropped the keepalive
   bool result_ready = false;
@@ -217,6 +220,10 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     tracker_.OnAllLanded(id);
   } else {
     tracker_.Fail(id, st.WithContext("loading KV of request " + std::to_string(id) + " from prefill"));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (load->all_landed) quiesced = true;
+    }
     if (call_started && !quiesced) {
       // The writer may still be writing into our blocks: ask it to stop and confirm.
       v1::CancelRequest creq;
@@ -280,6 +287,7 @@ Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline de
 }
 
 void DecodeConnector::Finished(uint64_t request_id) {
+  const bool all_landed = tracker_.AllLanded(request_id);
   tracker_.Finish(request_id);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(request_id);
@@ -291,6 +299,7 @@ void DecodeConnector::Finished(uint64_t request_id) {
     return;
   }
   load.cancel_requested = true;
+  load.all_landed = all_landed;
   if (load.ctx) load.ctx->TryCancel();
 }
 

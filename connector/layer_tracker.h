@@ -40,6 +40,8 @@ class LayerTracker {
   void Finish(uint64_t request_id);
 
   bool IsLanded(uint64_t request_id, int layer) const;
+  // Every layer of a tracked, not failed request has landed.
+  bool AllLanded(uint64_t request_id) const;
   size_t active() const;
   uint64_t ignored_signals() const;
 

@@ -181,7 +181,6 @@ void DecodeServer::Emit(Request& r, int32_t token) {
       auto info = connector_->WaitForLoad(
           r.id, last ? DeadlineAfterMs(200) : Clock::now());
       if (info.ok()) {
-        r.load.set_kv_bytes(info->kv_bytes);
         r.load.set_prefill_compute_us(info->prefill_compute_us);
         r.load.set_transfer_us(info->transfer_us);
         r.load.set_transfer_exposed_us(info->transfer_exposed_us);
@@ -264,6 +263,8 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     r.load.set_loaded_remotely(true);
     r.load.set_pipelined(r.pipelined);
+    r.load.set_kv_bytes(uint64_t(model::BlocksForTokens(n - 1, pool_->layout().block_size)) *
+                        pool_->layout().block_bytes() * pool_->layout().num_layers);
     r.load.set_load_wait_us(hooks.wait_us);
     if (!s.ok()) {
       bool stopping;
@@ -426,6 +427,8 @@ grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsReques
   c->set_handshakes(cs.handshakes);
   resp->set_quarantined_blocks(cs.quarantined_blocks);
   resp->set_model_name(backend_->config().name);
+  resp->set_vocab_size(backend_->config().vocab_size);
+  resp->set_model_hash(backend_->config().hash());
   resp->set_backend(backend_->name());
   resp->set_transport(config_.transport);
   return grpc::Status::OK;

@@ -44,10 +44,30 @@ struct PagedDecodeParams {
   int num_splits = 0;           // 0 = chosen by shape
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Lookahead of the L2 prefetch in the warp's own loop strides (1 = the paper's
+  // block_idx + NUM_WARPS); 0 = the default (1). Only used when the prefetch variant runs.
+  int prefetch_distance = 0;
 };
 
+// True when the shape is implemented: dtype kF16/kBF16, head_dim 64/128/256, block_size 16/32,
+// num_heads a multiple of num_kv_heads, 0 <= num_seqs <= 65535, max_context_len <=
+// max_blocks_per_seq * block_size, q/out/kv_layer 16-byte aligned, non-null pointers.
+// Preconditions the launcher cannot check (device memory): every context_lens[i] <=
+// max_context_len (longer ones are still computed correctly, as long as they fit the block
+// table, but the split plan is made for max_context_len), and block_tables[i][j] is a valid
+// block id of kv_layer for j < ceil(context_lens[i] / block_size). A context length of 0 gives
+// an output of zeros.
 bool PagedDecodeSupported(const PagedDecodeParams& p);
+// Workspace the launch needs (0: none, workspace may be null). Depends on the shape, the split
+// plan and the current device's SM count; identical for both prefetch variants.
 size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p);
+// How many CTAs each sequence's context is split over (1: no combine kernel), 0 if unsupported.
+int PagedDecodeNumSplits(const PagedDecodeParams& p);
+// The variant Prefetch::kAuto runs for this shape (true = with the L2 prefetch): a table
+// measured on an H200, see docs/kernels.md.
+bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);
+// Enqueues the decode attention on `stream` (one kernel, plus a combine kernel when the
+// context is split). Both prefetch variants compute bit-identical outputs.
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream);
 
 }  // namespace kvstream::kernels

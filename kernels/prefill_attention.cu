@@ -10,7 +10,7 @@
 namespace kvstream::kernels {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kRowsPerWarp = 4;
 constexpr int kRows = kWarps * kRowsPerWarp;  // (token, head-of-group) rows per CTA
 constexpr int kKeys = 32;                     // keys per tile: one per lane
@@ -18,21 +18,25 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 template <int HD>
 constexpr size_t SmemBytes() {
-  return sizeof(float) * (size_t(kRows) * HD + size_t(kKeys) * (HD + 1) + size_t(kKeys) * HD);
+  return sizeof(float) * (size_t(kRows) * HD + size_t(kKeys) * (HD + 4) + size_t(kKeys) * HD);
 }
 
 // One CTA: one sequence, one KV head, kRows consecutive rows r = token * group + g (query head
 // kv_head * group + g). Each warp owns kRowsPerWarp rows; lane j scores key j of the tile, and
 // lane l accumulates output dims l, l + 32, ...
 template <typename T, int HD>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 2)
 PrefillAttentionKernel(PrefillAttentionParams p) {
   static_assert(HD % 32 == 0 && HD % 8 == 0, "head_dim");
   constexpr int kC = HD / 32;
-  extern __shared__ float smem[];
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  // Rows of k_s are padded by 4 floats: lane j reads key j's row 16 bytes at a time, and the
+  // 8 lanes of each quarter-warp then hit distinct banks.
+  constexpr int kKStride = HD + 4;
   float* q_s = smem;                        // [kRows][HD], pre-scaled by scale * log2(e)
-  float* k_s = q_s + kRows * HD;            // [kKeys][HD + 1] (padded: lanes read by row)
-  float* v_s = k_s + kKeys * (HD + 1);      // [kKeys][HD]
+  float* k_s = q_s + kRows * HD;            // [kKeys][kKStride]
+  float* v_s = k_s + kKeys * kKStride;      // [kKeys][HD]
 
   const int s = blockIdx.z;
   const int kvh = blockIdx.y;
@@ -110,7 +114,7 @@ PrefillAttentionKernel(PrefillAttentionParams p) {
       }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        k_s[j * (HD + 1) + d + e] = kf[e];
+        k_s[j * kKStride + d + e] = kf[e];
         v_s[j * HD + d + e] = vf[e];
       }
     }
@@ -120,12 +124,16 @@ PrefillAttentionKernel(PrefillAttentionParams p) {
     float sc[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) sc[i] = 0.f;
-    const float* krow = k_s + lane * (HD + 1);
-#pragma unroll 8
-    for (int d = 0; d < HD; ++d) {
-      const float kd = krow[d];
+    const float4* krow = reinterpret_cast<const float4*>(k_s + lane * kKStride);
+    const float4* qrows = reinterpret_cast<const float4*>(q_s + wrow * HD);
+#pragma unroll 4
+    for (int d4 = 0; d4 < HD / 4; ++d4) {
+      const float4 kd = krow[d4];
 #pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) sc[i] += q_s[(wrow + i) * HD + d] * kd;
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const float4 qd = qrows[i * (HD / 4) + d4];  // same address for every lane: broadcast
+        sc[i] += qd.x * kd.x + qd.y * kd.y + qd.z * kd.z + qd.w * kd.w;
+      }
     }
     const int key = kt0 + lane;
     float pr[kRowsPerWarp];

@@ -23,9 +23,12 @@ int64_t MicrosBetween(Clock::time_point a, Clock::time_point b) {
 class SaveHooks : public model::LayerHooks {
  public:
   SaveHooks(grpc::ServerContext* ctx, connector::SaveRequest* save, bool pipelined,
-            grpc::ServerWriter<v1::PrefillProgress>* writer, int64_t fault_delay_ms)
+            grpc::ServerWriter<v1::PrefillProgress>* writer, bool progress_per_layer,
+            int64_t fault_delay_ms, int num_layers)
       : ctx_(ctx), save_(save), pipelined_(pipelined), writer_(writer),
-        fault_delay_ms_(fault_delay_ms) {}
+        progress_per_layer_(progress_per_layer), fault_delay_ms_(fault_delay_ms),
+        num_layers_(num_layers) {}
+  bool kv_complete() const { return kv_complete_; }
   Status AfterLayer(int layer, void* stream) override {
 #ifdef KVSTREAM_FAULT_INJECTION
     if (fault_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault_delay_ms_));
@@ -33,11 +36,20 @@ class SaveHooks : public model::LayerHooks {
     if (ctx_->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
     if (save_->cancelled()) return Canceled("prefill cancelled");
     if (pipelined_) KV_RETURN_IF_ERROR(save_->SaveLayer(layer));
-    SendProgress();
+    if (layer == num_layers_ - 1) {
+      // Every layer's KV is in the pool: the last layer's attention and MLP would only feed
+      // logits nobody reads. Stop the forward here (a hook error aborts it).
+      kv_complete_ = true;
+      return Canceled("prefill: KV of every layer computed");
+    }
+    // With transport notifications the decode side needs no per-layer message; sending them
+    // from inside the forward would only slow it down.
+    if (progress_per_layer_) SendProgress();
     return OkStatus();
   }
   void SendProgress() {
     for (int l : save_->TakeCompletedLayers()) {
+      if (!progress_per_layer_) continue;
       v1::PrefillProgress p;
       p.set_layer(l);
       writer_->Write(p);  // a gone client shows up as ctx cancellation
@@ -49,7 +61,10 @@ class SaveHooks : public model::LayerHooks {
   connector::SaveRequest* save_;
   bool pipelined_;
   grpc::ServerWriter<v1::PrefillProgress>* writer_;
+  bool progress_per_layer_;
   int64_t fault_delay_ms_;
+  int num_layers_;
+  bool kv_complete_ = false;
 };
 }  // namespace
 
@@ -123,7 +138,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
                       connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
   KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined();
 
-  SaveHooks hooks(ctx, save.get(), req.pipelined(), writer, config_.fault_layer_delay_ms);
+  SaveHooks hooks(ctx, save.get(), req.pipelined(), writer,
+                  !connector_->transport().capabilities().notifications,
+                  config_.fault_layer_delay_ms, pool_->layout().num_layers);
   std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
   model::SeqInput seq{tokens, 0, lease.ids()};
   model::ForwardOptions fo;
@@ -133,6 +150,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   Status s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
   auto t1 = Clock::now();
   forward_lock.unlock();
+  if (!s.ok() && hooks.kv_complete()) s = OkStatus();
   if (s.ok() && !req.pipelined()) {
     for (int l = 0; l < pool_->layout().num_layers && s.ok(); ++l) s = save->SaveLayer(l);
   }
@@ -188,6 +206,8 @@ grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsReque
   c->set_kv_bytes_moved(cs.bytes_written);
   c->set_handshakes(cs.handshakes);
   resp->set_model_name(backend_->config().name);
+  resp->set_vocab_size(backend_->config().vocab_size);
+  resp->set_model_hash(backend_->config().hash());
   resp->set_backend(backend_->name());
   resp->set_transport(connector_->transport().name());
   return grpc::Status::OK;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,11 +16,9 @@
 #include "common/log.h"
 #include "kernels/kv_write.h"
 #include "kernels/layer_ops.h"
+#include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
 #include "model/weights.h"
-#if KVSTREAM_HAVE_PAGED_DECODE
-#include "kernels/paged_attention.h"
-#endif
 
 namespace kvstream::model {
 namespace {
@@ -178,6 +178,12 @@ class CudaBackend final : public ModelBackend {
   Status Forward(KvPool& pool, std::span<const SeqInput> batch, LayerHooks* hooks,
                  const ForwardOptions& options, ForwardOutput* out) override;
 
+  // A 16-token prefill then a 1-token decode on a scratch pool. CUDA loads kernels (ours and
+  // cuBLAS's) on their first launch; seen on an H200: the first prefill and the first decode
+  // step of a process each took ~30-80 ms longer than later ones. Warming up at load keeps
+  // that out of the first request's TTFT.
+  Status Warmup();
+
  private:
   Status LoadWeights(const WeightSource& src);
   Status Validate(KvPool& pool, std::span<const SeqInput> batch) const;
@@ -190,6 +196,7 @@ class CudaBackend final : public ModelBackend {
   ModelConfig config_;
   int device_;
   std::string name_;
+  std::mutex forward_mu_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 
@@ -320,6 +327,24 @@ Status CudaBackend::LoadWeights(const WeightSource& src) {
   return OkStatus();
 }
 
+Status CudaBackend::Warmup() {
+  const int bs = 16;
+  const int n = std::min(16, config_.max_position - 1);
+  if (n < 1) return OkStatus();
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, CreatePool(BlocksForTokens(n + 1, bs), bs));
+  std::vector<int32_t> tokens(n), table(BlocksForTokens(n + 1, bs));
+  for (int i = 0; i < n; ++i) tokens[i] = i % config_.vocab_size;
+  std::iota(table.begin(), table.end(), 0);
+  SeqInput in;
+  in.tokens = tokens;
+  in.block_table = table;
+  ForwardOutput out;
+  KV_RETURN_IF_ERROR(Forward(*pool, {&in, 1}, nullptr, ForwardOptions{}, &out));
+  in.tokens = std::span<const int32_t>(tokens.data(), 1);
+  in.start_pos = n;
+  return Forward(*pool, {&in, 1}, nullptr, ForwardOptions{}, &out);
+}
+
 Status CudaBackend::Validate(KvPool& pool, std::span<const SeqInput> batch) const {
   const ModelConfig& c = config_;
   if (batch.empty()) return InvalidArgument("Forward: empty batch");
@@ -430,6 +455,8 @@ Status CudaBackend::Gemm(float* y, const void* x, const void* w, int tokens, int
 Status CudaBackend::Forward(KvPool& pool, std::span<const SeqInput> batch, LayerHooks* hooks,
                             const ForwardOptions& options, ForwardOutput* out) {
   if (!out) return InvalidArgument("Forward: null output");
+  // The work buffers are shared: concurrent calls run one after the other.
+  std::lock_guard<std::mutex> lock(forward_mu_);
   KV_CUDA(cudaSetDevice(device_));
   KV_RETURN_IF_ERROR(Validate(pool, batch));
   Status st = Run(pool, batch, hooks, options, out);
@@ -508,8 +535,10 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   KV_CUDA(kernels::EmbeddingGather(x, embed_, wd, d_tokens, T, c.vocab_size, H, stream_));
   KV_CUDA(kernels::RopeTable(rope, d_positions, T, hd, c.rope_theta, stream_));
 
+  // Decode (one new token per sequence): the paged decode kernel where it supports the shape
+  // (head 64/128/256, block 16/32); otherwise (e.g. the tiny preset's head 32) the prefill
+  // kernel, which is exact for one token too.
   bool use_decode_kernel = false;
-#if KVSTREAM_HAVE_PAGED_DECODE
   kernels::PagedDecodeParams dp;
   if (all_single) {
     dp.out = attn_.get();
@@ -537,11 +566,6 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
       dp.workspace_bytes = ws ? decode_ws_.size() : 0;
     }
   }
-#else
-  (void)all_single;
-  (void)d_ctx_lens;
-  (void)max_ctx;
-#endif
 
   kernels::PrefillAttentionParams pp;
   pp.out = attn_.get();
@@ -589,13 +613,10 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
     // As on the CPU backend: the layer's KV is complete here, before attention and the MLP, so
     // a transfer of it overlaps the rest of the layer.
     if (hooks) KV_RETURN_IF_ERROR(hooks->AfterLayer(l, stream_));
-#if KVSTREAM_HAVE_PAGED_DECODE
     if (use_decode_kernel) {
       dp.kv_layer = layer_kv;
       KV_CUDA(kernels::PagedDecodeAttention(dp, stream_));
-    }
-#endif
-    if (!use_decode_kernel) {
+    } else {
       pp.kv_layer = layer_kv;
       KV_CUDA(kernels::PrefillAttention(pp, stream_));
     }
@@ -668,6 +689,10 @@ Result<std::unique_ptr<ModelBackend>> CreateCudaBackend(const ModelSpec& spec,
   }
   auto backend = std::make_unique<CudaBackend>(c, options.device);
   KV_RETURN_IF_ERROR(backend->Init(*src).WithContext("cuda backend"));
+  if (Status w = backend->Warmup(); !w.ok()) {
+    // Not fatal: a broken device shows up again, as an error, in the first Forward.
+    KV_LOG_WARN << "cuda backend: warm-up forward failed: " << w.ToString();
+  }
   return std::unique_ptr<ModelBackend>(std::move(backend));
 }
 

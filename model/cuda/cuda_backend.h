@@ -21,7 +21,9 @@
 //  - Forward() returns once the outputs are on the host (it synchronises its stream); on an
 //    error it also waits for the work it enqueued before returning.
 //  - Buffers are kept between calls and grown when a batch needs more (never per token).
-//  - Not thread-safe: one Forward() at a time per backend.
+//  - Forward() may be called from several threads; the calls run one at a time (they share
+//    the work buffers and the stream), so a hook must not wait for another Forward() of the
+//    same backend.
 #pragma once
 
 #include <memory>

@@ -1,7 +1,7 @@
 // The CUDA backend against the CPU reference (model/cpu_backend.h): logits within fp16/bf16
-// tolerance and the same greedy tokens, on the tiny preset, on a random HF checkpoint written
-// with the safetensors writer, and on llama-3-8b's shapes (2 layers); prefill in one call vs
-// split; hooks; bad input.
+// tolerance and the same greedy tokens, on the tiny preset and on random HF checkpoints
+// written with the safetensors writer (Qwen2-shaped; Llama-3-8B attention shapes); prefill in
+// one call vs split; hooks; bad input.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,6 +16,8 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.h"
@@ -184,9 +186,38 @@ TEST(CudaBackend, MixedDtypesMatchCpu) {
   RunPair(spec, {Prompt(20, 512, 7)}, 4, 16, Tol(spec.weight_dtype, spec.kv_dtype));
 }
 
+// Writes an HF checkpoint directory for `c` (config.json + model.safetensors) with random
+// tensors stored in `stored` (uniform around each tensor's dummy offset, its dummy scale wide).
+std::string WriteRandomCheckpoint(const ModelConfig& c, DType stored, uint32_t seed) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("kvstream_cuda_ckpt_" + c.name + "_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/config.json");
+    f << ConfigToHfJson(c);
+  }
+  std::mt19937 rng(seed);
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::vector<std::byte>> storage;
+  const std::vector<TensorSpec> specs = ModelTensors(c);
+  storage.reserve(specs.size());
+  for (const TensorSpec& t : specs) {
+    std::uniform_real_distribution<float> d(t.dummy_offset - t.dummy_scale,
+                                            t.dummy_offset + t.dummy_scale);
+    std::vector<std::byte> bytes(size_t(t.numel()) * DTypeSize(stored));
+    for (size_t i = 0; i < size_t(t.numel()); ++i) StoreFromF32(bytes.data(), stored, i, d(rng));
+    storage.push_back(std::move(bytes));
+    tensors.push_back(TensorFromBytes(t.name, stored, t.shape, storage.back()));
+  }
+  const Status st = WriteSafetensors(dir + "/model.safetensors", tensors);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return dir;
+}
+
 // A Qwen2-shaped checkpoint (QKV bias, tied embeddings, head 64) with random bf16 tensors,
 // run in f16: exercises the checkpoint path, the bias and the dtype conversion.
-TEST(CudaBackend, RandomHfCheckpointMatchesCpu) {
+TEST(CudaBackend, RandomQwen2CheckpointMatchesCpu) {
   ModelConfig c;
   c.name = "random-qwen2";
   c.family = "qwen2";
@@ -203,31 +234,7 @@ TEST(CudaBackend, RandomHfCheckpointMatchesCpu) {
   c.tie_word_embeddings = true;
   c.max_position = 4096;
   c.weight_dtype = DType::kBF16;
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("kvstream_cuda_ckpt_" + std::to_string(::getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream f(dir + "/config.json");
-    f << ConfigToHfJson(c);
-  }
-  std::mt19937 rng(2024);
-  std::vector<TensorToWrite> tensors;
-  std::vector<std::vector<uint16_t>> storage;
-  const std::vector<TensorSpec> specs = ModelTensors(c);
-  storage.reserve(specs.size());
-  for (const TensorSpec& t : specs) {
-    std::uniform_real_distribution<float> d(t.dummy_offset - t.dummy_scale,
-                                            t.dummy_offset + t.dummy_scale);
-    std::vector<uint16_t> bits(size_t(t.numel()));
-    for (uint16_t& b : bits) b = F32ToBf16(d(rng));
-    storage.push_back(std::move(bits));
-    tensors.push_back(TensorFromBytes(
-        t.name, DType::kBF16, t.shape,
-        std::as_bytes(std::span<const uint16_t>(storage.back().data(), storage.back().size()))));
-  }
-  ASSERT_OK(WriteSafetensors(dir + "/model.safetensors", tensors));
-
+  const std::string dir = WriteRandomCheckpoint(c, DType::kBF16, 2024);
   ModelSpec spec;
   spec.model = dir;
   spec.weight_dtype = DType::kF16;
@@ -237,14 +244,35 @@ TEST(CudaBackend, RandomHfCheckpointMatchesCpu) {
   std::filesystem::remove_all(dir);
 }
 
-// Real shapes (GQA 32/8, head 128, vocab 128256, rope theta 500000), 2 layers.
-TEST(CudaBackend, Llama3ShapesMatchCpu) {
-  ModelSpec spec;
-  spec.model = "llama-3-8b";
-  spec.seed = 6;
-  spec.num_layers_override = 2;
-  RunPair(spec, {Prompt(24, 128256, 10), Prompt(5, 128256, 11)}, 3, 16,
-          Tol(spec.weight_dtype, spec.kv_dtype));
+// Llama-3-8B's attention shapes (GQA 32/8, head 128, rope theta 500000, untied LM head) with
+// small hidden/MLP/vocab so the CPU reference stays quick; f16 checkpoint, run in bf16 with
+// an f16 KV cache; block 32.
+TEST(CudaBackend, RandomLlama3ShapedCheckpointMatchesCpu) {
+  ModelConfig c;
+  c.name = "random-llama3";
+  c.family = "llama";
+  c.num_layers = 2;
+  c.hidden_size = 512;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.intermediate_size = 1024;
+  c.vocab_size = 2000;
+  c.rope_theta = 500000.f;
+  c.rms_eps = 1e-5f;
+  c.max_position = 8192;
+  c.weight_dtype = DType::kF16;
+  const std::string dir = WriteRandomCheckpoint(c, DType::kF16, 77);
+  for (const auto& [wd, kd, bs] : {std::tuple{DType::kF16, DType::kF16, 16},
+                                   std::tuple{DType::kBF16, DType::kF16, 32}}) {
+    ModelSpec spec;
+    spec.model = dir;
+    spec.weight_dtype = wd;
+    spec.kv_dtype = kd;
+    RunPair(spec, {Prompt(300, c.vocab_size, 10), Prompt(5, c.vocab_size, 11), Prompt(64, c.vocab_size, 12)},
+            6, bs, Tol(wd, kd));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // One Forward over the prompt vs n-1 tokens then 1: same tokens, (almost) the same logits,
@@ -367,6 +395,47 @@ TEST(CudaBackend, HooksInOrderAndErrorsReturnedAsIs) {
   skip.skip_lm_head = true;
   ASSERT_OK((*gpu)->Forward(**pool, {&in, 1}, nullptr, skip, &out));
   EXPECT_EQ(std::vector<int32_t>{-1}, out.next_tokens);
+}
+
+// Forward() from several threads at once (each on its own pool) gives what it gives alone.
+TEST(CudaBackend, ConcurrentForwardsAreSerialised) {
+  ModelSpec spec;
+  spec.model = "tiny";
+  spec.seed = 9;
+  BackendOptions o;
+  o.kind = "cuda";
+  auto gpu = CreateCudaBackend(spec, o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  const int kThreads = 4, kSteps = 6;
+  auto run = [&](int which, std::vector<int32_t>* toks) -> Status {
+    KV_ASSIGN_OR_RETURN(auto pool, (*gpu)->CreatePool(8, 16));
+    const std::vector<int32_t> prompt = Prompt(30 + which, 512, 100 + which);
+    std::vector<int32_t> table(8);
+    std::iota(table.begin(), table.end(), 0);
+    SeqInput in;
+    in.tokens = prompt;
+    in.block_table = table;
+    ForwardOutput out;
+    for (int i = 0; i <= kSteps; ++i) {
+      KV_RETURN_IF_ERROR((*gpu)->Forward(*pool, {&in, 1}, nullptr, {}, &out));
+      toks->push_back(out.next_tokens[0]);
+      in.start_pos += int(in.tokens.size());
+      in.tokens = std::span<const int32_t>(&toks->back(), 1);
+    }
+    return OkStatus();
+  };
+  std::vector<std::vector<int32_t>> alone(kThreads), together(kThreads);
+  for (int t = 0; t < kThreads; ++t) ASSERT_OK(run(t, &alone[t]));
+  std::vector<Status> st(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] { st[t] = run(t, &together[t]); });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_OK(st[t]);
+    EXPECT_EQ(alone[t], together[t]) << "thread " << t;
+  }
 }
 
 TEST(CudaBackend, BadInputIsAnErrorNotACrash) {

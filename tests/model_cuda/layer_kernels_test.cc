@@ -476,3 +476,58 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace kvstream::kernels
+
+namespace kvstream::kernels {
+namespace {
+
+// Not a pass/fail check: prints the prefill attention rate at llama-3-8b's shape (32/8 heads,
+// head 128, f16, block 16) for one 2048-token prompt, for the record.
+TEST(PrefillAttentionRate, Llama3Shape2kPrompt) {
+  const int nh = 32, nkv = 8, hd = 128, bs = 16, T = 2048;
+  const int blocks = T / bs;
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(1));
+  DeviceVec<uint16_t> pool(size_t(blocks) * 2 * nkv * bs * hd);
+  DeviceVec<uint16_t> q(size_t(T) * nh * hd), out(size_t(T) * nh * hd);
+  ASSERT_CUDA(DummyFill(pool.get(), DType::kF16, pool.size(), 1, 1, 0, 1.f, 0.f, nullptr));
+  ASSERT_CUDA(DummyFill(q.get(), DType::kF16, q.size(), 1, 2, 0, 1.f, 0.f, nullptr));
+  DeviceVec<int32_t> d_table(table), q_start(std::vector<int32_t>{0, T}),
+      start(std::vector<int32_t>{0});
+  PrefillAttentionParams p;
+  p.out = out.get();
+  p.q = q.get();
+  p.kv_layer = pool.get();
+  p.block_tables = d_table.get();
+  p.q_start = q_start.get();
+  p.start_pos = start.get();
+  p.num_seqs = 1;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.head_dim = hd;
+  p.block_size = bs;
+  p.max_blocks_per_seq = blocks;
+  p.max_q_len = T;
+  p.scale = 1.f / std::sqrt(float(hd));
+  p.dtype = DType::kF16;
+  ASSERT_CUDA(PrefillAttention(p, nullptr));  // warm-up
+  cudaEvent_t e0, e1;
+  ASSERT_CUDA(cudaEventCreate(&e0));
+  ASSERT_CUDA(cudaEventCreate(&e1));
+  const int iters = 10;
+  ASSERT_CUDA(cudaEventRecord(e0, nullptr));
+  for (int i = 0; i < iters; ++i) ASSERT_CUDA(PrefillAttention(p, nullptr));
+  ASSERT_CUDA(cudaEventRecord(e1, nullptr));
+  ASSERT_CUDA(cudaEventSynchronize(e1));
+  float ms = 0;
+  ASSERT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  ms /= iters;
+  const double flops = 4.0 * nh * hd * (double(T) * (T + 1) / 2);
+  std::printf("prefill attention, llama-3-8b shape, %d-token prompt: %.3f ms per layer, %.1f "
+              "TFLOP/s (causal FLOPs)\n", T, ms, flops / (ms * 1e-3) / 1e12);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
+}  // namespace kvstream::kernels

@@ -1,0 +1,290 @@
+// GPU tests of the paged decode attention kernel against a float CPU reference
+// (softmax(q K^T * scale) V through the block table), over every supported shape.
+// Without a usable GPU the binary prints why and exits 77 (CTest: skipped).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/paged_attention.h"
+
+namespace kvstream::kernels {
+namespace {
+
+#define CUDA_OK(expr)                                                          \
+  do {                                                                         \
+    cudaError_t e_ = (expr);                                                   \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);     \
+  } while (0)
+
+uint16_t ToBits(float f, DType dt) { return dt == DType::kBF16 ? F32ToBf16(f) : F32ToF16(f); }
+float FromBits(uint16_t h, DType dt) { return dt == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h); }
+
+template <typename T>
+struct DeviceBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuf(size_t count) : n(count) {
+    if (count && cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)) != cudaSuccess) p = nullptr;
+  }
+  ~DeviceBuf() {
+    if (p) cudaFree(p);
+  }
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+};
+
+struct Shape {
+  DType dtype;
+  int head_dim;
+  int block_size;
+  int num_heads;
+  int num_kv_heads;
+  std::vector<int> context_lens;
+  int num_splits = 0;  // 0 = planned
+};
+
+std::string Describe(const Shape& s) {
+  std::string r = std::string(DTypeName(s.dtype)) + " d" + std::to_string(s.head_dim) + " bs" +
+                  std::to_string(s.block_size) + " h" + std::to_string(s.num_heads) + "/" +
+                  std::to_string(s.num_kv_heads) + " splits" + std::to_string(s.num_splits) +
+                  " lens";
+  for (int l : s.context_lens) r += " " + std::to_string(l);
+  return r;
+}
+
+// Runs both prefetch variants (and kAuto) on one random instance and checks them against the
+// CPU reference and against each other (bit-identical).
+void RunCase(const Shape& s, uint32_t seed) {
+  SCOPED_TRACE(Describe(s));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const int num_seqs = int(s.context_lens.size());
+  const int max_len = *std::max_element(s.context_lens.begin(), s.context_lens.end());
+  const int max_blocks = std::max(1, (max_len + s.block_size - 1) / s.block_size) + 1;  // slack
+  int needed = 0;
+  for (int l : s.context_lens) needed += (l + s.block_size - 1) / s.block_size;
+  const int num_blocks = needed + 7;  // unused blocks in between
+  const int D = s.head_dim, H = s.num_heads, Hkv = s.num_kv_heads, bs = s.block_size;
+
+  // Random non-contiguous block tables: a random permutation of the pool's ids.
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(size_t(num_seqs) * max_blocks, -1);
+  int next = 0;
+  for (int i = 0; i < num_seqs; ++i) {
+    const int nb = (s.context_lens[i] + bs - 1) / bs;
+    for (int j = 0; j < nb; ++j) table[size_t(i) * max_blocks + j] = perm[next++];
+  }
+
+  // KV pool: random values everywhere, NaN in the slots past each context inside its last block
+  // (a real pool may hold anything there; the kernel must not let it leak).
+  const size_t pool_elems = size_t(num_blocks) * 2 * Hkv * bs * D;
+  std::vector<uint16_t> kv(pool_elems);
+  for (auto& x : kv) x = ToBits(uni(rng), s.dtype);
+  const uint16_t nan_bits = s.dtype == DType::kBF16 ? 0x7fc0 : 0x7e00;
+  for (int i = 0; i < num_seqs; ++i) {
+    const int len = s.context_lens[i];
+    if (len % bs == 0) continue;
+    const int blk = table[size_t(i) * max_blocks + len / bs];
+    for (int kvi = 0; kvi < 2; ++kvi)
+      for (int h = 0; h < Hkv; ++h)
+        for (int slot = len % bs; slot < bs; ++slot)
+          for (int d = 0; d < D; ++d)
+            kv[(((size_t(blk) * 2 + kvi) * Hkv + h) * bs + slot) * D + d] = nan_bits;
+  }
+  std::vector<uint16_t> q(size_t(num_seqs) * H * D);
+  for (auto& x : q) x = ToBits(uni(rng), s.dtype);
+  const float scale = 1.f / std::sqrt(float(D));
+
+  // CPU reference in float (double accumulation).
+  std::vector<float> ref(size_t(num_seqs) * H * D, 0.f);
+  const int group = H / Hkv;
+  for (int i = 0; i < num_seqs; ++i) {
+    const int len = s.context_lens[i];
+    for (int h = 0; h < H; ++h) {
+      const int kvh = h / group;
+      std::vector<double> score(len);
+      double mx = -INFINITY;
+      for (int t = 0; t < len; ++t) {
+        const int blk = table[size_t(i) * max_blocks + t / bs];
+        const size_t kbase = (((size_t(blk) * 2 + 0) * Hkv + kvh) * bs + t % bs) * D;
+        double dot = 0;
+        for (int d = 0; d < D; ++d)
+          dot += double(FromBits(q[(size_t(i) * H + h) * D + d], s.dtype)) *
+                 FromBits(kv[kbase + d], s.dtype);
+        score[t] = dot * scale;
+        mx = std::max(mx, score[t]);
+      }
+      double sum = 0;
+      std::vector<double> acc(D, 0.0);
+      for (int t = 0; t < len; ++t) {
+        const double p = std::exp(score[t] - mx);
+        sum += p;
+        const int blk = table[size_t(i) * max_blocks + t / bs];
+        const size_t vbase = (((size_t(blk) * 2 + 1) * Hkv + kvh) * bs + t % bs) * D;
+        for (int d = 0; d < D; ++d) acc[d] += p * FromBits(kv[vbase + d], s.dtype);
+      }
+      for (int d = 0; d < D; ++d)
+        ref[(size_t(i) * H + h) * D + d] = len > 0 ? float(acc[d] / sum) : 0.f;
+    }
+  }
+
+  DeviceBuf<uint16_t> d_kv(pool_elems), d_q(q.size()), d_out(q.size());
+  DeviceBuf<int32_t> d_table(table.size()), d_lens(num_seqs);
+  ASSERT_TRUE(d_kv.p && d_q.p && d_out.p && d_table.p && d_lens.p) << "cudaMalloc failed";
+  CUDA_OK(cudaMemcpy(d_kv.p, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_q.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_table.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_lens.p, s.context_lens.data(), num_seqs * 4, cudaMemcpyHostToDevice));
+
+  PagedDecodeParams p;
+  p.out = d_out.p;
+  p.q = d_q.p;
+  p.kv_layer = d_kv.p;
+  p.block_tables = d_table.p;
+  p.context_lens = d_lens.p;
+  p.num_seqs = num_seqs;
+  p.num_heads = H;
+  p.num_kv_heads = Hkv;
+  p.head_dim = D;
+  p.block_size = bs;
+  p.max_blocks_per_seq = max_blocks;
+  p.max_context_len = max_len;
+  p.scale = scale;
+  p.dtype = s.dtype;
+  p.num_splits = s.num_splits;
+  ASSERT_TRUE(PagedDecodeSupported(p));
+  const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
+  DeviceBuf<char> ws(ws_bytes);
+  p.workspace = ws.p;
+  p.workspace_bytes = ws_bytes;
+  if (ws_bytes) {
+    ASSERT_NE(ws.p, nullptr);
+    // Too small a workspace is refused, nothing launched.
+    PagedDecodeParams small = p;
+    small.workspace_bytes = ws_bytes - 1;
+    EXPECT_EQ(PagedDecodeAttention(small, nullptr), cudaErrorInvalidValue);
+  }
+  if (s.num_splits > 0) {
+    // A forced count is honoured up to the number of 16-token units (and 128), then evened out
+    // so that no split is empty.
+    const int units = std::max(1, (max_len + 15) / 16);
+    const int per = (units + std::min({s.num_splits, units, 128}) - 1) / std::min({s.num_splits, units, 128});
+    EXPECT_EQ(PagedDecodeNumSplits(p), (units + per - 1) / per);
+  }
+
+  std::vector<std::vector<uint16_t>> outs;
+  for (Prefetch pf : {Prefetch::kOff, Prefetch::kOn, Prefetch::kAuto}) {
+    for (int dist : {1, 3}) {
+      if (pf != Prefetch::kOn && dist != 1) continue;
+      p.prefetch = pf;
+      p.prefetch_distance = dist;
+      CUDA_OK(cudaMemset(d_out.p, 0xff, q.size() * 2));  // poison: NaN in both dtypes
+      CUDA_OK(PagedDecodeAttention(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<uint16_t> out(q.size());
+      CUDA_OK(cudaMemcpy(out.data(), d_out.p, out.size() * 2, cudaMemcpyDeviceToHost));
+      outs.push_back(std::move(out));
+    }
+  }
+  // Tolerances: P is rounded to the KV type for the tensor-core product, then the output.
+  const double atol = s.dtype == DType::kBF16 ? 2e-2 : 3e-3;
+  const double rtol = s.dtype == DType::kBF16 ? 2e-2 : 5e-3;
+  const std::vector<uint16_t>& out = outs[0];
+  int bad = 0;
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double o = FromBits(out[i], s.dtype), r = ref[i];
+    err2 += (o - r) * (o - r);
+    ref2 += r * r;
+    if (!(std::fabs(o - r) <= atol + rtol * std::fabs(r))) {
+      if (++bad <= 5) {
+        ADD_FAILURE() << "element " << i << " (seq " << i / (H * D) << " head " << (i / D) % H
+                      << " dim " << i % D << "): got " << o << " want " << r;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  if (ref2 > 0) {
+    EXPECT_LT(std::sqrt(err2 / ref2), s.dtype == DType::kBF16 ? 1e-2 : 2e-3);
+  }
+  for (size_t k = 1; k < outs.size(); ++k)
+    EXPECT_EQ(0, std::memcmp(outs[k].data(), out.data(), out.size() * 2))
+        << "variant " << k << " differs from prefetch-off";
+}
+
+TEST(SmallCase, F16Head128Gqa4) {
+  RunCase({DType::kF16, 128, 16, 8, 2, {1, 37, 100}}, 1);
+}
+
+TEST(SmallCase, Bf16Head64Block32Split) {
+  RunCase({DType::kBF16, 64, 32, 4, 1, {1, 250}, 5}, 2);
+}
+
+// Every dtype x head size x block size x group (1, 4, 7, 8, 16) on lengths 1, not multiples of
+// the block size, multiples of it, and 0.
+TEST(PagedDecode, AllShapes) {
+  uint32_t seed = 100;
+  for (DType dt : {DType::kF16, DType::kBF16})
+    for (int d : {64, 128, 256})
+      for (int bs : {16, 32})
+        for (auto [h, hkv] : {std::pair{3, 3}, {8, 2}, {14, 2}, {16, 2}, {16, 1}}) {
+          RunCase({dt, d, bs, h, hkv, {1, 17, 64, 95, 0, 33}}, seed++);
+          if (HasFatalFailure()) return;
+        }
+}
+
+// Long contexts split across CTAs (planned, forced counts, an uneven last split), with a
+// sequence longer than the others (many splits of it, short sequences with empty splits).
+TEST(PagedDecode, LongSplitContexts) {
+  uint32_t seed = 500;
+  for (DType dt : {DType::kF16, DType::kBF16})
+    for (int splits : {0, 1, 3, 16, 128}) {
+      RunCase({dt, 128, 16, 32, 8, {4099, 1, 77}, splits}, seed++);
+      RunCase({dt, 128, 32, 28, 4, {8191}, splits}, seed++);
+      if (HasFatalFailure()) return;
+    }
+  RunCase({DType::kF16, 256, 16, 8, 1, {6000, 300}}, seed++);
+  RunCase({DType::kBF16, 64, 32, 32, 32, {20000}}, seed++);
+}
+
+// Many sequences, random lengths: the many-waves plan (one split per sequence).
+TEST(PagedDecode, RandomBatch) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> len(0, 1500);
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<int> lens(48);
+    for (auto& l : lens) l = len(rng);
+    RunCase({rep % 2 ? DType::kBF16 : DType::kF16, 128, rep < 2 ? 16 : 32, 32, 8, lens}, 900 + rep);
+  }
+}
+
+}  // namespace
+}  // namespace kvstream::kernels
+
+int main(int argc, char** argv) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    std::printf("SKIP: no usable CUDA GPU (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major < 9) {
+    std::printf("SKIP: %s is sm_%d%d; the kernel is built for sm_90a\n", prop.name, prop.major, prop.minor);
+    return 77;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--probe-gpu") == 0) return 0;
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
