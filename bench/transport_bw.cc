@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -290,7 +291,11 @@ double RunPerftest(const Args& a, size_t size, int count, int warmup, int port,
   std::string last, all;
   while (client.ReadLine(&line, DeadlineAfterMs(120000))) {
     all += line + "\n";
-    if (!line.empty() && line[0] == ' ' && line.find(',') != std::string::npos) last = line;
+    size_t first = line.find_first_not_of(' ');
+    if (first != std::string::npos && std::isdigit(static_cast<unsigned char>(line[first])) &&
+        line.find(',') != std::string::npos) {
+      last = line;  // the final line; per-second ones start with "[thread N]"
+    }
   }
   client.Finish(DeadlineAfterMs(5000));
   server.Finish(DeadlineAfterMs(5000));

@@ -11,7 +11,8 @@
 // "exposed" = prefill waiting for its writes after its forward; GB/s = KV bytes / xfer of the
 // non-pipelined runs (all writes back to back); "wait" = decode blocked in wait_for_layer.
 // Comparison: saved = TTFT p50 non-pipelined - pipelined; hidden = saved / xfer(non-pipelined)
-// (>1 when pipelining also overlaps compute, not only the transfer).
+// (>1 when pipelining also overlaps compute, not only the transfer); "xfer hidden (pf)" =
+// 1 - exposed(pipelined) / exposed(non-pipelined), measured inside the prefill.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "cli/flags.h"
 #include "common/time.h"
 #include "model/generate.h"
+#include "model/weights.h"
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
 #include <grpcpp/grpcpp.h>
@@ -43,6 +45,7 @@ using json = nlohmann::ordered_json;
 
 struct Sample {
   double ttft_s = 0;
+  double server_ttft_s = 0;  // decode's own clock: request arrival to first token ready
   std::vector<double> itl_s;
   std::vector<int32_t> tokens;
   double prefill_compute_s = 0;
@@ -93,7 +96,10 @@ Result<Sample> RemoteOnce(v1::Decode::Stub& stub, const std::vector<int32_t>& pr
   v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
     auto now = Clock::now();
-    if (s.tokens.empty()) s.ttft_s = std::chrono::duration<double>(now - start).count();
+    if (s.tokens.empty()) {
+      s.ttft_s = std::chrono::duration<double>(now - start).count();
+      s.server_ttft_s = msg.since_arrival_us() * 1e-6;
+    }
     else s.itl_s.push_back(std::chrono::duration<double>(now - last).count());
     last = now;
     s.tokens.push_back(msg.token_id());
@@ -270,6 +276,7 @@ int RunBenchTtft(std::span<const std::string> args) {
           j["mode"] = mode;
           j["prompt_len"] = len;
           j["ttft_ms"] = s.ttft_s * 1e3;
+          j["server_ttft_ms"] = s.server_ttft_s * 1e3;
           j["itl_ms"] = s.itl_s;
           j["kv_bytes"] = s.kv_bytes;
           j["prefill_compute_ms"] = s.prefill_compute_s * 1e3;
@@ -289,9 +296,10 @@ int RunBenchTtft(std::span<const std::string> args) {
   };
   std::map<std::pair<int, std::string>, Row> rows;
   for (auto& [key, v] : samples) {
-    std::vector<double> ttft, itl, gbps, prefill, transfer, exposed, wait;
+    std::vector<double> ttft, itl, gbps, prefill, transfer, exposed, wait, sttft;
     for (auto& s : v) {
       ttft.push_back(s.ttft_s * 1e3);
+      sttft.push_back(s.server_ttft_s * 1e3);
       for (double d : s.itl_s) itl.push_back(d * 1e3);
       if (s.transfer_s > 0) gbps.push_back(s.kv_bytes / s.transfer_s / 1e9);
       prefill.push_back(s.prefill_compute_s * 1e3);
@@ -312,9 +320,10 @@ int RunBenchTtft(std::span<const std::string> args) {
     j["max_new_tokens"] = *max_new;
     j["ttft_ms"] = {{"p50", r.ttft[0]}, {"p90", r.ttft[1]}, {"p99", r.ttft[2]}};
     j["itl_ms"] = {{"p50", r.itl[0]}, {"p90", r.itl[1]}, {"p99", r.itl[2]}};
+    if (key.second != "colocated") j["server_ttft_ms_p50"] = Percentile(sttft, 50);
     if (key.second != "colocated") {
       j["kv_bytes"] = v.front().kv_bytes;
-      j["transfer_gbps_p50"] = r.gbps;
+      if (key.second == "non-pipelined") j["transfer_gbps_p50"] = r.gbps;
       j["transfer_ms_p50"] = r.transfer_ms;
       j["transfer_exposed_ms_p50"] = r.exposed_ms;
       j["load_wait_ms_p50"] = r.wait_ms;
@@ -343,6 +352,10 @@ int RunBenchTtft(std::span<const std::string> args) {
       j["transfer_share_of_prefill"] = xfer / n->second.prefill_ms;
       j["ttft_saved_ms"] = saved;
       j["transfer_hidden_fraction"] = xfer > 0 ? saved / xfer : NAN;
+      // Inside the prefill: how much of the transfer still follows its forward when pipelined.
+      j["transfer_exposed_ms_pipelined_p50"] = p->second.exposed_ms;
+      j["transfer_hidden_fraction_prefill"] =
+          n->second.exposed_ms > 0 ? 1.0 - p->second.exposed_ms / n->second.exposed_ms : NAN;
     }
     if (p != rows.end() && c != rows.end())
       j["ttft_p50_pipelined_over_colocated"] = p->second.ttft[0] / c->second.ttft[0];
@@ -368,10 +381,13 @@ int RunBenchTtft(std::span<const std::string> args) {
       std::printf("%-14s %6d | %9.2f %9.2f %9.2f | %8.2f %8.2f %8.2f | %9.2f", mode.c_str(), len,
                   r.ttft[0], r.ttft[1], r.ttft[2], r.itl[0], r.itl[1], r.itl[2], r.prefill_ms);
       if (mode == "colocated") std::printf(" %9s %9s %9s %9s\n", "-", "-", "-", "-");
+      else if (mode == "pipelined")  // its writes span the forward: no bandwidth figure
+        std::printf(" %9.3f %9.3f %9s %9.2f\n", r.transfer_ms, r.exposed_ms, "-", r.wait_ms);
       else std::printf(" %9.3f %9.3f %9.3f %9.2f\n", r.transfer_ms, r.exposed_ms, r.gbps, r.wait_ms);
     }
-  std::printf("\n%6s | %-24s | %-22s | %-16s | %-16s | %s\n", "prompt", "TTFT pipelined/non-pipe",
-              "pipelined/colocated", "xfer/prefill", "xfer hidden", "tokens equal");
+  std::printf("\n%6s | %-24s | %-20s | %-12s | %-14s | %-18s | %s\n", "prompt",
+              "TTFT pipelined/non-pipe", "pipelined/colocated", "xfer/prefill", "TTFT saved ms",
+              "xfer hidden (pf)", "tokens equal");
   for (int len : *lens) {
     const json& j = comparisons[len];
     auto num = [&](const char* k, const char* fmt) {
@@ -380,11 +396,12 @@ int RunBenchTtft(std::span<const std::string> args) {
       std::snprintf(buf, sizeof(buf), fmt, j[k].get<double>());
       return std::string(buf);
     };
-    std::printf("%6d | %-24s | %-22s | %-16s | %-16s | %s\n", len,
+    std::printf("%6d | %-24s | %-20s | %-12s | %-14s | %-18s | %s\n", len,
                 num("ttft_p50_pipelined_over_non_pipelined", "%.3f").c_str(),
                 num("ttft_p50_pipelined_over_colocated", "%.3f").c_str(),
                 num("transfer_share_of_prefill", "%.4f").c_str(),
-                num("transfer_hidden_fraction", "%.2f").c_str(),
+                num("ttft_saved_ms", "%.2f").c_str(),
+                num("transfer_hidden_fraction_prefill", "%.2f").c_str(),
                 tokens_match[len] ? "yes" : "NO");
   }
   for (int len : *lens)
@@ -393,21 +410,79 @@ int RunBenchTtft(std::span<const std::string> args) {
 }
 
 }  // namespace
+#endif
+
+namespace {
+// A dummy-weight HF checkpoint of a custom llama shape (a preset with fields overridden), so
+// benchmarks can pick a shape whose KV transfer is a visible share of the prefill.
+int RunBenchMakeModel(std::span<const std::string> args) {
+  std::vector<FlagSpec> specs = {
+      {"out", true, "output directory (created)", ""},
+      {"from", true, "preset whose shape the flags below override", "tiny"},
+      {"name", true, "model name in config.json", "tiny-custom"},
+      {"layers", true, "decoder layers", ""},
+      {"hidden", true, "hidden size", ""},
+      {"heads", true, "attention heads", ""},
+      {"kv-heads", true, "KV heads", ""},
+      {"head-dim", true, "head size", ""},
+      {"mlp", true, "MLP intermediate size", ""},
+      {"vocab", true, "vocabulary size", ""},
+      {"seed", true, "dummy-weight seed", "0"},
+      {"dtype", true, "tensor dtype in the file: f16, bf16 or f32", "f16"},
+  };
+  auto flags = Flags::Parse(args, specs);
+  if (!flags.ok()) return ReportError("bench make-model", flags.status(), true);
+  if (flags->help()) {
+    std::cout << "usage: kvstream bench make-model --out DIR [flags]\n\n" << FlagsHelp(specs);
+    return kExitOk;
+  }
+  if (!flags->Has("out")) return ReportError("bench make-model", InvalidArgument("--out is required"), true);
+  auto seed = flags->GetInt("seed", 0, INT64_MAX);
+  if (!seed.ok()) return ReportError("bench make-model", seed.status(), true);
+  auto cfg = model::PresetConfig(flags->Get("from"), static_cast<uint64_t>(*seed));
+  if (!cfg.ok()) return ReportError("bench make-model", cfg.status(), true);
+  struct Override { const char* flag; int* field; };
+  for (Override o : {Override{"layers", &cfg->num_layers}, Override{"hidden", &cfg->hidden_size},
+                     Override{"heads", &cfg->num_heads}, Override{"kv-heads", &cfg->num_kv_heads},
+                     Override{"head-dim", &cfg->head_dim}, Override{"mlp", &cfg->intermediate_size},
+                     Override{"vocab", &cfg->vocab_size}}) {
+    if (!flags->Has(o.flag)) continue;
+    auto v = flags->GetInt(o.flag, 1, 1 << 24);
+    if (!v.ok()) return ReportError("bench make-model", v.status(), true);
+    *o.field = static_cast<int>(*v);
+  }
+  cfg->name = flags->Get("name");
+  if (Status s = cfg->Validate(); !s.ok()) return ReportError("bench make-model", s, true);
+  auto dtype = flags->GetDType("dtype");
+  if (!dtype.ok()) return ReportError("bench make-model", dtype.status(), true);
+  auto src = model::DummyWeightsFor(*cfg);
+  if (!src.ok()) return ReportError("bench make-model", src.status(), false);
+  if (Status s = model::WriteHfCheckpoint(**src, *dtype, flags->Get("out")); !s.ok())
+    return ReportError("bench make-model", s, false);
+  std::cout << "wrote " << flags->Get("out") << ": " << cfg->num_layers << " layers, hidden "
+            << cfg->hidden_size << ", heads " << cfg->num_heads << "/" << cfg->num_kv_heads
+            << ", head " << cfg->head_dim << ", mlp " << cfg->intermediate_size << ", vocab "
+            << cfg->vocab_size << "\n";
+  return kExitOk;
+}
+}  // namespace
 
 int RunBench(std::span<const std::string> args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::cout << "usage: kvstream bench <what> [flags]\n\n  ttft   TTFT and inter-token latency "
-                 "through the daemons: pipelined, non-pipelined, colocated\n";
+    std::cout << "usage: kvstream bench <what> [flags]\n\n  ttft         TTFT and inter-token latency "
+                 "through the daemons: pipelined, non-pipelined, colocated\n"
+                 "  make-model   write a dummy-weight checkpoint of a custom llama shape\n";
     return args.empty() ? kExitUsage : kExitOk;
   }
+  if (args[0] == "make-model") return RunBenchMakeModel(args.subspan(1));
+#if KVSTREAM_CLI_HAVE_DAEMONS
   if (args[0] == "ttft") return RunBenchTtft(args.subspan(1));
-  return ReportError("bench", InvalidArgument("unknown benchmark '" + args[0] + "' (have: ttft)"), true);
-}
 #else
-int RunBench(std::span<const std::string> args) {
-  return ReportError("bench", NotSupported("this kvstream was built without the daemons' client "
-                                           "(KVSTREAM_WITH_DAEMONS=OFF)"), false);
-}
+  if (args[0] == "ttft")
+    return ReportError("bench", NotSupported("this kvstream was built without the daemons' client "
+                                             "(KVSTREAM_WITH_DAEMONS=OFF)"), false);
 #endif
+  return ReportError("bench", InvalidArgument("unknown benchmark '" + args[0] + "' (have: ttft, make-model)"), true);
+}
 
 }  // namespace kvstream::cli

@@ -15,7 +15,7 @@ using json = nlohmann::json;
 // One table drives the file keys, the flags, the usage text and ToJson.
 using Member = std::variant<std::string DaemonConfig::*, int DaemonConfig::*,
                             int64_t DaemonConfig::*, uint64_t DaemonConfig::*,
-                            bool DaemonConfig::*>;
+                            bool DaemonConfig::*, double DaemonConfig::*>;
 struct Field {
   const char* name;
   const char* help;
@@ -35,15 +35,21 @@ const std::vector<Field>& Fields() {
       KV_FIELD(threads, kInt, "CPU backend threads (0 = all cores)"),
       KV_FIELD(pool_blocks, kInt, "KV pool size in blocks"),
       KV_FIELD(block_size, kInt, "tokens per KV block"),
+      KV_FIELD(pool_gpu_fraction, kF64,
+               "cuda: pool = this fraction of free device memory after weights (0 = pool_blocks)"),
       KV_FIELD(listen, kStr, "gRPC listen address host:port (port 0 = pick one)"),
       KV_FIELD(port_file, kStr, "write the bound port here once serving"),
       KV_FIELD(peer, kStr, "decode: prefill daemon address host:port"),
-      KV_FIELD(transport, kStr, "data-plane backend (ucx)"),
+      KV_FIELD(transport, kStr,
+               "data plane: ucx | ucx_staged | cuda_ipc (GPU pools: ucx = direct or staged)"),
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
       KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
+      KV_FIELD(first_step_after_load, kBool,
+               "decode: first step only after every layer landed (prefill on this GPU)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
+      KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
       KV_FIELD(request_timeout_ms, kI64, "cap on every request's deadline"),
       KV_FIELD(handshake_timeout_ms, kI64, "per handshake attempt"),
       KV_FIELD(load_timeout_ms, kI64, "decode: bound on a prompt's KV load"),
@@ -77,6 +83,8 @@ Status SetFromString(DaemonConfig* cfg, const Field& f, const std::string& v) {
     } else if (auto* u = std::get_if<uint64_t DaemonConfig::*>(&m)) {
       if (!v.empty() && v[0] == '-') throw std::invalid_argument(v);
       cfg->*(*u) = std::stoull(v, &used);
+    } else if (auto* d = std::get_if<double DaemonConfig::*>(&m)) {
+      cfg->*(*d) = std::stod(v, &used);
     } else if (auto* b = std::get_if<bool DaemonConfig::*>(&m)) {
       if (v == "true" || v == "1" || v == "on" || v == "yes") cfg->*(*b) = true;
       else if (v == "false" || v == "0" || v == "off" || v == "no") cfg->*(*b) = false;
@@ -92,13 +100,17 @@ Status SetFromString(DaemonConfig* cfg, const Field& f, const std::string& v) {
 Status SetFromJson(DaemonConfig* cfg, const Field& f, const json& v) {
   if (v.is_string()) return SetFromString(cfg, f, v.get<std::string>());
   if (v.is_boolean()) return SetFromString(cfg, f, v.get<bool>() ? "true" : "false");
-  if (v.is_number_integer() || v.is_number_unsigned()) return SetFromString(cfg, f, v.dump());
+  if (v.is_number()) return SetFromString(cfg, f, v.dump());
   return InvalidArgument(std::string("config key '") + f.name + "': unsupported value " + v.dump());
 }
 
 Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.pool_blocks <= 0) return InvalidArgument("pool_blocks must be > 0");
   if (c.block_size <= 0) return InvalidArgument("block_size must be > 0");
+  if (!(c.pool_gpu_fraction >= 0 && c.pool_gpu_fraction < 1))
+    return InvalidArgument("pool_gpu_fraction must be in [0, 1)");
+  if (c.pool_gpu_fraction > 0 && c.backend != "cuda")
+    return InvalidArgument("pool_gpu_fraction needs --backend cuda (it sizes a GPU pool)");
   if (c.layers < 0) return InvalidArgument("layers must be >= 0");
   if (c.backend != "cpu" && c.backend != "cuda") return InvalidArgument("backend must be cpu or cuda");
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
@@ -109,6 +121,7 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
                     c.cancel_timeout_ms})
     if (t <= 0) return InvalidArgument("timeouts must be > 0 ms");
   if (c.quarantine_ms < 0) return InvalidArgument("quarantine_ms must be >= 0");
+  if (c.queue_timeout_ms < 0) return InvalidArgument("queue_timeout_ms must be >= 0");
   if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
 #ifndef KVSTREAM_FAULT_INJECTION
   if (c.fault_layer_delay_ms != 0)

@@ -27,17 +27,27 @@ struct DaemonConfig {
   // KV pool
   int pool_blocks = 256;
   int block_size = 16;
+  // cuda backend: >0 sizes the pool as this fraction of the device's free memory after the
+  // weights are loaded (overrides pool_blocks); 0 = use pool_blocks.
+  double pool_gpu_fraction = 0;
   // network
   std::string listen = "127.0.0.1:0";
   std::string port_file;        // written with the bound port once serving
   std::string peer;             // decode: the prefill daemon's address
+  // ucx | ucx_staged | cuda_ipc. With GPU pools (backend cuda) "ucx" means the UCX path this
+  // host's UCX supports: UCX direct on CUDA memory where UCX reports it, else ucx_staged.
   std::string transport = "ucx";
   std::string ucx_tls;          // e.g. "tcp", "sm"; empty = UCX default / $UCX_TLS
   std::string ucx_net_devices;  // e.g. "lo"
   // behaviour
   bool pipelining = true;       // decode's default load mode
+  // decode: start the first token's forward only once every layer of the prompt's KV landed
+  // (the transfer still overlaps the prefill's compute). For a prefill on the same GPU, whose
+  // compute the layer-by-layer first step would otherwise time-slice with.
+  bool first_step_after_load = false;
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
+  int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)
   int64_t request_timeout_ms = 60000;    // cap on any request's deadline
   int64_t handshake_timeout_ms = 5000;
   int64_t load_timeout_ms = 30000;       // decode: whole KV load, from start_load

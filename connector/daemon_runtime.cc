@@ -1,5 +1,6 @@
 #include "connector/daemon_runtime.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -7,6 +8,12 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "common/log.h"
+#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#ifdef KVSTREAM_HAVE_UCX_STAGED
+#include "transport/staged/staged_transport.h"
+#endif
 
 namespace kvstream::connector {
 
@@ -30,13 +37,65 @@ Result<ServingModel> LoadServingModel(const DaemonConfig& cfg) {
   bo.num_threads = cfg.threads;
   ServingModel m;
   KV_ASSIGN_OR_RETURN(m.backend, model::CreateBackend(ModelSpecFromConfig(cfg), bo));
-  KV_ASSIGN_OR_RETURN(m.pool, m.backend->CreatePool(cfg.pool_blocks, cfg.block_size));
+  int blocks = cfg.pool_blocks;
+  if (cfg.pool_gpu_fraction > 0) {
+    KV_ASSIGN_OR_RETURN(blocks, PoolBlocksFromGpuFraction(cfg, m.backend->kv_layout(cfg.block_size)));
+  }
+  KV_ASSIGN_OR_RETURN(m.pool, m.backend->CreatePool(blocks, cfg.block_size));
+  KV_LOG_INFO << "KV pool: " << blocks << " blocks of " << cfg.block_size << " tokens, "
+              << m.pool->memory().size() / (1 << 20) << " MiB in "
+              << (m.pool->memory().on_device() ? "device" : "host") << " memory";
   return m;
+}
+
+Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLayout& layout) {
+#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+  if (cfg.backend != "cuda") return InvalidArgument("pool_gpu_fraction needs --backend cuda");
+  if (cudaSetDevice(cfg.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Unavailable("pool_gpu_fraction: cannot use CUDA device " + std::to_string(cfg.device));
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Unavailable(std::string("pool_gpu_fraction: cudaMemGetInfo: ") + cudaGetErrorString(e));
+  }
+  const size_t per_block = layout.pool_bytes(1);
+  const size_t want = static_cast<size_t>(cfg.pool_gpu_fraction * double(free_bytes));
+  const size_t blocks = per_block ? want / per_block : 0;
+  KV_LOG_INFO << "pool_gpu_fraction " << cfg.pool_gpu_fraction << " of " << free_bytes / (1 << 20)
+              << " MiB free (of " << total_bytes / (1 << 20) << ") on device " << cfg.device
+              << ": " << blocks << " blocks";
+  if (blocks == 0)
+    return ResourceExhausted("pool_gpu_fraction " + std::to_string(cfg.pool_gpu_fraction) +
+                             " of " + std::to_string(free_bytes) + " free bytes holds no block of " +
+                             std::to_string(per_block) + " bytes");
+  return static_cast<int>(std::min<size_t>(blocks, size_t(1) << 30));
+#else
+  return NotSupported("pool_gpu_fraction: this build has no CUDA");
+#endif
+}
+
+Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg) {
+  if (cfg.backend != "cuda" || cfg.transport != "ucx") return cfg.transport;
+  // GPU pools over "ucx": UCX itself where it can touch CUDA memory, else host staging.
+#ifdef KVSTREAM_HAVE_UCX_STAGED
+  transport::TransportOptions to;
+  to.backend = "ucx";
+  to.ucx_tls = cfg.ucx_tls;
+  to.ucx_net_devices = cfg.ucx_net_devices;
+  to.device = cfg.device;
+  KV_ASSIGN_OR_RETURN(std::string name, transport::staged::SelectGpuBackend(to));
+  KV_LOG_INFO << "transport ucx with a GPU pool: using " << name;
+  return name;
+#else
+  return NotSupported("transport ucx with a GPU pool needs the ucx_staged backend, not built in");
+#endif
 }
 
 Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg) {
   transport::TransportOptions to;
-  to.backend = cfg.transport;
+  KV_ASSIGN_OR_RETURN(to.backend, ResolveTransportBackend(cfg));
   to.ucx_tls = cfg.ucx_tls;
   to.ucx_net_devices = cfg.ucx_net_devices;
   to.device = cfg.backend == "cuda" ? cfg.device : -1;

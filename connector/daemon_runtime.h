@@ -22,6 +22,12 @@ struct ServingModel {
 
 model::ModelSpec ModelSpecFromConfig(const DaemonConfig& cfg);
 Result<ServingModel> LoadServingModel(const DaemonConfig& cfg);
+// With cfg.pool_gpu_fraction > 0 (cuda backend) the pool gets that fraction of the device's free
+// memory, measured after the weights are loaded; kNotSupported in a build without CUDA.
+Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLayout& layout);
+// The backend name CreateTransportFromConfig uses: cfg.transport, except "ucx" with a cuda
+// backend, which becomes staged::SelectGpuBackend's choice ("ucx" or "ucx_staged").
+Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg);
 Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg);
 
 // Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it creates later;

@@ -97,6 +97,15 @@ bool LayerTracker::AllLanded(uint64_t request_id) const {
   return true;
 }
 
+bool LayerTracker::Settled(uint64_t request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(request_id);
+  if (it == entries_.end() || !it->second.failure.ok()) return true;
+  for (bool b : it->second.landed)
+    if (!b) return false;
+  return true;
+}
+
 size_t LayerTracker::active() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();

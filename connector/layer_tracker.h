@@ -42,6 +42,9 @@ class LayerTracker {
   bool IsLanded(uint64_t request_id, int layer) const;
   // Every layer of a tracked, not failed request has landed.
   bool AllLanded(uint64_t request_id) const;
+  // No WaitForLayer of this request would block: every layer landed, or it failed, or it is
+  // not tracked.
+  bool Settled(uint64_t request_id) const;
   size_t active() const;
   uint64_t ignored_signals() const;
 

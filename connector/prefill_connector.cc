@@ -36,7 +36,7 @@ void PeerLink::TearDown(const std::string& why) {
 
 // ---- SaveRequest ----------------------------------------------------------------------------
 
-Status SaveRequest::SaveLayer(int layer) {
+Status SaveRequest::SaveLayer(int layer, void* after_stream) {
   if (layer < 0 || layer >= layout_.num_layers)
     return InvalidArgument("save_layer: layer " + std::to_string(layer) + " out of range");
   transport::WriteRequest wr;
@@ -47,6 +47,7 @@ Status SaveRequest::SaveLayer(int layer) {
   wr.notify = true;
   wr.notification.request_id = request_id_;
   wr.notification.layer = layer;
+  wr.after_stream = after_stream;
   uint64_t bytes = 0;
   for (const auto& op : wr.ops) bytes += op.length;
   // Posting happens under mu_ so that Cancel()/Quiesce() see either no post or a recorded one.

@@ -65,8 +65,11 @@ class PeerLink {
 class SaveRequest {
  public:
   uint64_t request_id() const { return request_id_; }
-  // kCanceled after Cancel(); the link's error if the peer is lost.
-  Status SaveLayer(int layer);
+  // kCanceled after Cancel(); the link's error if the peer is lost. `after_stream` (GPU pools):
+  // the cudaStream_t the layer's KV was computed on; the copy waits for the work enqueued on it
+  // so far without blocking this thread (transport::WriteRequest::after_stream). nullptr: the
+  // KV is complete now.
+  Status SaveLayer(int layer, void* after_stream = nullptr);
   // Every posted write complete at the destination; the first write error; kTimeout.
   Status WaitForSave(Deadline deadline);
   // Layers whose writes (and notifications) completed since the last call, in order.

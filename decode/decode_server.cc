@@ -106,10 +106,23 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return reject(Unavailable("decode daemon shutting down"));
   }
+  // A full pool queues the request (bounded by queue_timeout_ms and its deadline) rather than
+  // failing a burst outright.
+  const Deadline queue_deadline =
+      std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
   auto ids = pool_->allocator().Allocate(need);
+  while (!ids.ok() && Clock::now() < queue_deadline && !ctx->IsCancelled()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return reject(Unavailable("decode daemon shutting down"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ids = pool_->allocator().Allocate(need);
+  }
   if (!ids.ok())
     return reject(ResourceExhausted("KV pool full: need " + std::to_string(need) + " blocks, " +
-                                    std::to_string(pool_->allocator().free_count()) + " free"));
+                                    std::to_string(pool_->allocator().free_count()) + " free after waiting " +
+                                    std::to_string(config_.queue_timeout_ms) + " ms"));
   r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
 
   KV_LOG_INFO << "[req " << r->id << "] generate: prompt " << n << " tokens, max_tokens "
@@ -234,11 +247,19 @@ namespace {
 // wait_for_layer before each layer's attention of the last prompt token.
 class LoadHooks : public model::LayerHooks {
  public:
-  LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline)
-      : c_(c), id_(id), deadline_(deadline) {}
+  // all_layers_first: wait for every layer before layer 0 (see DaemonConfig::first_step_after_load).
+  LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline, int num_layers,
+            bool all_layers_first)
+      : c_(c), id_(id), deadline_(deadline), num_layers_(num_layers),
+        all_layers_first_(all_layers_first) {}
   Status BeforeAttention(int layer, void* stream) override {
     auto t = Clock::now();
-    Status s = c_->WaitForLayer(id_, layer, deadline_);
+    Status s;
+    if (all_layers_first_ && layer == 0) {
+      for (int l = 0; l < num_layers_ && s.ok(); ++l) s = c_->WaitForLayer(id_, l, deadline_);
+    } else {
+      s = c_->WaitForLayer(id_, layer, deadline_);
+    }
     wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
     return s;
   }
@@ -248,6 +269,8 @@ class LoadHooks : public model::LayerHooks {
   connector::DecodeConnector* c_;
   uint64_t id_;
   Deadline deadline_;
+  int num_layers_;
+  bool all_layers_first_;
 };
 }  // namespace
 
@@ -258,7 +281,8 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   model::ForwardOutput out;
   Status s;
   if (r.remote) {
-    LoadHooks hooks(connector_, r.id, r.load_deadline);
+    LoadHooks hooks(connector_, r.id, r.load_deadline, pool_->layout().num_layers,
+                    config_.first_step_after_load);
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     r.load.set_loaded_remotely(true);
@@ -361,12 +385,22 @@ void DecodeServer::SchedulerLoop() {
       if (pending_.empty() && waiting_.empty() && running_.empty()) return;
       continue;
     }
-    // One new request's first token per iteration, then one decode step for the others, so a
-    // long load does not starve running requests for more than one prompt.
+    // One new request's first token per iteration, then one decode step for the others. With
+    // nothing running, the first step starts at once and follows the prefill layer by layer;
+    // while others decode, a request joins only once its KV has landed, so their inter-token
+    // latency never waits on a prefill (the newcomer's TTFT grows by at most one step).
     if (!waiting_.empty()) {
-      auto r = waiting_.front();
-      waiting_.pop_front();
-      FirstStep(r);
+      auto pick = waiting_.begin();
+      if (!running_.empty()) {
+        pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
+          return !r->remote || connector_->tracker().Settled(r->id);
+        });
+      }
+      if (pick != waiting_.end()) {
+        auto r = *pick;
+        waiting_.erase(pick);
+        FirstStep(r);
+      }
     }
     if (!running_.empty()) {
       std::vector<std::shared_ptr<Request>> batch;

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
   auto transport = connector::CreateTransportFromConfig(*cfg);
   if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
+  cfg->transport = (*transport)->name();  // as resolved (Stats reports it)
   connector::DecodeConnectorOptions dopt;
   dopt.prefill_address = cfg->peer;
   dopt.handshake_timeout_ms = cfg->handshake_timeout_ms;

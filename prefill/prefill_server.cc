@@ -24,10 +24,10 @@ class SaveHooks : public model::LayerHooks {
  public:
   SaveHooks(grpc::ServerContext* ctx, connector::SaveRequest* save, bool pipelined,
             grpc::ServerWriter<v1::PrefillProgress>* writer, bool progress_per_layer,
-            int64_t fault_delay_ms, int num_layers)
+            int64_t fault_delay_ms, int num_layers, bool gpu_pool)
       : ctx_(ctx), save_(save), pipelined_(pipelined), writer_(writer),
         progress_per_layer_(progress_per_layer), fault_delay_ms_(fault_delay_ms),
-        num_layers_(num_layers) {}
+        num_layers_(num_layers), gpu_pool_(gpu_pool) {}
   bool kv_complete() const { return kv_complete_; }
   Status AfterLayer(int layer, void* stream) override {
 #ifdef KVSTREAM_FAULT_INJECTION
@@ -35,7 +35,9 @@ class SaveHooks : public model::LayerHooks {
 #endif
     if (ctx_->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
     if (save_->cancelled()) return Canceled("prefill cancelled");
-    if (pipelined_) KV_RETURN_IF_ERROR(save_->SaveLayer(layer));
+    // GPU pool: the layer's KV is still being computed on `stream`; the transport's copy
+    // stream waits on it (an event), so this thread goes on enqueueing layer l+1 at once.
+    if (pipelined_) KV_RETURN_IF_ERROR(save_->SaveLayer(layer, gpu_pool_ ? stream : nullptr));
     if (layer == num_layers_ - 1) {
       // Every layer's KV is in the pool: the last layer's attention and MLP would only feed
       // logits nobody reads. Stop the forward here (a hook error aborts it).
@@ -64,6 +66,7 @@ class SaveHooks : public model::LayerHooks {
   bool progress_per_layer_;
   int64_t fault_delay_ms_;
   int num_layers_;
+  bool gpu_pool_;
   bool kv_complete_ = false;
 };
 }  // namespace
@@ -77,6 +80,16 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
                                       v1::HandshakeResponse* resp) {
   auto peer_layout = connector::FromProto(req->layout());
   if (!peer_layout.ok()) return ToGrpc(peer_layout.status());
+  // Both ends must run the same data plane (e.g. a GPU pool over "ucx" resolves to UCX direct
+  // or ucx_staged depending on the host's UCX).
+  if (!req->transport_backend().empty() &&
+      req->transport_backend() != connector_->transport().name()) {
+    Status s = FailedPrecondition("handshake refused: transport differs: local " +
+                                  connector_->transport().name() + ", peer " +
+                                  req->transport_backend());
+    KV_LOG_WARN << "handshake from " << req->decode_instance_id() << " refused: " << s.ToString();
+    return ToGrpc(s);
+  }
   transport::PeerDescriptor peer;
   peer.address = req->transport_address();
   for (const auto& r : req->regions())
@@ -140,7 +153,8 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
 
   SaveHooks hooks(ctx, save.get(), req.pipelined(), writer,
                   !connector_->transport().capabilities().notifications,
-                  config_.fault_layer_delay_ms, pool_->layout().num_layers);
+                  config_.fault_layer_delay_ms, pool_->layout().num_layers,
+                  pool_->memory().on_device());
   std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
   model::SeqInput seq{tokens, 0, lease.ids()};
   model::ForwardOptions fo;

@@ -1,8 +1,15 @@
 #include "transport/transport.h"
 
+#include "transport/pacing.h"
 #include "transport/testing/fake_transport.h"
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX
 #include "transport/ucx/ucx_transport.h"
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_CUDA_IPC
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_UCX_STAGED
+#include "transport/staged/staged_transport.h"
 #endif
 
 namespace kvstream::transport {
@@ -19,17 +26,25 @@ constexpr Backend kBackends[] = {
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX
     {"ucx", &ucx::CreateUcxTransport},
 #endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_CUDA_IPC
+    {"cuda_ipc", &cuda_ipc::CreateCudaIpcTransport},
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_UCX_STAGED
+    {"ucx_staged", &staged::CreateStagedTransport},
+#endif
     {"fake", &testing::CreateFakeTransport},
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
+  auto pacing = ResolvePacing(options);
+  if (!pacing.ok()) return pacing.status().WithContext("transport pacing options");
   for (const Backend& b : kBackends) {
     if (options.backend == b.name) {
       auto t = b.create(options);
       if (!t.ok()) return t.status().WithContext("creating the " + options.backend + " transport");
-      return t;
+      return PaceTransport(std::move(t).value(), *pacing);
     }
   }
   std::string known;

@@ -102,6 +102,13 @@ struct WriteRequest {
   std::vector<CopyOp> ops;
   bool notify = false;
   Notification notification;    // delivered after the data, if notify
+  // Optional producer dependency (GPU backends): a cudaStream_t on the local registration's
+  // device. The copy starts only after all work enqueued on it before Write() returned
+  // (the backend records an event on it and makes its copy stream wait on that event; the
+  // caller's thread is not blocked). Lets prefill post a layer's write right after enqueueing
+  // that layer's compute. nullptr = no dependency (the source is ready now). Backends whose
+  // sources are never GPU memory return kNotSupported when it is set.
+  void* after_stream = nullptr;
 };
 
 class WriteHandle {
@@ -159,6 +166,16 @@ struct TransportOptions {
   std::string ucx_tls;           // e.g. "tcp", "sm", "rc"; empty = UCX default / UCX_TLS env
   std::string ucx_net_devices;   // e.g. "lo"; empty = UCX default
   int device = -1;               // CUDA device of registered memory, for GPU backends
+  // Pacing (transport/pacing.h): CreateTransport wraps the backend so that every endpoint it
+  // connects draws on one rate budget. All 0 = unpaced.
+  double pace_bytes_per_s = 0;     // > 0: rate limit of the writes through this transport
+  uint64_t pace_burst_bytes = 0;   // 0 = default (2 chunks)
+  uint64_t pace_chunk_bytes = 0;   // 0 = default (1 ms of the rate, within 256 KiB .. 64 MiB)
+  double itl_target_ms = 0;        // > 0 (and pace_bytes_per_s 0): rate from PaceRateForItlTarget
+  double itl_idle_step_ms = 0;     //   with the decode step's idle time (t0), or
+  double itl_step_hbm_bytes = 0;   //   its HBM bytes per step (S) when t0 is not measured,
+  double itl_device_bw_bytes_per_s = 0;  // the device's measured copy bandwidth (B)
+  double itl_hbm_bytes_per_byte = 2;     // and the HBM bytes per landed byte (k)
 };
 
 // Creates a backend by name; kNotSupported if it was not built in.

@@ -40,6 +40,32 @@ TEST(DaemonConfig, FileThenFlagsWin) {
   std::remove(path.c_str());
 }
 
+TEST(DaemonConfig, PoolGpuFraction) {
+  auto c = Parse({"--backend=cuda", "--pool_gpu_fraction=0.25"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->pool_gpu_fraction, 0.25);
+  std::string path = ::testing::TempDir() + "/kvstream_cfg_gpu_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"backend": "cuda", "pool_gpu_fraction": 0.5, "transport": "cuda_ipc"})";
+  }
+  c = Parse({"--config", path});
+  std::remove(path.c_str());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->pool_gpu_fraction, 0.5);
+  EXPECT_EQ(c->transport, "cuda_ipc");
+  // Out of range, not a number, or on a backend whose pool is not in GPU memory.
+  for (std::vector<std::string> bad : {std::vector<std::string>{"--backend=cuda", "--pool_gpu_fraction=1"},
+                                       {"--backend=cuda", "--pool_gpu_fraction=-0.1"},
+                                       {"--backend=cuda", "--pool_gpu_fraction=half"},
+                                       {"--pool_gpu_fraction=0.5"}}) {
+    auto b = Parse(bad);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad.back();
+    EXPECT_NE(b.status().message().find("pool_gpu_fraction"), std::string::npos)
+        << b.status().ToString();
+  }
+}
+
 TEST(DaemonConfig, BadInputIsRefusedNamingIt) {
   auto c = Parse({"--pool_blocks=lots"});
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);

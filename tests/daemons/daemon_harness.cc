@@ -59,6 +59,11 @@ DaemonProcess::~DaemonProcess() {
 }
 
 Status DaemonProcess::Start(Deadline ready_deadline) {
+  KV_RETURN_IF_ERROR(Spawn());
+  return WaitReady(ready_deadline);
+}
+
+Status DaemonProcess::Spawn() {
   std::filesystem::remove(port_file_);
   std::vector<std::string> argv_s = prefix_;
   argv_s.push_back(binary_);
@@ -76,6 +81,10 @@ Status DaemonProcess::Start(Deadline ready_deadline) {
   int rc = posix_spawnp(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return Internal("cannot spawn " + binary_ + ": " + std::to_string(rc));
+  return OkStatus();
+}
+
+Status DaemonProcess::WaitReady(Deadline ready_deadline) {
   while (Clock::now() < ready_deadline) {
     std::ifstream in(port_file_);
     if (in >> port_) return OkStatus();

@@ -40,7 +40,9 @@ class DaemonProcess {
                 std::string dir, std::vector<std::string> prefix = {});
   ~DaemonProcess();  // SIGKILL if still running
 
-  Status Start(Deadline ready_deadline);  // spawns and waits for the port file
+  Status Start(Deadline ready_deadline);  // Spawn() + WaitReady()
+  Status Spawn();
+  Status WaitReady(Deadline ready_deadline);  // waits for the port file
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   pid_t pid() const { return pid_; }

@@ -4,6 +4,18 @@
 
 namespace kvstream::testing {
 
+namespace {
+// The binaries CMake built, unless the environment names others (a copy of the binaries run on
+// another machine, e.g. the GPU machine, where the build tree's paths do not exist).
+std::string DaemonBin(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v && *v ? v : built;
+}
+}  // namespace
+
+std::string PrefillBin() { return DaemonBin("KVSTREAM_PREFILL_BIN", KVSTREAM_PREFILL_BIN); }
+std::string DecodeBin() { return DaemonBin("KVSTREAM_DECODE_BIN", KVSTREAM_DECODE_BIN); }
+
 std::vector<std::string> DefaultDaemonFlags() {
   const char* tls = std::getenv("KVSTREAM_TEST_UCX_TLS");
   return {"--ucx_tls=" + std::string(tls ? tls : "tcp"), "--threads=1", "--quarantine_ms=300",
@@ -29,9 +41,9 @@ void DisaggTest::StartPrefill() {
   for (auto& a : pair_.prefill) args.push_back(a);
   std::string host = pair_.prefill_prefix.empty() ? "127.0.0.1" : pair_.prefill_host;
   args.push_back("--listen=" + host + ":" + std::to_string(pair_.prefill_port));
-  prefill_ = std::make_unique<DaemonProcess>("prefill", KVSTREAM_PREFILL_BIN, args, dir_.path(),
+  prefill_ = std::make_unique<DaemonProcess>("prefill", PrefillBin(), args, dir_.path(),
                                              pair_.prefill_prefix);
-  Status s = prefill_->Start(DeadlineAfterMs(60000));
+  Status s = prefill_->Start(DeadlineAfterMs(300000));
   ASSERT_TRUE(s.ok()) << s.ToString();
 }
 
@@ -41,12 +53,37 @@ void DisaggTest::StartDecode() {
   for (auto& a : pair_.decode) args.push_back(a);
   args.push_back("--listen=" + pair_.decode_listen);
   args.push_back("--peer=" + prefill_address());
-  decode_ = std::make_unique<DaemonProcess>("decode", KVSTREAM_DECODE_BIN, args, dir_.path(),
+  decode_ = std::make_unique<DaemonProcess>("decode", DecodeBin(), args, dir_.path(),
                                             pair_.decode_prefix);
-  Status s = decode_->Start(DeadlineAfterMs(60000));
+  Status s = decode_->Start(DeadlineAfterMs(300000));
   ASSERT_TRUE(s.ok()) << s.ToString();
   std::string host = pair_.decode_listen.substr(0, pair_.decode_listen.rfind(':'));
   stub_ = DecodeStub(host + ":" + std::to_string(decode_->port()));
+}
+
+void DisaggTest::StartDaemonsTogether(const DaemonPair& pair) {
+  pair_ = pair;
+  if (pair_.prefill_port == 0) pair_.prefill_port = PickFreePort();
+  std::vector<std::string> pargs = DefaultDaemonFlags();
+  for (auto& a : pair_.common) pargs.push_back(a);
+  for (auto& a : pair_.prefill) pargs.push_back(a);
+  pargs.push_back("--listen=127.0.0.1:" + std::to_string(pair_.prefill_port));
+  prefill_ = std::make_unique<DaemonProcess>("prefill", PrefillBin(), pargs, dir_.path());
+  std::vector<std::string> dargs = DefaultDaemonFlags();
+  for (auto& a : pair_.common) dargs.push_back(a);
+  for (auto& a : pair_.decode) dargs.push_back(a);
+  dargs.push_back("--listen=" + pair_.decode_listen);
+  dargs.push_back("--peer=127.0.0.1:" + std::to_string(pair_.prefill_port));
+  decode_ = std::make_unique<DaemonProcess>("decode", DecodeBin(), dargs, dir_.path());
+  Status s = prefill_->Spawn();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = decode_->Spawn();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = prefill_->WaitReady(DeadlineAfterMs(300000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = decode_->WaitReady(DeadlineAfterMs(300000));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  stub_ = DecodeStub("127.0.0.1:" + std::to_string(decode_->port()));
 }
 
 void DisaggTest::StartDaemons(const DaemonPair& pair) {

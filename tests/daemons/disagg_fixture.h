@@ -23,6 +23,10 @@ struct DaemonPair {
   std::string decode_listen = "127.0.0.1:0";
 };
 
+// The daemon binaries: $KVSTREAM_PREFILL_BIN / $KVSTREAM_DECODE_BIN if set, else the build's.
+std::string PrefillBin();
+std::string DecodeBin();
+
 // Flags every test daemon gets: UCX over TCP on loopback unless KVSTREAM_TEST_UCX_TLS says
 // otherwise, one compute thread each (two daemons share CI's two cores).
 std::vector<std::string> DefaultDaemonFlags();
@@ -32,6 +36,9 @@ class DisaggTest : public ::testing::Test {
   void TearDown() override;
   // Starts prefill, then decode pointed at it.
   void StartDaemons(const DaemonPair& pair);
+  // Both at once (model loading overlaps): the prefill gets a fixed port picked beforehand,
+  // the decode handshakes lazily once the prefill serves.
+  void StartDaemonsTogether(const DaemonPair& pair);
   void StartPrefill();
   void StartDecode();
 

@@ -1,4 +1,7 @@
 // Integration: real kvstream-prefill and kvstream-decode processes, real gRPC, real UCX.
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
@@ -109,6 +112,25 @@ TEST_F(DisaggTest, BadRequestsGetClearStatusAndFreeNothing) {
   EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(3000)).ok());
 }
 
+// first_step_after_load: the decode's first step waits for every layer before layer 0; the
+// load itself stays pipelined at the prefill. Same tokens.
+TEST_F(DisaggTest, FirstStepAfterLoadGivesTheSameTokens) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=32");
+  pair.decode = {"--first_step_after_load=true"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  for (int n : {2, 17, 40}) {
+    auto prompt = MakePrompt(n, 512, 500 + n);
+    auto expected = Colocated(kTiny, prompt, 4);
+    auto r = CallGenerate(*stub_, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected) << "prompt " << n;
+    EXPECT_TRUE(r.messages.front().load().loaded_remotely());
+  }
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+}
+
 TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonPair pair;
   pair.common = kTiny;
@@ -133,6 +155,99 @@ TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
   DaemonProcess decode2("decode-mismatch2", KVSTREAM_DECODE_BIN, args, dir_.path());
   EXPECT_FALSE(decode2.Start(DeadlineAfterMs(30000)).ok());
   EXPECT_NE(decode2.Log().find("block_size differs"), std::string::npos) << decode2.Log();
+
+  // Another data plane (the prefill runs ucx): refused by name, not failing later in Connect.
+  args.pop_back();
+  args.pop_back();
+  args.push_back("--transport=fake");
+  args.push_back("--peer=" + prefill_address());
+  DaemonProcess decode3("decode-mismatch3", KVSTREAM_DECODE_BIN, args, dir_.path());
+  EXPECT_FALSE(decode3.Start(DeadlineAfterMs(30000)).ok());
+  EXPECT_NE(decode3.Log().find("transport differs"), std::string::npos) << decode3.Log();
+}
+
+}  // namespace
+}  // namespace kvstream::testing
+
+namespace kvstream::testing {
+namespace {
+
+std::string RunCapture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
+  if (!p) {
+    *rc = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+TEST_F(DisaggTest, CliGenerateThroughDaemonsAndBenchTtft) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const std::string kv = KVSTREAM_CLI_BIN;
+  int rc = 0;
+  std::string remote = RunCapture(kv + " generate --decode " + decode_address() +
+                                      " --prompt-len 37 --max-new-tokens 6 --json", &rc);
+  ASSERT_EQ(rc, 0) << remote;
+  std::string local = RunCapture(kv + " generate --model tiny --prompt-len 37 --max-new-tokens 6 --json", &rc);
+  ASSERT_EQ(rc, 0) << local;
+  auto tokens_of = [](const std::string& j) {
+    auto at = j.find("\"tokens\":");
+    return at == std::string::npos ? std::string() : j.substr(at, j.find(']', at) - at);
+  };
+  EXPECT_FALSE(tokens_of(remote).empty()) << remote;
+  EXPECT_EQ(tokens_of(remote), tokens_of(local));
+  EXPECT_NE(remote.find("\"loaded_remotely\":true"), std::string::npos) << remote;
+
+  std::string bench = RunCapture(kv + " bench ttft --decode " + decode_address() + " --prefill " +
+                                     prefill_address() +
+                                     " --model tiny --threads 1 --requests 2 --warmup 0 "
+                                     "--prompt-lens 8,40 --max-new-tokens 3",
+                                 &rc);
+  EXPECT_EQ(rc, 0) << bench;
+  EXPECT_NE(bench.find("\"kind\":\"comparison\",\"prompt_len\":40,\"tokens_identical_across_modes\":true"),
+            std::string::npos) << bench;
+  EXPECT_NE(bench.find("\"kind\":\"summary\",\"mode\":\"pipelined\""), std::string::npos);
+  EXPECT_NE(bench.find("TTFT p50"), std::string::npos);
+  // A model other than the daemons' is refused, naming the hash.
+  bench = RunCapture(kv + " bench ttft --decode " + decode_address() +
+                         " --model tiny --seed 3 --requests 1 --prompt-lens 8", &rc);
+  EXPECT_NE(rc, 0);
+}
+
+}  // namespace
+}  // namespace kvstream::testing
+
+namespace kvstream::testing {
+namespace {
+
+TEST_F(DisaggTest, BurstLargerThanThePoolQueuesThenAllSucceed) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny", "--pool_blocks=8"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  // Each request needs 4 of the 8 blocks (50 + 10 tokens): at most two fit at once.
+  constexpr int kRequests = 6;
+  std::vector<GenerateResult> results(kRequests);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i)
+    threads.emplace_back([&, i] {
+      auto stub = DecodeStub(decode_address());
+      results[i] = CallGenerate(*stub, MakePrompt(50, 512, 300 + i), 10,
+                                kvstream::v1::LOAD_MODE_PIPELINED, 30000);
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens, Colocated({"--model=tiny"}, MakePrompt(50, 512, 300 + i), 10));
+  }
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
 }
 
 }  // namespace

@@ -17,10 +17,17 @@ struct RemotePeer {
 };
 
 // Starts transport_peer and reads its READY line; nullptr (with a test failure) otherwise.
-inline std::unique_ptr<RemotePeer> StartPeer(const std::string& tls, size_t region, size_t chunk) {
+// `tls` may end in "+alloc": the peer's region then comes from Transport::Allocate().
+inline std::unique_ptr<RemotePeer> StartPeer(std::string tls, size_t region, size_t chunk) {
   auto peer = std::make_unique<RemotePeer>();
-  if (!peer->process.Start({KVSTREAM_TRANSPORT_PEER_BIN, "ucx", tls.empty() ? "-" : tls,
-                            std::to_string(region), std::to_string(chunk)})) {
+  std::vector<std::string> argv = {KVSTREAM_TRANSPORT_PEER_BIN, "ucx", "", std::to_string(region),
+                                   std::to_string(chunk)};
+  if (size_t plus = tls.find("+alloc"); plus != std::string::npos) {
+    tls.erase(plus);
+    argv.push_back("alloc");
+  }
+  argv[2] = tls.empty() ? "-" : tls;
+  if (!peer->process.Start(argv)) {
     ADD_FAILURE() << "cannot start " << KVSTREAM_TRANSPORT_PEER_BIN;
     return nullptr;
   }

@@ -29,7 +29,8 @@ inline TransportOptions Options(std::string backend, std::string tls = "") {
   return o;
 }
 
-// Every configuration this build can run: fake always; ucx over TCP and with UCX's own pick.
+// Every configuration this build can run: fake always; ucx over TCP, with shared memory
+// (same-host copies) and with UCX's own pick.
 inline std::vector<BackendConfig> AllConfigs() {
   std::vector<BackendConfig> out;
   auto built = AvailableBackends();
@@ -37,6 +38,8 @@ inline std::vector<BackendConfig> AllConfigs() {
   if (has("fake")) out.push_back({"fake", Options("fake")});
   if (has("ucx")) {
     out.push_back({"ucx_tcp", Options("ucx", "tcp")});
+    // Same-host copies with process_vm_writev, notifications over TCP.
+    out.push_back({"ucx_sm", Options("ucx", "sm,tcp")});
     out.push_back({"ucx_default", Options("ucx")});
   }
   return out;

@@ -201,6 +201,14 @@ TEST_P(TransportConformance, BadInputRefusedWithoutDisturbingOthers) {
   foreign.local = remote_.get();  // made by the other transport
   expect_invalid(foreign, "registration of another transport");
 
+  WriteRequest gpu_dependency = Request({{0, 0, 16}});
+  gpu_dependency.after_stream = reinterpret_cast<void*>(0x1);
+  if (!writer_->capabilities().cuda_memory) {
+    auto h = ep_->Write(gpu_dependency);
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.status().code(), StatusCode::kNotSupported);
+  }
+
   ASSERT_TRUE((*good)->Wait(Soon()).ok());
   Notification n;
   ASSERT_TRUE(notes_.Pop(&n, Soon()));

@@ -1,7 +1,8 @@
 // The receiving side of the two-process transport tests: registers a region, prints how to
 // reach it, then checks each notified layer's bytes and reports them, until stdin closes.
 //
-//   transport_peer <backend> <ucx_tls or -> <region bytes> <chunk bytes>
+//   transport_peer <backend> <ucx_tls or -> <region bytes> <chunk bytes> [alloc]
+//   (alloc: the region comes from Transport::Allocate() instead of Register())
 //   stdout: "READY <hex address> <region addr> <region length> <hex key>"
 //           "NOTE <request_id> <layer> OK|BAD" per notification: layer l covers
 //           [l*chunk, (l+1)*chunk) and holds pattern seed request_id + l.
@@ -10,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,8 +22,8 @@ using namespace kvstream;
 using namespace kvstream::transport;
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s backend tls|- region_bytes chunk_bytes\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s backend tls|- region_bytes chunk_bytes [alloc]\n", argv[0]);
     return 2;
   }
   std::string tls = argv[2];
@@ -31,23 +33,26 @@ int main(int argc, char** argv) {
     return 1;
   }
   size_t size = std::strtoull(argv[3], nullptr, 10), chunk = std::strtoull(argv[4], nullptr, 10);
-  std::vector<uint8_t> mem(size, 0);
-  auto reg = (*t)->Register(MemoryRegion{mem.data(), mem.size()});
+  bool alloc = argc == 6 && std::string(argv[5]) == "alloc";
+  std::vector<uint8_t> backing(alloc ? 0 : size, 0);
+  auto reg = alloc ? (*t)->Allocate(size) : (*t)->Register(MemoryRegion{backing.data(), size});
   if (!reg.ok()) {
     std::fprintf(stderr, "peer: %s\n", reg.status().ToString().c_str());
     return 1;
   }
+  auto* mem = static_cast<uint8_t*>((*reg)->region().addr);
+  std::memset(mem, 0, size);
   test::NotificationQueue notes;
   (*t)->SetNotificationSink([&](const Notification& n) { notes.Push(n); });
   std::printf("READY %s %llu %zu %s\n", test::ToHex((*t)->LocalAddress()).c_str(),
-              static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(mem.data())), mem.size(),
+              static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(mem)), size,
               test::ToHex((*reg)->RemoteKey()).c_str());
   std::fflush(stdout);
   for (;;) {
     Notification n;
     while (notes.Pop(&n, Clock::now())) {
       bool ok = n.layer >= 0 && (static_cast<size_t>(n.layer) + 1) * chunk <= size &&
-                test::CheckPattern(mem.data() + n.layer * chunk, chunk, n.request_id + n.layer);
+                test::CheckPattern(mem + n.layer * chunk, chunk, n.request_id + n.layer);
       std::printf("NOTE %llu %d %s\n", static_cast<unsigned long long>(n.request_id), n.layer,
                   ok ? "OK" : "BAD");
       std::fflush(stdout);

@@ -136,6 +136,9 @@ class FakeEndpoint final : public Endpoint {
 
   Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override {
     KV_RETURN_IF_ERROR(internal::CheckRequestShape(request, s_->regions.size()));
+    if (request.after_stream != nullptr) {
+      return NotSupported("fake: after_stream needs a GPU backend; this one moves host memory");
+    }
     const auto* local = dynamic_cast<const FakeRegistration*>(request.local);
     if (local == nullptr || local->core() != s_->local.get()) {
       return InvalidArgument("local registration was not made by this fake transport");

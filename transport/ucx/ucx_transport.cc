@@ -1,7 +1,12 @@
 #include "transport/ucx/ucx_transport.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -10,6 +15,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -31,7 +38,7 @@ using internal::WriteCompletion;
 constexpr unsigned kNotifyAmId = 17;
 // Wire version of the notification header and of the address / key envelopes. Bump on any
 // layout change; a mismatch is refused, never misread.
-constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kWireVersion = 3;
 constexpr uint32_t kNotifyMagic = 0x4b564e00u | kWireVersion;  // "KVN" + version
 constexpr char kAddressTag[4] = {'K', 'V', 'U', 'A'};
 constexpr char kKeyTag[4] = {'K', 'V', 'U', 'K'};
@@ -93,6 +100,77 @@ Result<std::string_view> Unseal(const char (&tag)[4], const std::string& blob, c
   return std::string_view(blob.data() + 16, length);
 }
 
+// Who and where a worker runs, carried in front of the ucp address so that a writer on the
+// same host (same boot, same pid namespace) can copy with process_vm_writev (CMA) directly.
+struct HostIdentity {
+  char boot_id[40] = {};
+  uint64_t pid_ns = 0;
+  uint32_t pid = 0;
+  uint64_t start_time = 0;  // /proc/<pid>/stat field 22: tells a reused pid apart
+};
+static_assert(sizeof(HostIdentity) == 64);
+
+// In front of the packed UCX rkey: where a same-host writer can map the region's memory
+// (Allocate() backs it with a memfd; fd = -1 for memory the caller registered).
+struct SharedFile {
+  int32_t fd = -1;
+  uint32_t reserved = 0;
+  uint64_t ino = 0;
+  uint64_t dev = 0;
+  uint64_t base = 0;    // the owner's address of byte 0 of the file
+  uint64_t length = 0;
+};
+static_assert(sizeof(SharedFile) == 40);
+
+uint64_t ProcessStartTime(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  size_t close = line.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream in(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (in >> field); ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+HostIdentity LocalIdentity() {
+  HostIdentity id;
+  std::ifstream b("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(b, boot);
+  std::strncpy(id.boot_id, boot.c_str(), sizeof(id.boot_id) - 1);
+  char link[64] = {};
+  if (readlink("/proc/self/ns/pid", link, sizeof(link) - 1) > 0) {
+    const char* open = std::strchr(link, '[');
+    if (open) id.pid_ns = std::strtoull(open + 1, nullptr, 10);
+  }
+  id.pid = static_cast<uint32_t>(getpid());
+  id.start_time = ProcessStartTime(getpid());
+  return id;
+}
+
+// Whether the UCX transport selection admits shared-memory copies (UCX_TLS semantics:
+// empty = all, "^a,b" = all but a and b).
+bool TlsAllowsCma(std::string tls) {
+  if (tls.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls = env ? env : "";
+  }
+  if (const char* off = std::getenv("KVSTREAM_UCX_CMA"); off && std::string(off) == "0") return false;
+  if (tls.empty()) return true;
+  bool exclude = tls[0] == '^';
+  if (exclude) tls.erase(0, 1);
+  bool named = false;
+  std::stringstream ss(tls);
+  for (std::string t; std::getline(ss, t, ',');) {
+    if (t == "sm" || t == "shm" || t == "cma" || t == "all") named = true;
+  }
+  return exclude ? !named : named;
+}
+
 Status FromUcs(ucs_status_t s, const std::string& what) {
   std::string m = what + ": " + ucs_status_string(s);
   switch (s) {
@@ -115,6 +193,47 @@ Status FromUcs(ucs_status_t s, const std::string& what) {
   }
 }
 
+// A thread that runs posted tasks in order (the CMA copier). Owned by the Worker only.
+class TaskThread {
+ public:
+  TaskThread() : thread_([this] { Loop(); }) {}
+  ~TaskThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
 // ---- the worker and its progress thread ------------------------------------------------------
 
 class Worker {
@@ -128,6 +247,9 @@ class Worker {
   ucp_worker_h worker() const { return worker_; }
   const std::string& address() const { return address_; }
   bool cuda_memory() const { return cuda_memory_; }
+  const HostIdentity& identity() const { return identity_; }
+  bool cma_allowed() const { return cma_allowed_; }
+  TaskThread& copier() { return *copier_; }
   bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
   // Runs fn on the progress thread, in order of posting.
@@ -156,6 +278,9 @@ class Worker {
   ucp_worker_h worker_ = nullptr;
   std::string address_;
   bool cuda_memory_ = false;
+  HostIdentity identity_;
+  bool cma_allowed_ = false;
+  std::unique_ptr<TaskThread> copier_;
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -213,7 +338,12 @@ Result<std::shared_ptr<Worker>> Worker::Create(const TransportOptions& options) 
   size_t addr_len = 0;
   st = ucp_worker_get_address(w->worker_, &addr, &addr_len);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address").WithContext("ucx");
-  w->address_ = Seal(kAddressTag, addr, addr_len);
+  w->identity_ = LocalIdentity();
+  w->cma_allowed_ = TlsAllowsCma(options.ucx_tls);
+  std::string payload(sizeof(HostIdentity) + addr_len, '\0');
+  std::memcpy(payload.data(), &w->identity_, sizeof(HostIdentity));
+  std::memcpy(payload.data() + sizeof(HostIdentity), addr, addr_len);
+  w->address_ = Seal(kAddressTag, payload.data(), payload.size());
   ucp_worker_release_address(w->worker_, addr);
 
   ucp_am_handler_param_t am{};
@@ -231,6 +361,7 @@ Result<std::shared_ptr<Worker>> Worker::Create(const TransportOptions& options) 
   w->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (w->wake_fd_ < 0) return Internal("ucx: eventfd: " + std::string(std::strerror(errno)));
 
+  w->copier_ = std::make_unique<TaskThread>();
   w->thread_ = std::thread([raw = w.get()] { raw->Loop(); });
   return w;
 }
@@ -243,6 +374,7 @@ Worker::~Worker() {
     thread_.join();
   }
   // Reverse order of creation.
+  copier_.reset();
   if (wake_fd_ >= 0) close(wake_fd_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
@@ -362,18 +494,23 @@ struct RegState {
   ucp_mem_h memh = nullptr;
   MemoryRegion region;
   std::string key;
+  int memfd = -1;            // Allocate(): the memory is this memfd, mapped at region.addr
+  size_t mapped_length = 0;
 
   ~RegState() {
-    if (memh == nullptr) return;
-    ucp_context_h ctx = worker->context();
-    ucp_mem_h m = memh;
-    Status s = worker->RunSync([ctx, m] {
-      ucs_status_t st = ucp_mem_unmap(ctx, m);
-      return st == UCS_OK ? OkStatus() : FromUcs(st, "ucp_mem_unmap");
-    });
-    if (!s.ok()) {
-      KV_LOG_WARN << "ucx: deregistration failed: " << s.ToString();
+    if (memh != nullptr) {
+      ucp_context_h ctx = worker->context();
+      ucp_mem_h m = memh;
+      Status s = worker->RunSync([ctx, m] {
+        ucs_status_t st = ucp_mem_unmap(ctx, m);
+        return st == UCS_OK ? OkStatus() : FromUcs(st, "ucp_mem_unmap");
+      });
+      if (!s.ok()) {
+        KV_LOG_WARN << "ucx: deregistration failed: " << s.ToString();
+      }
     }
+    if (mapped_length != 0) munmap(region.addr, mapped_length);
+    if (memfd >= 0) close(memfd);
   }
 };
 
@@ -396,9 +533,21 @@ struct EpState {
   std::vector<ucp_rkey_h> rkeys;
   std::vector<RemoteRegion> regions;  // keys cleared; addr and length kept
 
+  // Same-host peer reachable with process_vm_writev (0 = use UCX puts). Set before use.
+  pid_t cma_pid = 0;
+  int pidfd = -1;  // tells when that process exits
+  // Per remote region: the peer's memfd mapped here (nullptr = none); writes then memcpy.
+  struct PeerMap {
+    uint8_t* ptr = nullptr;
+    size_t length = 0;
+    uint64_t base = 0;
+  };
+  std::vector<PeerMap> maps;
+  std::vector<SharedFile> shared;  // from the keys, per region
+
   // Progress-thread only.
   int inflight = 0;
-  bool closing = false;
+  std::atomic<bool> closing{false};
   bool force_started = false;
   Deadline flush_deadline{};
 
@@ -408,6 +557,12 @@ struct EpState {
   std::condition_variable closed_cv;
   bool closed = false;     // guarded by mu: ep closed and every write through it finished
 
+  ~EpState() {
+    for (PeerMap& m : maps) {
+      if (m.ptr != nullptr) munmap(m.ptr, m.length);
+    }
+    if (pidfd >= 0) close(pidfd);
+  }
   Status Error() const {
     std::lock_guard<std::mutex> lock(mu);
     return error;
@@ -431,6 +586,7 @@ struct WriteOp {
   std::shared_ptr<RegState> reg;
   uint64_t remote_base = 0;
   ucp_rkey_h rkey = nullptr;
+  uint8_t* mapped_dst = nullptr;  // the remote region mapped here (same host, memfd)
   std::vector<Run> runs;
   bool notify = false;
   NotifyWire wire{};
@@ -479,6 +635,9 @@ void OnWriteFlushed(void* request, ucs_status_t st, void* user) {
   if (op->completion->cancel_requested()) {
     return FinishWrite(op, Canceled("ucx: write canceled before its notification"));
   }
+  if (op->ep->closing.load() || op->ep->ep == nullptr) {
+    return FinishWrite(op, Canceled("ucx: endpoint closed before the notification"));
+  }
   // Every put is complete at the destination: now the notification may go.
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -492,6 +651,104 @@ void OnWriteFlushed(void* request, ucs_status_t st, void* user) {
   if (UCS_PTR_IS_ERR(r)) return OnNotifySent(nullptr, UCS_PTR_STATUS(r), op);
 }
 
+// ---- same-host copies (CMA) ------------------------------------------------------------------
+
+bool ProcessExited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+void AfterCmaCopy(WriteOp* op, Status st) {
+  EpState* ep = op->ep.get();
+  ++ep->worker->busy;
+  if (!st.ok()) {
+    if (st.code() == StatusCode::kRemoteDisconnect) ep->MarkFailed(st);
+    return FinishWrite(op, std::move(st));
+  }
+  // process_vm_writev returned: every byte is in the peer's memory, no flush needed.
+  OnWriteFlushed(nullptr, UCS_OK, op);
+}
+
+// Runs on the copier thread; hands the op back to the progress thread when done.
+void CmaCopy(WriteOp* op) {
+  constexpr size_t kBatch = 64;
+  EpState* ep = op->ep.get();
+  const std::vector<Run>& runs = op->runs;
+  auto* base = static_cast<uint8_t*>(op->reg->region.addr);
+  Status st;
+  size_t idx = 0;
+  uint64_t done_in_run = 0;
+  while (idx < runs.size()) {
+    if (ep->closing.load()) {
+      st = Canceled("ucx: endpoint closed");
+      break;
+    }
+    if (op->completion->cancel_requested()) {
+      st = Canceled("ucx: write canceled");
+      break;
+    }
+    if (ep->failed.load()) {
+      st = ep->Error();
+      break;
+    }
+    if (ProcessExited(ep->pidfd)) {
+      st = RemoteDisconnect("ucx: the peer process exited");
+      break;
+    }
+    if (op->mapped_dst != nullptr) {
+      // A shared mapping of the peer's memory: copy in slices so cancel and close act fast.
+      constexpr uint64_t kSlice = 8 << 20;
+      const Run& run = runs[idx];
+      uint64_t n = std::min<uint64_t>(kSlice, run.length - done_in_run);
+      std::memcpy(op->mapped_dst + run.remote_offset + done_in_run,
+                  base + run.local_offset + done_in_run, n);
+      done_in_run += n;
+      if (done_in_run == run.length) {
+        ++idx;
+        done_in_run = 0;
+      }
+      continue;
+    }
+    iovec local[kBatch], remote[kBatch];
+    size_t n = 0;
+    for (size_t j = idx; j < runs.size() && n < kBatch; ++j, ++n) {
+      uint64_t skip = j == idx ? done_in_run : 0;
+      local[n] = {base + runs[j].local_offset + skip, runs[j].length - skip};
+      remote[n] = {reinterpret_cast<void*>(op->remote_base + runs[j].remote_offset + skip),
+                   runs[j].length - skip};
+    }
+    ssize_t got = process_vm_writev(ep->cma_pid, local, n, remote, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      std::string m = std::string("ucx: process_vm_writev: ") + std::strerror(e);
+      st = e == ESRCH ? RemoteDisconnect(m)
+           : e == EFAULT ? FailedPrecondition(m + " (a region is no longer mapped)")
+           : e == ENOMEM ? ResourceExhausted(m)
+                         : Internal(m);
+      break;
+    }
+    if (got == 0) {
+      st = Internal("ucx: process_vm_writev made no progress");
+      break;
+    }
+    for (uint64_t left = static_cast<uint64_t>(got); left > 0 && idx < runs.size();) {
+      uint64_t rest = runs[idx].length - done_in_run;
+      if (left >= rest) {
+        left -= rest;
+        ++idx;
+        done_in_run = 0;
+      } else {
+        done_in_run += left;
+        left = 0;
+      }
+    }
+  }
+  // The notification is sent by the progress thread after this: make the copies visible first.
+  std::atomic_thread_fence(std::memory_order_release);
+  ep->worker->Post([op, st = std::move(st)]() mutable { AfterCmaCopy(op, std::move(st)); });
+}
+
 void StartWrite(WriteOp* op) {
   EpState* ep = op->ep.get();
   ++ep->inflight;
@@ -500,6 +757,12 @@ void StartWrite(WriteOp* op) {
   if (op->completion->cancel_requested()) return FinishWrite(op, Canceled("ucx: write canceled"));
   if (ep->failed.load()) return FinishWrite(op, ep->Error());
   if (op->runs.empty() && !op->notify) return FinishWrite(op, OkStatus());
+  if (ep->cma_pid != 0 && !op->runs.empty()) {
+    // The copier owns the op until it posts it back; the progress thread need not spin.
+    --ep->worker->busy;
+    ep->worker->copier().Post([op] { CmaCopy(op); });
+    return;
+  }
 
   ucp_request_param_t put{};
   put.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
@@ -615,6 +878,9 @@ class UcxEndpoint final : public Endpoint {
 
   Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override {
     KV_RETURN_IF_ERROR(internal::CheckRequestShape(request, state_->regions.size()));
+    if (request.after_stream != nullptr) {
+      return NotSupported("ucx: after_stream needs a GPU backend; this one moves host memory");
+    }
     const auto* local = dynamic_cast<const UcxRegistration*>(request.local);
     if (local == nullptr || local->state()->worker.get() != worker_.get()) {
       return InvalidArgument("local registration was not made by this UCX transport");
@@ -631,6 +897,9 @@ class UcxEndpoint final : public Endpoint {
     op->reg = local->state();
     op->remote_base = remote.addr;
     op->rkey = state_->rkeys[request.remote_region];
+    if (const EpState::PeerMap& m = state_->maps[request.remote_region]; m.ptr != nullptr) {
+      op->mapped_dst = m.ptr + (remote.addr - m.base);
+    }
     op->runs = std::move(plan.runs);
     op->notify = request.notify;
     op->wire = NotifyWire{kNotifyMagic, request.notification.layer,
@@ -683,16 +952,28 @@ class UcxTransport final : public Transport {
   }
 
   Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) override {
-    KV_ASSIGN_OR_RETURN(std::string_view address,
+    KV_ASSIGN_OR_RETURN(std::string_view sealed,
                         Unseal(kAddressTag, peer.address, "peer address"));
+    if (sealed.size() <= sizeof(HostIdentity)) {
+      return InvalidArgument("peer address is too short");
+    }
+    HostIdentity peer_id;
+    std::memcpy(&peer_id, sealed.data(), sizeof(peer_id));
+    std::string_view address = sealed.substr(sizeof(HostIdentity));
     std::vector<std::string_view> keys;
+    std::vector<SharedFile> shared;
     for (size_t i = 0; i < peer.regions.size(); ++i) {
-      KV_ASSIGN_OR_RETURN(std::string_view key,
-                          Unseal(kKeyTag, peer.regions[i].key,
-                                 ("memory key of region " + std::to_string(i)).c_str()));
-      keys.push_back(key);
+      std::string what = "memory key of region " + std::to_string(i);
+      KV_ASSIGN_OR_RETURN(std::string_view key, Unseal(kKeyTag, peer.regions[i].key, what.c_str()));
+      if (key.size() <= sizeof(SharedFile)) return InvalidArgument(what + " is too short");
+      SharedFile f;
+      std::memcpy(&f, key.data(), sizeof(f));
+      shared.push_back(f);
+      keys.push_back(key.substr(sizeof(SharedFile)));
     }
     auto ep = std::make_shared<EpState>();
+    ep->shared = std::move(shared);
+    ep->maps.resize(peer.regions.size());
     ep->worker = worker_.get();
     ep->regions = peer.regions;
     for (auto& r : ep->regions) r.key.clear();
@@ -720,16 +1001,89 @@ class UcxTransport final : public Transport {
       }
       return OkStatus();
     }));
+    SetUpCma(*ep, peer_id);
     return std::unique_ptr<Endpoint>(new UcxEndpoint(worker_, std::move(ep)));
   }
 
  private:
+  // Same host and allowed by UCX_TLS: copy with process_vm_writev instead of UCX puts (UCX
+  // 1.13 cannot use its shared-memory transports on endpoints with peer-failure handling).
+  // The pid must still name the process that published the address (start time), and a
+  // one-byte read of the first region proves the kernel lets us reach it.
+  void SetUpCma(EpState& ep, const HostIdentity& peer) {
+    const HostIdentity& me = worker_->identity();
+    if (!worker_->cma_allowed() || ep.regions.empty() || peer.pid == 0 ||
+        std::strncmp(me.boot_id, peer.boot_id, sizeof(me.boot_id)) != 0 || me.boot_id[0] == 0 ||
+        me.pid_ns != peer.pid_ns) {
+      return;
+    }
+    int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(peer.pid), 0));
+    if (fd < 0) return;
+    uint8_t byte;
+    iovec l{&byte, 1}, r{reinterpret_cast<void*>(ep.regions[0].addr), 1};
+    if (ProcessStartTime(static_cast<pid_t>(peer.pid)) != peer.start_time ||
+        process_vm_readv(static_cast<pid_t>(peer.pid), &l, 1, &r, 1, 0) != 1) {
+      close(fd);
+      return;
+    }
+    ep.pidfd = fd;
+    ep.cma_pid = static_cast<pid_t>(peer.pid);
+    int mapped = 0;
+    for (size_t i = 0; i < ep.regions.size(); ++i) mapped += MapPeerRegion(ep, peer.pid, i);
+    KV_LOG_INFO << "ucx: peer pid " << peer.pid << " is on this host: writes copy directly ("
+                << mapped << " of " << ep.regions.size() << " regions mapped, the others with "
+                << "process_vm_writev)";
+  }
+
+  // Maps the peer's memfd behind region i, when it published one and it is the same file
+  // (inode and device) covering the region; true when mapped.
+  static bool MapPeerRegion(EpState& ep, uint32_t pid, size_t i) {
+    const SharedFile& f = ep.shared[i];
+    const RemoteRegion& r = ep.regions[i];
+    if (f.fd < 0 || f.length == 0 || r.addr < f.base || r.length > f.length ||
+        r.addr - f.base > f.length - r.length) {
+      return false;
+    }
+    std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(f.fd);
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_ino == f.ino && st.st_dev == f.dev &&
+        static_cast<uint64_t>(st.st_size) >= f.length) {
+      p = mmap(nullptr, f.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (p == MAP_FAILED) return false;
+    ep.maps[i] = EpState::PeerMap{static_cast<uint8_t*>(p), f.length, f.base};
+    return true;
+  }
+
   Result<std::unique_ptr<Registration>> Map(const MemoryRegion& region, bool allocate) {
     auto state = std::make_shared<RegState>();
     state->worker = worker_;
     state->region = region;
+    SharedFile shared;
+    if (allocate && worker_->cma_allowed()) {
+      // Back it with a memfd that a writer on this host can map and copy into directly.
+      int fd = memfd_create("kvstream-region", MFD_CLOEXEC);
+      if (fd < 0) return Internal(std::string("ucx: memfd_create: ") + std::strerror(errno));
+      state->memfd = fd;  // from here on ~RegState closes it
+      struct stat st {};
+      if (ftruncate(fd, static_cast<off_t>(region.length)) != 0 || fstat(fd, &st) != 0) {
+        return ResourceExhausted("ucx: sizing a " + std::to_string(region.length) +
+                                 "-byte memfd: " + std::strerror(errno));
+      }
+      void* p = mmap(nullptr, region.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) return ResourceExhausted(std::string("ucx: mmap: ") + std::strerror(errno));
+      state->region.addr = p;
+      state->mapped_length = region.length;
+      shared = SharedFile{fd, 0, static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev),
+                          reinterpret_cast<uint64_t>(p), region.length};
+      allocate = false;  // registered with UCX like caller memory
+    }
     ucp_context_h ctx = worker_->context();
-    Status s = worker_->RunSync([ctx, state, allocate]() -> Status {
+    Status s = worker_->RunSync([ctx, state, allocate, shared]() -> Status {
       ucp_mem_map_params_t p{};
       p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
       p.address = state->region.addr;
@@ -758,7 +1112,10 @@ class UcxTransport final : public Transport {
       size_t packed_len = 0;
       st = ucp_rkey_pack(ctx, memh, &packed, &packed_len);
       if (st != UCS_OK) return FromUcs(st, "ucx: ucp_rkey_pack");
-      state->key = Seal(kKeyTag, packed, packed_len);
+      std::string payload(sizeof(SharedFile) + packed_len, '\0');
+      std::memcpy(payload.data(), &shared, sizeof(SharedFile));
+      std::memcpy(payload.data() + sizeof(SharedFile), packed, packed_len);
+      state->key = Seal(kKeyTag, payload.data(), payload.size());
       ucp_rkey_buffer_release(packed);
       return OkStatus();
     });

@@ -1,0 +1,625 @@
+// Decode attention under transfer load: the paged decode kernel (kernels/paged_attention.h,
+// prefetch off and on) runs back to back on a high-priority stream while a transfer moves KV
+// into the same GPU at a set rate on a low-priority stream, paced by transport/pacing.h's
+// TokenBucket on chunk issue (the rule PacedEndpoint applies):
+//   d2d: cudaMemcpyAsync device to device in 32 MiB chunks (the CUDA IPC backend's engine: a
+//        copy within the GPU's memory, read and written there);
+//   h2d: cudaMemcpyAsync from pinned host memory in 16 MiB chunks (the host-staged path).
+// Rates: 0, 25, 50, 75, 100% of the transfer's own full speed (measured alone in this run), plus
+// the rate PaceRateForItlTarget gives for a slowdown target (--itl-slowdown, default 1.2).
+//
+//   decode_under_load [--json FILE] [--models a,b] [--batches 8,32] [--contexts 4096,16384]
+//                     [--kinds d2d,h2d] [--rates 0,25,50,75,100] [--window-ms 240]
+//                     [--itl-slowdown 1.2] [--quick]
+//
+// Per point and prefetch variant: kernel time (median per launch over the window) against idle
+// (rate 0 of the same kind), achieved transfer rate (payload bytes completed / transfer time),
+// device memory traffic (kernel KV bytes/s + transfer HBM bytes/s: 2 per byte for d2d, which
+// reads and writes HBM, 1 for h2d) against the streaming-read and D2D-copy bandwidths measured in
+// this run. Prefetch off and on alternate graph by graph within one window, under the same load.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/paged_attention.h"
+#include "transport/pacing.h"
+
+using kvstream::DType;
+using kvstream::transport::ItlBudget;
+using kvstream::transport::PaceRateForItlTarget;
+using kvstream::transport::TokenBucket;
+using namespace kvstream::kernels;
+
+#define CK(expr)                                                                          \
+  do {                                                                                    \
+    cudaError_t e_ = (expr);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
+                   cudaGetErrorString(e_));                                               \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+__global__ void FillRandomHalf(__half* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    p[i] = __float2half(float(int32_t(x >> 40) & 0xffff) / 32768.f - 1.f);
+  }
+}
+
+// The streaming-read ceiling: the same kernel as bench/decode_attention.cu's (16-byte loads, 4
+// independent per thread per iteration, folded into a word stored only on an impossible value).
+__global__ void StreamRead(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride),
+                d = __ldg(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
+           d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = __ldg(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::vector<int> ParseInts(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string t;
+  while (std::getline(ss, t, ',')) v.push_back(std::atoi(t.c_str()));
+  return v;
+}
+std::vector<std::string> ParseStrs(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  std::string t;
+  while (std::getline(ss, t, ',')) v.push_back(t);
+  return v;
+}
+
+struct Events {
+  cudaEvent_t a, b;
+  Events() {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  double Ms() {
+    float m = 0;
+    CK(cudaEventElapsedTime(&m, a, b));
+    return m;
+  }
+};
+
+// ---- the transfer: chunked copies on a low-priority stream, paced on chunk issue ---------------
+
+struct TransferSpec {
+  std::string kind;       // d2d | h2d
+  const char* src;        // device (d2d) or pinned host (h2d)
+  char* dst;              // device
+  size_t ring_bytes;      // src and dst are rings of this size (rotated past L2)
+  size_t chunk_bytes;
+  double hbm_per_byte;    // HBM bytes per payload byte on this GPU: 2 (d2d), 1 (h2d)
+};
+
+// Runs copies until stopped; at most kDepth chunks queued on the stream so that a paced rate is
+// the rate the copies actually start at (not a backlog), and full speed still keeps the engine
+// busy. rate 0 = unlimited.
+class TransferLoop {
+ public:
+  static constexpr int kDepth = 3;
+  TransferLoop(const TransferSpec& spec, cudaStream_t stream, double rate_bytes_per_s)
+      : spec_(spec), stream_(stream) {
+    if (rate_bytes_per_s > 0) {
+      // Burst: 4 chunks, so that the issuing thread's wake-up jitter does not lose budget.
+      bucket_ = std::make_unique<TokenBucket>(rate_bytes_per_s, 4 * spec.chunk_bytes);
+    }
+    for (auto& e : ev_) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~TransferLoop() {
+    Stop();
+    for (auto& e : ev_) cudaEventDestroy(e);
+  }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  double achieved_bytes_per_s() const { return seconds_ > 0 ? double(bytes_) / seconds_ : 0; }
+
+ private:
+  void Run() {
+    const auto kind = spec_.kind == "d2d" ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    const size_t n_chunks = spec_.ring_bytes / spec_.chunk_bytes;
+    std::deque<int> q;  // event slots in flight
+    int next_slot = 0;
+    size_t idx = 0;
+    const auto t0 = Clock::now();
+    while (!stop_.load(std::memory_order_relaxed)) {
+      if (int(q.size()) == kDepth) {
+        CK(cudaEventSynchronize(ev_[q.front()]));
+        bytes_ += spec_.chunk_bytes;
+        q.pop_front();
+      }
+      if (bucket_) {
+        const auto release = bucket_->Reserve(spec_.chunk_bytes);
+        // Sleep in short steps so that Stop() is not held up by a far release time.
+        while (!stop_.load(std::memory_order_relaxed) && Clock::now() < release) {
+          std::this_thread::sleep_until(std::min(release, Clock::now() + std::chrono::milliseconds(2)));
+        }
+        if (stop_.load(std::memory_order_relaxed)) break;
+      }
+      const size_t off = (idx++ % n_chunks) * spec_.chunk_bytes;
+      CK(cudaMemcpyAsync(spec_.dst + off, spec_.src + off, spec_.chunk_bytes, kind, stream_));
+      CK(cudaEventRecord(ev_[next_slot], stream_));
+      q.push_back(next_slot);
+      next_slot = (next_slot + 1) % kDepth;
+    }
+    CK(cudaStreamSynchronize(stream_));
+    bytes_ += q.size() * spec_.chunk_bytes;
+    seconds_ = Sec(Clock::now() - t0);
+  }
+
+  TransferSpec spec_;
+  cudaStream_t stream_;
+  std::unique_ptr<TokenBucket> bucket_;
+  cudaEvent_t ev_[kDepth];
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  uint64_t bytes_ = 0;
+  double seconds_ = 0;
+};
+
+// Payload bytes/s of the transfer alone at full speed for `ms`.
+double TransferAlone(const TransferSpec& spec, cudaStream_t stream, int ms) {
+  TransferLoop loop(spec, stream, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  loop.Stop();
+  return loop.achieved_bytes_per_s();
+}
+
+double StreamReadGbps(cudaStream_t st, const uint4* buf, size_t n16, uint32_t* sink, int sms) {
+  Events t;
+  std::vector<double> ms;
+  for (int r = 0; r < 12; ++r) {
+    CK(cudaEventRecord(t.a, st));
+    StreamRead<<<sms * 8, 512, 0, st>>>(buf, n16, sink);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(t.b, st));
+    CK(cudaEventSynchronize(t.b));
+    if (r >= 2) ms.push_back(t.Ms());
+  }
+  return double(n16) * 16 / (Median(ms) * 1e-3) / 1e9;
+}
+
+// cudaMemcpy device to device of `bytes` (one call), counted as bytes read + written.
+double CopyGbps(cudaStream_t st, char* dst, const char* src, size_t bytes) {
+  Events t;
+  std::vector<double> ms;
+  for (int r = 0; r < 8; ++r) {
+    CK(cudaEventRecord(t.a, st));
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+    CK(cudaEventRecord(t.b, st));
+    CK(cudaEventSynchronize(t.b));
+    if (r >= 2) ms.push_back(t.Ms());
+  }
+  return 2.0 * double(bytes) / (Median(ms) * 1e-3) / 1e9;
+}
+
+struct Model {
+  const char* name;
+  int heads;
+  int kv_heads;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  std::vector<Model> models = {{"llama-3-8b", 32, 8}, {"llama-2-7b", 32, 32}};
+  std::vector<int> batches = {8, 32};
+  std::vector<int> contexts = {4096, 16384};
+  std::vector<std::string> kinds = {"d2d", "h2d"};
+  std::vector<int> rates = {0, 25, 50, 75, 100};
+  int window_ms = 240;
+  double itl_slowdown = 1.2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") json_path = next();
+    else if (a == "--batches") batches = ParseInts(next());
+    else if (a == "--contexts") contexts = ParseInts(next());
+    else if (a == "--rates") rates = ParseInts(next());
+    else if (a == "--kinds") kinds = ParseStrs(next());
+    else if (a == "--window-ms") window_ms = std::max(20, std::atoi(next().c_str()));
+    else if (a == "--itl-slowdown") itl_slowdown = std::atof(next().c_str());
+    else if (a == "--models") {
+      const std::string m = next();
+      std::vector<Model> keep;
+      for (const Model& x : models)
+        if (m.find(x.name) != std::string::npos) keep.push_back(x);
+      models = keep;
+    } else if (a == "--quick") {
+      models = {{"llama-3-8b", 32, 8}};
+      batches = {8};
+      contexts = {4096};
+      rates = {0, 50, 100};
+      window_ms = 80;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& k : kinds) {
+    if (k != "d2d" && k != "h2d") {
+      std::fprintf(stderr, "unknown transfer kind %s (d2d, h2d)\n", k.c_str());
+      return 2;
+    }
+  }
+  if (std::find(rates.begin(), rates.end(), 0) == rates.end()) rates.insert(rates.begin(), 0);
+  std::sort(rates.begin(), rates.end());
+
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::fprintf(stderr, "no usable CUDA device\n");
+    return 77;
+  }
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  auto emit = [&](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    if (json) std::fprintf(json, "%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+
+  CK(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  int prio_low = 0, prio_high = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
+  cudaStream_t kst, xst, aux;
+  CK(cudaStreamCreateWithPriority(&kst, cudaStreamNonBlocking, prio_high));
+  CK(cudaStreamCreateWithPriority(&xst, cudaStreamNonBlocking, prio_low));
+  CK(cudaStreamCreateWithFlags(&aux, cudaStreamNonBlocking));
+
+  // Transfer rings: 1 GiB each (17x the L2), device source and destination, pinned host source.
+  const size_t ring = size_t(1) << 30;
+  char *d_src = nullptr, *d_dst = nullptr, *h_src = nullptr;
+  CK(cudaMalloc(&d_src, ring));
+  CK(cudaMalloc(&d_dst, ring));
+  CK(cudaHostAlloc(&h_src, ring, cudaHostAllocPortable));
+  std::memset(h_src, 0x5a, ring);
+  FillRandomHalf<<<sms * 8, 512, 0, aux>>>(reinterpret_cast<__half*>(d_src), ring / 2, 7);
+  CK(cudaGetLastError());
+  uint32_t* sink = nullptr;
+  CK(cudaMalloc(&sink, 4));
+  CK(cudaStreamSynchronize(aux));
+
+  auto spec_for = [&](const std::string& kind) {
+    TransferSpec s;
+    s.kind = kind;
+    s.src = kind == "d2d" ? d_src : h_src;
+    s.dst = d_dst;
+    s.ring_bytes = ring;
+    s.chunk_bytes = kind == "d2d" ? (size_t(32) << 20) : (size_t(16) << 20);
+    s.hbm_per_byte = kind == "d2d" ? 2.0 : 1.0;
+    return s;
+  };
+
+  // Ceilings, measured at the start (and the streaming read again at the end).
+  auto measure_ceilings = [&](const char* when, double* stream_gbps, double* copy_gbps) {
+    *stream_gbps = StreamReadGbps(aux, reinterpret_cast<const uint4*>(d_src), ring / 16, sink, sms);
+    *copy_gbps = CopyGbps(aux, d_dst, d_src, ring);
+    std::ostringstream o;
+    o << "{\"bench\":\"decode_under_load\",\"impl\":\"ceiling\",\"when\":\"" << when
+      << "\",\"stream_read_gbps\":" << *stream_gbps << ",\"d2d_copy_gbps_rw\":" << *copy_gbps
+      << ",\"bytes\":" << ring << "}";
+    emit(o.str());
+  };
+  double stream_gbps = 0, copy_gbps = 0;
+  {
+    std::ostringstream o;
+    o << "{\"bench\":\"decode_under_load\",\"impl\":\"device\",\"gpu\":\"" << prop.name
+      << "\",\"sms\":" << sms << ",\"l2_bytes\":" << prop.l2CacheSize << ",\"stream_priority_high\":"
+      << prio_high << ",\"stream_priority_low\":" << prio_low << "}";
+    emit(o.str());
+  }
+  measure_ceilings("start", &stream_gbps, &copy_gbps);
+  std::vector<double> full(kinds.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    TransferAlone(spec_for(kinds[k]), xst, 40);  // warm-up
+    full[k] = TransferAlone(spec_for(kinds[k]), xst, 200);
+    std::ostringstream o;
+    o << "{\"bench\":\"decode_under_load\",\"impl\":\"transfer_alone\",\"kind\":\"" << kinds[k]
+      << "\",\"chunk_bytes\":" << spec_for(kinds[k]).chunk_bytes << ",\"gbps\":" << full[k] / 1e9
+      << ",\"hbm_gbps\":" << full[k] * spec_for(kinds[k]).hbm_per_byte / 1e9 << "}";
+    emit(o.str());
+  }
+
+  struct Row {
+    std::string model, kind;
+    int batch, ctx, rate_pct;  // rate_pct -1: the ITL-derived rate
+    double set_gbps, xfer_gbps, us_off, us_on, slow_off, slow_on, pf_gain, pf_gain_idle;
+    double total_gbps, frac_copy;
+  };
+  std::vector<Row> rows;
+  const int D = 128, bs = 16;
+  const double min_rotated = 320.0 * (1 << 20);
+
+  for (const Model& m : models) {
+    for (int B : batches) {
+      for (int ctx : contexts) {
+        const size_t blocks_per_seq = size_t(ctx) / bs;
+        const size_t set_blocks = size_t(B) * blocks_per_seq;
+        const size_t block_bytes = size_t(2) * m.kv_heads * bs * D * 2;
+        const size_t set_bytes = set_blocks * block_bytes;
+        const int n_sets = std::max(1, int(std::ceil(min_rotated / double(set_bytes))));
+        __half* pool = nullptr;
+        CK(cudaMalloc(&pool, set_bytes * n_sets));
+        FillRandomHalf<<<sms * 8, 512, 0, aux>>>(pool, set_bytes * n_sets / 2, uint64_t(B) * 131 + ctx);
+        CK(cudaGetLastError());
+        std::mt19937 rng(uint32_t(B * 7919 + ctx + m.kv_heads));
+        std::vector<int32_t> tables(size_t(n_sets) * set_blocks);
+        for (int s = 0; s < n_sets; ++s) {
+          std::vector<int32_t> perm(set_blocks);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), rng);
+          std::copy(perm.begin(), perm.end(), tables.begin() + size_t(s) * set_blocks);
+        }
+        int32_t *d_tables = nullptr, *d_lens = nullptr;
+        CK(cudaMalloc(&d_tables, tables.size() * 4));
+        CK(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+        std::vector<int32_t> lens(B, ctx);
+        CK(cudaMalloc(&d_lens, B * 4));
+        CK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
+        __half *d_q = nullptr, *d_out = nullptr;
+        const size_t qn = size_t(B) * m.heads * D;
+        CK(cudaMalloc(&d_q, qn * 2));
+        CK(cudaMalloc(&d_out, qn * 2));
+        FillRandomHalf<<<64, 256, 0, aux>>>(d_q, qn, 99);
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(aux));
+
+        PagedDecodeParams p;
+        p.out = d_out;
+        p.q = d_q;
+        p.num_seqs = B;
+        p.num_heads = m.heads;
+        p.num_kv_heads = m.kv_heads;
+        p.head_dim = D;
+        p.block_size = bs;
+        p.max_blocks_per_seq = int(blocks_per_seq);
+        p.max_context_len = ctx;
+        p.scale = 1.f / std::sqrt(float(D));
+        p.dtype = DType::kF16;
+        p.context_lens = d_lens;
+        p.kv_layer = pool;
+        p.block_tables = d_tables;
+        const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
+        void* ws = nullptr;
+        if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
+        p.workspace = ws;
+        p.workspace_bytes = ws_bytes;
+        const Prefetch variants[2] = {Prefetch::kOff, Prefetch::kOn};
+        auto set_params = [&](int s, Prefetch v) {
+          PagedDecodeParams q = p;
+          q.kv_layer = reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes;
+          q.block_tables = d_tables + size_t(s) * set_blocks;
+          q.prefetch = v;
+          return q;
+        };
+        // Both variants compute the same output (checked once per shape).
+        std::vector<uint16_t> o_off(qn), o_on(qn);
+        for (int v = 0; v < 2; ++v) {
+          CK(PagedDecodeAttention(set_params(0, variants[v]), kst));
+          CK(cudaStreamSynchronize(kst));
+          CK(cudaMemcpy(v == 0 ? o_off.data() : o_on.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
+        }
+        const bool identical = std::memcmp(o_off.data(), o_on.data(), qn * 2) == 0;
+
+        // One graph per variant: `launches` launches cycling through the sets, ~1 GiB of KV.
+        const int min_launches = int(std::clamp(double(size_t(1) << 30) / double(set_bytes), 2.0, 64.0));
+        const int launches = n_sets * std::max(1, (min_launches + n_sets - 1) / n_sets);
+        cudaGraphExec_t exec[2] = {nullptr, nullptr};
+        for (int v = 0; v < 2; ++v) {
+          cudaGraph_t g = nullptr;
+          CK(cudaStreamBeginCapture(kst, cudaStreamCaptureModeThreadLocal));
+          for (int l = 0; l < launches; ++l) CK(PagedDecodeAttention(set_params(l % n_sets, variants[v]), kst));
+          CK(cudaStreamEndCapture(kst, &g));
+          CK(cudaGraphInstantiate(&exec[v], g, 0));
+          CK(cudaGraphDestroy(g));
+        }
+        const double kv_bytes = double(B) * ctx * m.kv_heads * D * 2 * 2;
+        // Replay time estimate, to size the windows.
+        double replay_ms = 0;
+        {
+          Events t;
+          for (int r = 0; r < 3; ++r) {
+            CK(cudaEventRecord(t.a, kst));
+            CK(cudaGraphLaunch(exec[0], kst));
+            CK(cudaEventRecord(t.b, kst));
+            CK(cudaEventSynchronize(t.b));
+            replay_ms = t.Ms();
+          }
+        }
+        const int pairs = std::max(4, int(window_ms / (2 * replay_ms)));
+
+        // One window: `pairs` x (off, on) replays queued back to back on the kernel stream; per-
+        // launch time of each variant = median replay / launches.
+        auto run_window = [&](double* us_off, double* us_on) {
+          std::vector<cudaEvent_t> ev(2 * pairs + 1);
+          for (auto& e : ev) CK(cudaEventCreate(&e));
+          CK(cudaEventRecord(ev[0], kst));
+          for (int i = 0; i < 2 * pairs; ++i) {
+            CK(cudaGraphLaunch(exec[i % 2], kst));
+            CK(cudaEventRecord(ev[i + 1], kst));
+          }
+          CK(cudaEventSynchronize(ev.back()));
+          std::vector<double> t[2];
+          for (int i = 0; i < 2 * pairs; ++i) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            t[i % 2].push_back(ms * 1e3 / launches);
+          }
+          for (auto& e : ev) CK(cudaEventDestroy(e));
+          *us_off = Median(t[0]);
+          *us_on = Median(t[1]);
+        };
+        CK(cudaGraphLaunch(exec[0], kst));  // warm-up
+        CK(cudaGraphLaunch(exec[1], kst));
+        CK(cudaStreamSynchronize(kst));
+
+        for (size_t k = 0; k < kinds.size(); ++k) {
+          const TransferSpec spec = spec_for(kinds[k]);
+          double idle_off = 0, idle_on = 0;
+          // Rates in % of this kind's full speed, then the ITL-derived one (-1).
+          std::vector<int> pcts = rates;
+          if (itl_slowdown > 1) pcts.push_back(-1);
+          for (int pct : pcts) {
+            double set_rate = 0;  // bytes/s; 0 = none (pct 0) or unlimited (pct 100)
+            if (pct == -1) {
+              ItlBudget b;
+              b.itl_target_s = itl_slowdown * idle_off * 1e-6;
+              b.idle_step_s = idle_off * 1e-6;
+              b.device_bw_bytes_per_s = copy_gbps * 1e9;
+              b.hbm_bytes_per_byte = spec.hbm_per_byte;
+              auto r = PaceRateForItlTarget(b);
+              if (!r.ok()) continue;
+              set_rate = *r;
+            } else if (pct > 0 && pct < 100) {
+              set_rate = full[k] * pct / 100.0;
+            }
+            std::unique_ptr<TransferLoop> loop;
+            if (pct != 0) {
+              loop = std::make_unique<TransferLoop>(spec, xst, set_rate);
+              std::this_thread::sleep_for(std::chrono::milliseconds(15));
+            }
+            double us_off = 0, us_on = 0;
+            run_window(&us_off, &us_on);
+            double xfer = 0;
+            if (loop) {
+              loop->Stop();
+              xfer = loop->achieved_bytes_per_s();
+            }
+            if (pct == 0) {
+              idle_off = us_off;
+              idle_on = us_on;
+            }
+            const double kernel_gbps_off = kv_bytes / (us_off * 1e-6) / 1e9;
+            const double kernel_gbps_on = kv_bytes / (us_on * 1e-6) / 1e9;
+            const double xfer_hbm = xfer * spec.hbm_per_byte / 1e9;
+            for (int v = 0; v < 2; ++v) {
+              const double us = v == 0 ? us_off : us_on;
+              const double idle = v == 0 ? idle_off : idle_on;
+              const double kg = v == 0 ? kernel_gbps_off : kernel_gbps_on;
+              std::ostringstream o;
+              o << "{\"bench\":\"decode_under_load\",\"impl\":\"point\",\"model\":\"" << m.name
+                << "\",\"heads\":" << m.heads << ",\"kv_heads\":" << m.kv_heads << ",\"head_dim\":" << D
+                << ",\"block\":" << bs << ",\"dtype\":\"f16\",\"batch\":" << B << ",\"ctx\":" << ctx
+                << ",\"kind\":\"" << kinds[k] << "\",\"rate_pct\":" << pct
+                << ",\"rate_set_gbps\":" << (pct == 100 ? full[k] : set_rate) / 1e9
+                << ",\"unlimited\":" << (pct == 100 ? "true" : "false")
+                << ",\"prefetch\":" << (v == 1 ? "true" : "false") << ",\"us\":" << us
+                << ",\"us_idle\":" << idle << ",\"slowdown\":" << us / idle
+                << ",\"pf_gain\":" << us_off / us_on << ",\"pf_gain_idle\":" << idle_off / idle_on
+                << ",\"kernel_gbps\":" << kg << ",\"xfer_gbps\":" << xfer / 1e9
+                << ",\"xfer_hbm_gbps\":" << xfer_hbm << ",\"total_gbps\":" << kg + xfer_hbm
+                << ",\"frac_copy\":" << (kg + xfer_hbm) / copy_gbps
+                << ",\"frac_stream\":" << (kg + xfer_hbm) / stream_gbps
+                << ",\"kv_bytes\":" << kv_bytes << ",\"launches_per_graph\":" << launches
+                << ",\"pairs\":" << pairs << ",\"n_sets\":" << n_sets
+                << ",\"identical_outputs\":" << (identical ? "true" : "false") << "}";
+              emit(o.str());
+            }
+            rows.push_back({m.name, kinds[k], B, ctx, pct, (pct == 100 ? full[k] : set_rate) / 1e9,
+                            xfer / 1e9, us_off, us_on, us_off / idle_off, us_on / idle_on,
+                            us_off / us_on, idle_off / idle_on,
+                            kernel_gbps_off + xfer_hbm, (kernel_gbps_off + xfer_hbm) / copy_gbps});
+          }
+        }
+        for (auto& e : exec) CK(cudaGraphExecDestroy(e));
+        if (ws) CK(cudaFree(ws));
+        CK(cudaFree(pool));
+        CK(cudaFree(d_tables));
+        CK(cudaFree(d_lens));
+        CK(cudaFree(d_q));
+        CK(cudaFree(d_out));
+      }
+    }
+  }
+  double stream_end = 0, copy_end = 0;
+  measure_ceilings("end", &stream_end, &copy_end);
+
+  std::printf("\nceilings: streaming read %.0f GB/s (end %.0f), D2D copy %.0f GB/s read+written (end %.0f)",
+              stream_gbps, stream_end, copy_gbps, copy_end);
+  for (size_t k = 0; k < kinds.size(); ++k)
+    std::printf("; %s alone %.1f GB/s", kinds[k].c_str(), full[k] / 1e9);
+  std::printf("\nrate: %% of the transfer's full speed (itl = PaceRateForItlTarget at %.2fx); slow = us / us(idle);"
+              " pf = us(off)/us(on); total = kernel(off) + transfer HBM GB/s; frac = total / D2D copy\n",
+              itl_slowdown);
+  std::printf("%-10s %3s %6s %4s %5s | %8s %8s | %8s %8s %6s %6s | %6s %6s | %7s %5s\n", "model", "B",
+              "ctx", "kind", "rate", "set GB/s", "got GB/s", "us off", "us on", "slow0", "slow1",
+              "pf", "pf idle", "total", "frac");
+  for (const Row& r : rows) {
+    char rate[16];
+    if (r.rate_pct == -1) std::snprintf(rate, sizeof rate, "itl");
+    else std::snprintf(rate, sizeof rate, "%d%%", r.rate_pct);
+    std::printf("%-10s %3d %6d %4s %5s | %8.1f %8.1f | %8.1f %8.1f %6.3f %6.3f | %6.3f %6.3f | %7.0f %5.3f\n",
+                r.model.c_str(), r.batch, r.ctx, r.kind.c_str(), rate, r.set_gbps, r.xfer_gbps,
+                r.us_off, r.us_on, r.slow_off, r.slow_on, r.pf_gain, r.pf_gain_idle, r.total_gbps,
+                r.frac_copy);
+  }
+  if (json) std::fclose(json);
+  CK(cudaFree(d_src));
+  CK(cudaFree(d_dst));
+  CK(cudaFreeHost(h_src));
+  CK(cudaFree(sink));
+  CK(cudaStreamDestroy(kst));
+  CK(cudaStreamDestroy(xst));
+  CK(cudaStreamDestroy(aux));
+  return 0;
+}

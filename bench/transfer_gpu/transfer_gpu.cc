@@ -1,0 +1,547 @@
+// transfer_gpu: GB/s of the GPU transport backends between two processes on one GPU, against
+// the device's own copy bandwidth and pinned host<->device bandwidth measured in the same run.
+//
+//   transfer_gpu [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=20]
+//                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
+//
+// Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
+//   layer_contig   one layer, destination contiguous (1 run)
+//   layer_scatter  one layer, destination blocks scattered over a pool twice that size
+//   prompt_contig  every layer, one write per layer posted back to back (notify each), contiguous
+//   prompt_scatter the same, destination blocks scattered
+// Time = host clock from the first Write() to the last WriteHandle::Wait() returning (data at
+// the destination and the notification sent), median over --iters. Baselines, same bytes,
+// same process, same clock: cudaMemcpyAsync device-to-device (+ stream sync), and pinned
+// host->device / device->host cudaMemcpyAsync. Ratios: cuda_ipc* against D2D, ucx_staged
+// against min(H2D, D2H) (the staged path does both) and against ucx_host: the UCX backend
+// moving the same bytes host memory to host memory between the same two processes (the
+// staged path's own network leg, its ceiling on a host where UCX is the slower part).
+//
+// Output: one JSON line per measurement on stdout (and --json FILE), then a table.
+// The receiver is this binary re-executed with --role=receiver.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/transport.h"
+#if KVSTREAM_HAVE_UCX_STAGED
+#include "transport/staged/staged_transport.h"
+#include "transport/ucx/ucx_transport.h"
+#endif
+
+namespace kvstream::bench {
+namespace {
+
+using transport::CopyOp;
+using transport::MemoryKind;
+using transport::PeerDescriptor;
+using transport::Transport;
+using transport::WriteHandle;
+using transport::WriteRequest;
+
+#define CHECK_CUDA(expr)                                                              \
+  do {                                                                                \
+    cudaError_t e_ = (expr);                                                          \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "transfer_gpu: %s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+void Die(const std::string& what) {
+  std::fprintf(stderr, "transfer_gpu: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) != 0) continue;
+    auto eq = s.find('=');
+    if (eq == std::string::npos) a[s.substr(2)] = "1";
+    else a[s.substr(2, eq - 2)] = s.substr(eq + 1);
+  }
+  return a;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string x;
+  while (std::getline(in, x, ',')) if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
+  if (name == "cuda_ipc" || name == "cuda_ipc_memcpy" || name == "cuda_ipc_kernel") {
+    transport::cuda_ipc::CudaIpcOptions o;
+    o.device = device;
+    if (name == "cuda_ipc_memcpy") o.copy_mode = transport::cuda_ipc::CopyMode::kMemcpy;
+    if (name == "cuda_ipc_kernel") o.copy_mode = transport::cuda_ipc::CopyMode::kKernel;
+    return transport::cuda_ipc::CreateCudaIpcTransport(o);
+  }
+#if KVSTREAM_HAVE_UCX_STAGED
+  if (name == "ucx_host") {  // the staged path's own UCX leg, host memory to host memory
+    transport::TransportOptions o;
+    o.backend = "ucx";
+    return transport::ucx::CreateUcxTransport(o);
+  }
+  if (name == "ucx_staged") {
+    transport::staged::StagedOptions o;
+    o.device = device;
+    return transport::staged::CreateStagedTransport(o);
+  }
+#endif
+  return NotSupported("backend " + name + " is not built into transfer_gpu");
+}
+
+std::string ToHex(const std::string& s) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+std::string FromHex(const std::string& h) {
+  std::string out;
+  for (size_t i = 0; i + 1 < h.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+// ---- receiver process -------------------------------------------------------------------
+
+int RunReceiver(const std::map<std::string, std::string>& args) {
+  const std::string backend = args.at("backend");
+  const int device = std::stoi(args.at("device"));
+  const int regions = std::stoi(args.at("regions"));
+  const uint64_t region_bytes = std::stoull(args.at("region-bytes"));
+  CHECK_CUDA(cudaSetDevice(device));
+  auto t = MakeBackend(backend, device);
+  if (!t.ok()) {
+    std::printf("ERROR %s\n", t.status().ToString().c_str());
+    return 1;
+  }
+  // ucx_host: host memory on both sides (the staged backend's UCX leg alone).
+  const bool host = backend == "ucx_host";
+  void* pool = nullptr;
+  if (host) {
+    pool = std::malloc(region_bytes * regions);
+    if (pool == nullptr) Die("malloc");
+    std::memset(pool, 0, region_bytes * regions);
+  } else {
+    CHECK_CUDA(cudaMalloc(&pool, region_bytes * regions));
+  }
+  std::vector<std::unique_ptr<transport::Registration>> regs;
+  for (int r = 0; r < regions; ++r) {
+    auto reg = t.value()->Register(
+        {static_cast<char*>(pool) + r * region_bytes, region_bytes,
+         host ? MemoryKind::kHost : MemoryKind::kCuda, host ? -1 : device});
+    if (!reg.ok()) {
+      std::printf("ERROR %s\n", reg.status().ToString().c_str());
+      return 1;
+    }
+    regs.push_back(std::move(reg).value());
+  }
+  std::atomic<uint64_t> notes{0};
+  t.value()->SetNotificationSink([&](const transport::Notification&) { notes++; });
+  std::printf("READY %s %d", ToHex(t.value()->LocalAddress()).c_str(), regions);
+  for (auto& reg : regs) {
+    std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
+                (unsigned long long)reinterpret_cast<uint64_t>(reg->region().addr),
+                (unsigned long long)reg->region().length);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "COUNT") {
+      std::printf("COUNT %llu\n", (unsigned long long)notes.load());
+      std::fflush(stdout);
+    }
+  }
+  t.value()->SetNotificationSink(nullptr);
+  regs.clear();
+  t.value().reset();
+  if (host) std::free(pool);
+  else cudaFree(pool);
+  return 0;
+}
+
+// ---- writer side --------------------------------------------------------------------------
+
+class Child {
+ public:
+  bool Start(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return false;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      std::vector<char*> argv;
+      static char self[] = "/proc/self/exe";
+      argv.push_back(self);
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+    return pid_ > 0;
+  }
+  void Send(const std::string& s) {
+    std::string l = s + "\n";
+    (void)!write(to_, l.data(), l.size());
+  }
+  std::string ReadLine(int timeout_ms) {
+    auto deadline = DeadlineAfterMs(timeout_ms);
+    for (;;) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return l;
+      }
+      if (Expired(deadline)) return "";
+      pollfd p{from_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char tmp[65536];
+      ssize_t r = read(from_, tmp, sizeof(tmp));
+      if (r <= 0) return "";
+      buf_.append(tmp, static_cast<size_t>(r));
+    }
+  }
+  void Finish() {
+    if (to_ >= 0) close(to_);
+    to_ = -1;
+    for (int i = 0; i < 1000 && pid_ > 0; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) pid_ = -1;
+      else usleep(10000);
+    }
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+    if (from_ >= 0) close(from_);
+    from_ = -1;
+  }
+  ~Child() { Finish(); }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buf_;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Row {
+  std::string model, backend, kase, baseline;
+  uint64_t bytes = 0;
+  size_t writes = 0, runs = 0;
+  double seconds = 0, gbps = 0, baseline_gbps = 0;
+  double ucx_host_gbps = 0;  // ucx_staged rows: its UCX leg alone, same case, same run
+};
+
+std::vector<Row> g_rows;
+std::map<std::string, double> g_ucx_host;  // "model/case" -> GB/s of ucx_host
+std::ofstream g_json;
+
+void Emit(const Row& r, int tokens) {
+  std::ostringstream j;
+  j.setf(std::ios::fixed);
+  j.precision(3);
+  j << "{\"bench\":\"transfer_gpu\",\"model\":\"" << r.model << "\",\"tokens\":" << tokens
+    << ",\"backend\":\"" << r.backend << "\",\"case\":\"" << r.kase << "\",\"bytes\":" << r.bytes
+    << ",\"writes\":" << r.writes << ",\"ops_per_write\":" << r.runs
+    << ",\"median_us\":" << r.seconds * 1e6 << ",\"gbps\":" << r.gbps;
+  if (!r.baseline.empty()) {
+    j << ",\"baseline\":\"" << r.baseline << "\",\"baseline_gbps\":" << r.baseline_gbps
+      << ",\"ratio\":" << (r.baseline_gbps > 0 ? r.gbps / r.baseline_gbps : 0);
+  }
+  if (r.ucx_host_gbps > 0) {
+    j << ",\"ucx_host_gbps\":" << r.ucx_host_gbps << ",\"ratio_vs_ucx_host\":" << r.gbps / r.ucx_host_gbps;
+  }
+  j << "}";
+  std::printf("%s\n", j.str().c_str());
+  std::fflush(stdout);
+  if (g_json.is_open()) g_json << j.str() << "\n" << std::flush;
+  g_rows.push_back(r);
+}
+
+// Host-clocked median of `fn` (which must return only when its work is complete).
+template <typename Fn>
+double TimeIt(int iters, Fn fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    auto s = Clock::now();
+    fn();
+    t.push_back(SecondsSince(s));
+  }
+  return Median(t);
+}
+
+struct Baselines {
+  double d2d_layer = 0, d2d_prompt = 0, h2d_layer = 0, h2d_prompt = 0, d2h_layer = 0, d2h_prompt = 0;
+};
+
+void RunModel(const std::string& model_name, int tokens, int iters, int device,
+              const std::vector<std::string>& backends) {
+  auto cfg = model::PresetConfig(model_name);
+  if (!cfg.ok()) Die(cfg.status().ToString());
+  model::KvLayout layout{cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, 16, cfg->kv_dtype};
+  const int layers = layout.num_layers;
+  const uint64_t bb = layout.block_bytes();
+  const uint64_t blocks = static_cast<uint64_t>((tokens + 15) / 16);
+  const uint64_t layer_bytes = blocks * bb;
+  const uint64_t prompt_bytes = layer_bytes * layers;
+  const uint64_t pool_blocks = 2 * blocks;  // receiver: blocks of one layer's region
+  std::fprintf(stderr, "[%s] %d layers, block %llu B, %llu blocks, %.1f MiB/layer, %.1f MiB/prompt\n",
+               model_name.c_str(), layers, (unsigned long long)bb, (unsigned long long)blocks,
+               layer_bytes / 1048576.0, prompt_bytes / 1048576.0);
+
+  CHECK_CUDA(cudaSetDevice(device));
+  void* src = nullptr;
+  void* dst = nullptr;
+  void* pinned = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, prompt_bytes));
+  CHECK_CUDA(cudaMalloc(&dst, prompt_bytes));
+  CHECK_CUDA(cudaMemset(src, 0x3C, prompt_bytes));
+  CHECK_CUDA(cudaHostAlloc(&pinned, prompt_bytes, cudaHostAllocPortable));
+  std::memset(pinned, 0x5A, prompt_bytes);
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  Baselines b;
+  auto copy_layers = [&](void* to, const void* from, cudaMemcpyKind kind, int n) {
+    for (int l = 0; l < n; ++l) {
+      CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(to) + l * layer_bytes,
+                                 static_cast<const char*>(from) + l * layer_bytes, layer_bytes, kind, s));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(s));
+  };
+  b.d2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, 1); }) / 1e9;
+  b.d2d_prompt = prompt_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, layers); }) / 1e9;
+  b.h2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, 1); }) / 1e9;
+  b.h2d_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, layers); }) / 1e9;
+  b.d2h_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, 1); }) / 1e9;
+  b.d2h_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, layers); }) / 1e9;
+  auto base_row = [&](const std::string& name, const std::string& kase, uint64_t bytes, size_t writes, double gbps) {
+    Row r;
+    r.model = model_name;
+    r.backend = name;
+    r.kase = kase;
+    r.bytes = bytes;
+    r.writes = writes;
+    r.runs = 1;
+    r.gbps = gbps;
+    r.seconds = bytes / (gbps * 1e9);
+    Emit(r, tokens);
+  };
+  base_row("cudaMemcpy_d2d", "layer_contig", layer_bytes, 1, b.d2d_layer);
+  base_row("cudaMemcpy_d2d", "prompt_contig", prompt_bytes, layers, b.d2d_prompt);
+  base_row("pinned_h2d", "layer_contig", layer_bytes, 1, b.h2d_layer);
+  base_row("pinned_h2d", "prompt_contig", prompt_bytes, layers, b.h2d_prompt);
+  base_row("pinned_d2h", "layer_contig", layer_bytes, 1, b.d2h_layer);
+  base_row("pinned_d2h", "prompt_contig", prompt_bytes, layers, b.d2h_prompt);
+  CHECK_CUDA(cudaFreeHost(pinned));
+  CHECK_CUDA(cudaFree(dst));
+
+  // Scattered destination blocks: a fixed random choice of `blocks` out of `pool_blocks`.
+  std::mt19937_64 rng(42);
+  std::vector<uint64_t> ids(pool_blocks);
+  for (uint64_t i = 0; i < pool_blocks; ++i) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(blocks);
+
+  for (const std::string& backend : backends) {
+    Child rx;
+    if (!rx.Start({"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(device),
+                   "--regions=" + std::to_string(layers),
+                   "--region-bytes=" + std::to_string(pool_blocks * bb)})) {
+      Die("fork");
+    }
+    std::string line = rx.ReadLine(60000);
+    std::istringstream in(line);
+    std::string tag, addr;
+    int n = 0;
+    in >> tag >> addr >> n;
+    if (tag != "READY") {
+      std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), line.c_str());
+      continue;
+    }
+    PeerDescriptor peer;
+    peer.address = FromHex(addr);
+    for (int i = 0; i < n; ++i) {
+      std::string key;
+      transport::RemoteRegion rr;
+      in >> key >> rr.addr >> rr.length;
+      rr.key = FromHex(key);
+      peer.regions.push_back(rr);
+    }
+    auto t = MakeBackend(backend, device);
+    if (!t.ok()) Die(t.status().ToString());
+    auto ep = t.value()->Connect(peer);
+    if (!ep.ok()) Die(backend + " connect: " + ep.status().ToString());
+    const bool host = backend == "ucx_host";
+    std::vector<char> host_src;
+    if (host) host_src.assign(prompt_bytes, 0x3C);
+    auto reg = host ? t.value()->Register({host_src.data(), prompt_bytes, MemoryKind::kHost, -1})
+                    : t.value()->Register({src, prompt_bytes, MemoryKind::kCuda, device});
+    if (!reg.ok()) Die(reg.status().ToString());
+
+    uint64_t expected_notes = 0;
+    uint64_t next_req = 1;
+    auto run = [&](bool scatter, int nlayers) {
+      std::vector<std::unique_ptr<WriteHandle>> hs;
+      hs.reserve(nlayers);
+      for (int l = 0; l < nlayers; ++l) {
+        WriteRequest wr;
+        wr.local = reg.value().get();
+        wr.remote_region = l;
+        if (scatter) {
+          wr.ops.reserve(blocks);
+          for (uint64_t i = 0; i < blocks; ++i) wr.ops.push_back({l * layer_bytes + i * bb, ids[i] * bb, bb});
+        } else {
+          wr.ops = {{l * layer_bytes, 0, layer_bytes}};
+        }
+        wr.notify = true;
+        wr.notification = {next_req, l, 0};
+        auto h = ep.value()->Write(wr);
+        if (!h.ok()) Die(backend + " write: " + h.status().ToString());
+        hs.push_back(std::move(h).value());
+        expected_notes++;
+      }
+      for (auto& h : hs) {
+        Status st = h->Wait(DeadlineAfterMs(30000));
+        if (!st.ok()) Die(backend + " wait: " + st.ToString());
+      }
+      next_req++;
+    };
+    const bool staged = backend == "ucx_staged" || host;
+    const double base_layer = staged ? std::min(b.h2d_layer, b.d2h_layer) : b.d2d_layer;
+    const double base_prompt = staged ? std::min(b.h2d_prompt, b.d2h_prompt) : b.d2d_prompt;
+    const std::string base_name = staged ? "min(pinned_h2d,pinned_d2h)" : "cudaMemcpy_d2d";
+    auto row = [&](const std::string& kase, uint64_t bytes, size_t writes, size_t runs, double sec, double base) {
+      Row r;
+      r.model = model_name;
+      r.backend = backend;
+      r.kase = kase;
+      r.bytes = bytes;
+      r.writes = writes;
+      r.runs = runs;
+      r.seconds = sec;
+      r.gbps = bytes / sec / 1e9;
+      r.baseline = base_name;
+      r.baseline_gbps = base;
+      if (backend == "ucx_staged" && g_ucx_host.count(model_name + "/" + kase)) {
+        r.ucx_host_gbps = g_ucx_host[model_name + "/" + kase];
+      }
+      if (host) g_ucx_host[model_name + "/" + kase] = r.gbps;
+      Emit(r, tokens);
+    };
+    row("layer_contig", layer_bytes, 1, 1, TimeIt(iters, [&] { run(false, 1); }), base_layer);
+    row("layer_scatter", layer_bytes, 1, blocks, TimeIt(iters, [&] { run(true, 1); }), base_layer);
+    row("prompt_contig", prompt_bytes, layers, 1,
+        TimeIt(std::max(3, iters / 4), [&] { run(false, layers); }), base_prompt);
+    row("prompt_scatter", prompt_bytes, layers, blocks,
+        TimeIt(std::max(3, iters / 4), [&] { run(true, layers); }), base_prompt);
+
+    // Every notification must have reached the receiver.
+    auto deadline = DeadlineAfterMs(10000);
+    uint64_t got = 0;
+    while (!Expired(deadline)) {
+      rx.Send("COUNT");
+      std::string c = rx.ReadLine(5000);
+      std::istringstream ci(c);
+      std::string ctag;
+      ci >> ctag >> got;
+      if (got == expected_notes) break;
+      usleep(10000);
+    }
+    std::fprintf(stderr, "[%s] receiver got %llu of %llu notifications\n", backend.c_str(),
+                 (unsigned long long)got, (unsigned long long)expected_notes);
+    if (got != expected_notes) Die("notifications missing");
+    ep.value().reset();
+    reg.value().reset();
+    t.value().reset();
+    rx.Finish();
+  }
+  CHECK_CUDA(cudaStreamDestroy(s));
+  CHECK_CUDA(cudaFree(src));
+}
+
+void PrintTable() {
+  std::printf("\n%-12s %-22s %-15s %10s %7s %10s %10s %7s\n", "model", "backend", "case", "MiB",
+              "ops", "us", "GB/s", "ratio");
+  for (const Row& r : g_rows) {
+    std::printf("%-12s %-22s %-15s %10.1f %7zu %10.1f %10.1f", r.model.c_str(), r.backend.c_str(),
+                r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.seconds * 1e6, r.gbps);
+    if (!r.baseline.empty()) std::printf(" %7.3f  (vs %s %.1f GB/s)", r.gbps / r.baseline_gbps,
+                                         r.baseline.c_str(), r.baseline_gbps);
+    if (r.ucx_host_gbps > 0) std::printf("  %.3f of ucx_host %.1f GB/s", r.gbps / r.ucx_host_gbps, r.ucx_host_gbps);
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+}  // namespace kvstream::bench
+
+int main(int argc, char** argv) {
+  using namespace kvstream::bench;
+  auto args = ParseArgs(argc, argv);
+  if (args.count("role") && args["role"] == "receiver") return RunReceiver(args);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "transfer_gpu: no usable CUDA device\n");
+    return 77;
+  }
+  const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
+  const int iters = args.count("iters") ? std::stoi(args["iters"]) : 20;
+  const int device = args.count("device") ? std::stoi(args["device"]) : 0;
+  std::string backends = "cuda_ipc,cuda_ipc_memcpy";
+#if KVSTREAM_HAVE_UCX_STAGED
+  backends += ",ucx_host,ucx_staged";
+#endif
+  if (args.count("backends")) backends = args["backends"];
+  std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
+  if (args.count("json")) g_json.open(args["json"], std::ios::app);
+  for (const auto& m : Split(models)) RunModel(m, tokens, iters, device, Split(backends));
+  PrintTable();
+  return 0;
+}

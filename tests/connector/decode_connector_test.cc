@@ -1,0 +1,211 @@
+// DecodeConnector end to end in one process: a real PrefillServer (tiny CPU model) over
+// in-process gRPC, the fake transport between the pools. Lifecycle: blocks (the keepalive) are
+// released only once no write can land, however the load ends.
+#include "connector/decode_connector.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "connector/daemon_runtime.h"
+#include "model/generate.h"
+#include "prefill/prefill_server.h"
+#include "transport/testing/fake_transport.h"
+
+namespace kvstream::connector {
+namespace {
+
+using transport::testing::FakeTransport;
+
+constexpr int kBlocks = 64;
+
+class DecodeConnectorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DaemonConfig cfg;
+    cfg.model = "tiny";
+    cfg.threads = 1;
+    cfg.pool_blocks = kBlocks;
+    cfg.cancel_timeout_ms = 2000;
+    auto pm = LoadServingModel(cfg);
+    ASSERT_TRUE(pm.ok()) << pm.status().ToString();
+    prefill_model_ = std::move(pm).value();
+    auto dm = LoadServingModel(cfg);
+    ASSERT_TRUE(dm.ok());
+    decode_model_ = std::move(dm).value();
+
+    auto pt = FakeTransport::Create();
+    prefill_transport_ = pt.get();
+    auto pc = PrefillConnector::Create(std::move(pt), prefill_model_.pool.get(),
+                                       MakeLayoutDescriptor(prefill_model_.backend->config(), 16));
+    ASSERT_TRUE(pc.ok()) << pc.status().ToString();
+    prefill_connector_ = std::move(pc).value();
+    server_impl_ = std::make_unique<prefill::PrefillServer>(
+        cfg, prefill_model_.backend.get(), prefill_model_.pool.get(), prefill_connector_.get());
+    auto server = StartGrpcServer("127.0.0.1:0", {server_impl_.get()}, &port_);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(server).value();
+
+    DecodeConnectorOptions opt;
+    opt.prefill_address = "127.0.0.1:" + std::to_string(port_);
+    opt.cancel_timeout_ms = 2000;
+    opt.quarantine_ms = 200;
+    auto dt = FakeTransport::Create();
+    decode_transport_ = dt.get();
+    auto dc = DecodeConnector::Create(opt, std::move(dt), decode_model_.pool.get(),
+                                      MakeLayoutDescriptor(decode_model_.backend->config(), 16));
+    ASSERT_TRUE(dc.ok()) << dc.status().ToString();
+    decode_ = std::move(dc).value();
+  }
+  void TearDown() override {
+    decode_.reset();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+    server_.reset();
+    server_impl_.reset();
+    prefill_connector_.reset();
+  }
+
+  // Blocks for n tokens from the decode pool, owned by a shared lease (the keepalive).
+  std::shared_ptr<model::BlockLease> Lease(int n) {
+    auto ids = decode_model_.pool->allocator().Allocate(model::BlocksForTokens(n, 16));
+    EXPECT_TRUE(ids.ok());
+    return std::make_shared<model::BlockLease>(&decode_model_.pool->allocator(), *ids);
+  }
+  static bool Released(const std::weak_ptr<model::BlockLease>& w, int timeout_ms) {
+    auto deadline = DeadlineAfterMs(timeout_ms);
+    while (!w.expired() && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return w.expired();
+  }
+  std::vector<int32_t> Prompt(int n) {
+    std::vector<int32_t> p(n);
+    for (int i = 0; i < n; ++i) p[i] = (i * 37 + 11) % 512;
+    return p;
+  }
+
+  ServingModel prefill_model_, decode_model_;
+  FakeTransport* prefill_transport_ = nullptr;
+  FakeTransport* decode_transport_ = nullptr;
+  std::unique_ptr<PrefillConnector> prefill_connector_;
+  std::unique_ptr<prefill::PrefillServer> server_impl_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::unique_ptr<DecodeConnector> decode_;
+};
+
+TEST_F(DecodeConnectorTest, LoadedKvMatchesLocalPrefillByteForByte) {
+  auto tokens = Prompt(40);
+  auto lease = Lease(40);
+  std::weak_ptr<model::BlockLease> weak = lease;
+  ASSERT_TRUE(decode_->StartLoad(1, tokens, lease->ids(), true, DeadlineAfterMs(10000), lease).ok());
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(decode_->WaitForLayer(1, l, DeadlineAfterMs(10000)).ok());
+  auto info = decode_->WaitForLoad(1, DeadlineAfterMs(10000));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_GT(info->kv_bytes, 0u);
+  // The same prefix computed locally into other blocks gives the same bytes.
+  auto local = Lease(40);
+  model::SeqInput seq{tokens, 0, local->ids()};
+  model::ForwardOutput out;
+  ASSERT_TRUE(decode_model_.backend->Forward(*decode_model_.pool, std::span(&seq, 1), nullptr, {}, &out).ok());
+  const auto& lay = decode_model_.pool->layout();
+  const size_t tok_bytes = lay.head_dim * lay.elem_bytes();
+  for (int l = 0; l < lay.num_layers; ++l)
+    for (int t = 0; t < 40; ++t)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < lay.num_kv_heads; ++h) {
+          auto at = [&](const model::BlockLease& b) {
+            return decode_model_.pool->block_ptr(l, b.ids()[t / 16]) +
+                   ((kv * lay.num_kv_heads + h) * lay.block_size + t % 16) * tok_bytes;
+          };
+          ASSERT_EQ(std::memcmp(at(*lease), at(*local), tok_bytes), 0) << l << " " << t;
+        }
+  decode_->Finished(1);
+  lease.reset();
+  EXPECT_TRUE(Released(weak, 2000));
+  EXPECT_EQ(decode_->stats().loads_ok, 1u);
+}
+
+TEST_F(DecodeConnectorTest, FailedWriteFailsTheWaitAndReleasesBlocks) {
+  prefill_transport_->FailNthWrite(1, DataLoss("injected write failure"));
+  auto lease = Lease(20);
+  std::weak_ptr<model::BlockLease> weak = lease;
+  ASSERT_TRUE(decode_->StartLoad(2, Prompt(20), lease->ids(), true, DeadlineAfterMs(10000), lease).ok());
+  lease.reset();
+  Status s = decode_->WaitForLayer(2, 0, DeadlineAfterMs(10000));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("injected write failure"), std::string::npos) << s.ToString();
+  decode_->Finished(2);
+  EXPECT_TRUE(Released(weak, 5000));
+  // Both pools whole again: the prefill freed its blocks too.
+  auto deadline = DeadlineAfterMs(5000);
+  while (prefill_model_.pool->allocator().free_count() != kBlocks && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(prefill_model_.pool->allocator().free_count(), kBlocks);
+}
+
+TEST_F(DecodeConnectorTest, FinishedMidLoadHoldsBlocksUntilTheWriterStopped) {
+  prefill_transport_->SetWriteDelay(std::chrono::milliseconds(300));
+  auto lease = Lease(30);
+  std::weak_ptr<model::BlockLease> weak = lease;
+  ASSERT_TRUE(decode_->StartLoad(3, Prompt(30), lease->ids(), true, DeadlineAfterMs(10000), lease).ok());
+  lease.reset();
+  // Let the prefill post its first (delayed) write.
+  auto deadline = DeadlineAfterMs(5000);
+  while (prefill_transport_->writes_started() == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GT(prefill_transport_->writes_started(), 0u);
+  decode_->Finished(3);
+  ASSERT_TRUE(Released(weak, 8000));
+  // Released means stopped: nothing lands afterwards.
+  std::vector<std::byte> snap(decode_model_.pool->memory().size());
+  std::memcpy(snap.data(), decode_model_.pool->base(), snap.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  EXPECT_EQ(std::memcmp(snap.data(), decode_model_.pool->base(), snap.size()), 0);
+  // Late notifications of request 3, if any, were ignored, never applied.
+  EXPECT_FALSE(decode_->tracker().IsLanded(3, 0));
+}
+
+TEST_F(DecodeConnectorTest, UnreachablePrefillFailsWithinTheDeadline) {
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_.reset();
+  auto lease = Lease(20);
+  std::weak_ptr<model::BlockLease> weak = lease;
+  auto start = Clock::now();
+  ASSERT_TRUE(decode_->StartLoad(4, Prompt(20), lease->ids(), true, DeadlineAfterMs(1500), lease).ok());
+  lease.reset();
+  Status s = decode_->WaitForLayer(4, 0, DeadlineAfterMs(10000));
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(5000));
+  decode_->Finished(4);
+  EXPECT_TRUE(Released(weak, 5000));
+}
+
+TEST_F(DecodeConnectorTest, LayoutMismatchIsRefusedAtHandshakeNamingTheField) {
+  DecodeConnectorOptions opt;
+  opt.prefill_address = "127.0.0.1:" + std::to_string(port_);
+  LayoutDescriptor wrong = MakeLayoutDescriptor(decode_model_.backend->config(), 16);
+  wrong.layout.block_size = 32;
+  auto mem = model::AllocateHostPoolMemory(wrong.layout.pool_bytes(8));
+  ASSERT_TRUE(mem.ok());
+  model::KvPool pool(wrong.layout, 8, std::move(mem).value());
+  auto c = DecodeConnector::Create(opt, FakeTransport::Create(), &pool, wrong);
+  ASSERT_TRUE(c.ok());
+  Status s = (*c)->Handshake(DeadlineAfterMs(5000));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("block_size differs"), std::string::npos) << s.ToString();
+  // A load through it fails with the same message, and its blocks come back.
+  auto ids = pool.allocator().Allocate(1);
+  ASSERT_TRUE(ids.ok());
+  auto lease = std::make_shared<model::BlockLease>(&pool.allocator(), *ids);
+  std::weak_ptr<model::BlockLease> weak = lease;
+  ASSERT_TRUE((*c)->StartLoad(9, Prompt(8), lease->ids(), true, DeadlineAfterMs(5000), lease).ok());
+  lease.reset();
+  Status w = (*c)->WaitForLayer(9, 0, DeadlineAfterMs(5000));
+  EXPECT_NE(w.message().find("block_size"), std::string::npos) << w.ToString();
+  (*c)->Finished(9);
+  EXPECT_TRUE(Released(weak, 5000));
+}
+
+}  // namespace
+}  // namespace kvstream::connector

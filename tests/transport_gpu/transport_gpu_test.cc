@@ -1,0 +1,584 @@
+// GPU transport backends against real processes on one GPU: device-memory pools, scattered
+// block writes that must land byte-exact, notifications only after the data, a killed peer
+// surfacing as kRemoteDisconnect, endpoint destruction stopping writes, bad input refused.
+//
+// The receiver is this binary re-executed with --helper=receiver: it checks, inside its
+// NotificationSink, that every block of the announced write is already in its pool, and
+// reports "NOTE <request> <layer> OK" (or BAD) on stdout.
+//
+// Without a usable GPU the binary prints why and exits 77 (CTest: skipped).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "tests/transport_gpu/gpu_peer.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/transport.h"
+#if KVSTREAM_HAVE_UCX_STAGED
+#include "transport/staged/staged_transport.h"
+#endif
+
+namespace kvstream::transport {
+namespace {
+
+using kvstream::testing::FillPattern;
+using kvstream::testing::FromHex;
+using kvstream::testing::PeerProcess;
+using kvstream::testing::PlanBlocks;
+using kvstream::testing::ToHex;
+
+constexpr uint64_t kBlock = 64 * 1024;        // one KV block of a layer (llama-3-8b, 16 tokens)
+constexpr uint64_t kPoolBytes = 64ull << 20;  // receiver pool: one allocation, kRegions regions
+constexpr int kRegions = 2;
+constexpr uint64_t kRegionBytes = kPoolBytes / kRegions;
+constexpr uint64_t kRegionBlocks = kRegionBytes / kBlock;
+constexpr int32_t kFlagCheckUntouched = 1;  // receiver also checks the rest of its class is zero
+// Writes to one region run back to back while the receiver checks earlier ones, so each layer
+// owns a disjoint class of blocks (BlockClass(b) == Phase(layer)) and never overwrites another
+// layer's blocks: a check can only fail because of the write it checks.
+constexpr uint64_t kPhases = 3;
+uint64_t Phase(int layer) { return static_cast<uint64_t>(layer / kRegions) % kPhases; }
+
+Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device,
+                                               cuda_ipc::CopyMode mode = cuda_ipc::CopyMode::kAuto) {
+  if (name == "cuda_ipc") {
+    cuda_ipc::CudaIpcOptions o;
+    o.device = device;
+    o.copy_mode = mode;
+    return cuda_ipc::CreateCudaIpcTransport(o);
+  }
+#if KVSTREAM_HAVE_UCX_STAGED
+  if (name == "ucx_staged") {
+    staged::StagedOptions o;
+    o.device = device;
+    return staged::CreateStagedTransport(o);
+  }
+#endif
+  return NotSupported("backend " + name + " not built");
+}
+
+std::vector<std::string> GpuBackends() {
+  std::vector<std::string> b = {"cuda_ipc"};
+#if KVSTREAM_HAVE_UCX_STAGED
+  b.push_back("ucx_staged");
+#endif
+  return b;
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#define ASSERT_OK(expr)                        \
+  do {                                         \
+    ::kvstream::Status s_ = (expr);            \
+    ASSERT_TRUE(s_.ok()) << s_.ToString();     \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Receiver helper process.
+
+int RunReceiver(const std::string& backend) {
+  auto t = MakeBackend(backend, 0);
+  if (!t.ok()) {
+    std::printf("ERROR %s\n", t.status().ToString().c_str());
+    return 1;
+  }
+  Transport& transport = *t.value();
+  void* pool = nullptr;
+  if (cudaMalloc(&pool, kPoolBytes) != cudaSuccess || cudaMemset(pool, 0, kPoolBytes) != cudaSuccess ||
+      cudaDeviceSynchronize() != cudaSuccess) {
+    std::printf("ERROR cudaMalloc\n");
+    return 1;
+  }
+  std::vector<std::unique_ptr<Registration>> regs;
+  for (int r = 0; r < kRegions; ++r) {
+    MemoryRegion m{static_cast<char*>(pool) + r * kRegionBytes, kRegionBytes, MemoryKind::kCuda, 0};
+    auto reg = transport.Register(m);
+    if (!reg.ok()) {
+      std::printf("ERROR %s\n", reg.status().ToString().c_str());
+      return 1;
+    }
+    regs.push_back(std::move(reg).value());
+  }
+  std::mutex out_mu;
+  std::vector<uint64_t> host(kRegionBytes / 8);
+  transport.SetNotificationSink([&](const Notification& n) {
+    // Runs on the transport's thread: blocking here is the test's choice (it checks the data
+    // at the moment the notification arrives).
+    const int region = n.layer % kRegions;
+    const size_t count = static_cast<size_t>(n.request_id >> 48);
+    std::string verdict = "OK";
+    if (cudaMemcpy(host.data(), static_cast<char*>(pool) + region * kRegionBytes, kRegionBytes,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+      verdict = "BAD cudaMemcpy";
+    } else {
+      std::vector<uint64_t> plan =
+          PlanBlocks(n.request_id, n.layer, kRegionBlocks, count, kPhases, Phase(n.layer));
+      std::vector<char> touched(kRegionBlocks, 0);
+      std::vector<uint64_t> expect(kBlock / 8);
+      for (uint64_t b : plan) {
+        touched[b] = 1;
+        FillPattern(n.request_id, n.layer, b, expect.data(), expect.size());
+        if (std::memcmp(expect.data(), host.data() + b * kBlock / 8, kBlock) != 0) {
+          verdict = "BAD block " + std::to_string(b) + " differs";
+          break;
+        }
+      }
+      if (verdict == "OK" && (n.flags & kFlagCheckUntouched)) {
+        for (uint64_t b = 0; b < kRegionBlocks && verdict == "OK"; ++b) {
+          if (touched[b] || kvstream::testing::BlockClass(b, kPhases) != Phase(n.layer)) continue;
+          for (uint64_t w = 0; w < kBlock / 8; ++w) {
+            if (host[b * kBlock / 8 + w] != 0) {
+              verdict = "BAD untouched block " + std::to_string(b) + " written";
+              break;
+            }
+          }
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(out_mu);
+    std::printf("NOTE %llu %d %s\n", static_cast<unsigned long long>(n.request_id), n.layer,
+                verdict.c_str());
+    std::fflush(stdout);
+  });
+  {
+    std::lock_guard<std::mutex> lock(out_mu);
+    std::printf("READY %s %d", ToHex(transport.LocalAddress()).c_str(), kRegions);
+    for (auto& reg : regs) {
+      std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
+                  static_cast<unsigned long long>(reinterpret_cast<uint64_t>(reg->region().addr)),
+                  static_cast<unsigned long long>(reg->region().length));
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "HASH") {
+      std::vector<uint64_t> all(kPoolBytes / 8);
+      uint64_t h = 0;
+      if (cudaMemcpy(all.data(), pool, kPoolBytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (uint64_t w : all) h = kvstream::testing::SplitMix64(h ^ w);
+      }
+      std::lock_guard<std::mutex> lock(out_mu);
+      std::printf("HASH %llu\n", static_cast<unsigned long long>(h));
+      std::fflush(stdout);
+    }
+  }
+  transport.SetNotificationSink(nullptr);
+  regs.clear();
+  t.value().reset();
+  cudaFree(pool);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer side.
+
+struct Receiver {
+  PeerProcess proc;
+  PeerDescriptor peer;
+};
+
+::testing::AssertionResult StartReceiver(const std::string& backend, Receiver* r) {
+  if (!r->proc.Start({"--helper=receiver", "--backend=" + backend})) {
+    return ::testing::AssertionFailure() << "fork/exec failed";
+  }
+  std::string line = r->proc.ReadLine(DeadlineAfterMs(20000));
+  std::istringstream in(line);
+  std::string tag, addr;
+  int n = 0;
+  in >> tag >> addr >> n;
+  if (tag != "READY" || n != kRegions) {
+    return ::testing::AssertionFailure() << "receiver did not start: '" << line << "'";
+  }
+  r->peer.address = FromHex(addr);
+  for (int i = 0; i < n; ++i) {
+    std::string key;
+    RemoteRegion rr;
+    in >> key >> rr.addr >> rr.length;
+    rr.key = FromHex(key);
+    r->peer.regions.push_back(rr);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Source buffer for one write: block i of the source holds the pattern of destination plan[i].
+struct SourceWrite {
+  std::vector<uint64_t> plan;
+  std::vector<uint64_t> host;  // count * kBlock bytes
+  std::vector<CopyOp> ops;
+};
+
+SourceWrite MakeSource(uint64_t request, int layer, size_t count) {
+  SourceWrite w;
+  w.plan = PlanBlocks(request, layer, kRegionBlocks, count, kPhases, Phase(layer));
+  w.host.resize(count * kBlock / 8);
+  for (size_t i = 0; i < w.plan.size(); ++i) {
+    FillPattern(request, layer, w.plan[i], w.host.data() + i * kBlock / 8, kBlock / 8);
+    w.ops.push_back({i * kBlock, w.plan[i] * kBlock, kBlock});
+  }
+  return w;
+}
+
+uint64_t RequestId(uint64_t serial, size_t count) { return (uint64_t(count) << 48) | serial; }
+
+::testing::AssertionResult ExpectNotes(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
+                                       int64_t timeout_ms) {
+  auto deadline = DeadlineAfterMs(timeout_ms);
+  while (!want.empty()) {
+    std::string line = proc.ReadLine(deadline);
+    if (line.empty()) return ::testing::AssertionFailure() << want.size() << " notifications missing";
+    std::istringstream in(line);
+    std::string tag, verdict;
+    unsigned long long req = 0;
+    int layer = 0;
+    in >> tag >> req >> layer >> verdict;
+    if (tag != "NOTE") continue;
+    if (verdict != "OK") return ::testing::AssertionFailure() << "receiver: " << line;
+    if (want.erase({req, layer}) == 0) {
+      return ::testing::AssertionFailure() << "unexpected notification: " << line;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class GpuTransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { CUDA_OK(cudaSetDevice(0)); }
+};
+
+TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
+  for (auto mode : {cuda_ipc::CopyMode::kMemcpy, cuda_ipc::CopyMode::kKernel}) {
+    if (GetParam() != "cuda_ipc" && mode != cuda_ipc::CopyMode::kMemcpy) continue;
+    Receiver rx;
+    ASSERT_TRUE(StartReceiver(GetParam(), &rx));
+    auto t = MakeBackend(GetParam(), 0, mode);
+    ASSERT_OK(t.status());
+    auto ep = t.value()->Connect(rx.peer);
+    ASSERT_OK(ep.status());
+    constexpr int kLayers = 6;
+    constexpr size_t kCount = 96;  // 6 MiB per write
+    void* src = nullptr;
+    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kBlock));
+    // One registration over all layers' sources: op offsets include the layer's base.
+    auto reg = t.value()->Register({src, kLayers * kCount * kBlock, MemoryKind::kCuda, 0});
+    ASSERT_OK(reg.status());
+    std::vector<std::unique_ptr<WriteHandle>> handles;
+    std::map<std::pair<uint64_t, int>, bool> want;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      uint64_t req = RequestId(1000 + static_cast<uint64_t>(mode == cuda_ipc::CopyMode::kKernel), kCount);
+      SourceWrite w = MakeSource(req, layer, kCount);
+      char* base = static_cast<char*>(src) + layer * kCount * kBlock;
+      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+      WriteRequest wr;
+      wr.local = reg.value().get();
+      wr.remote_region = layer % kRegions;
+      for (CopyOp op : w.ops) {
+        op.local_offset += layer * kCount * kBlock;
+        wr.ops.push_back(op);
+      }
+      wr.notify = true;
+      // The first write into each region also checks nothing else in it was touched.
+      wr.notification = {req, layer, layer < kRegions ? kFlagCheckUntouched : 0};
+      auto h = ep.value()->Write(wr);
+      ASSERT_OK(h.status());
+      EXPECT_EQ(h.value()->bytes(), kCount * kBlock);
+      handles.push_back(std::move(h).value());
+      want[{req, layer}] = true;
+    }
+    for (auto& h : handles) ASSERT_OK(h->Wait(DeadlineAfterMs(10000)));
+    EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
+    ASSERT_OK(ep.value()->status());
+    ep.value().reset();
+    EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+    reg.value().reset();
+    CUDA_OK(cudaFree(src));
+  }
+}
+
+// The copy must wait for the producer stream (after_stream) and the notification for the copy:
+// the source holds garbage until a slow producer stream overwrites it with the pattern.
+TEST_P(GpuTransportTest, NotificationOnlyAfterDataProducedOnAnotherStream) {
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
+  auto t = MakeBackend(GetParam(), 0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  constexpr size_t kCount = 128;
+  uint64_t req = RequestId(2000, kCount);
+  SourceWrite w = MakeSource(req, 1, kCount);
+  void* src = nullptr;
+  void* scratch = nullptr;
+  void* pinned = nullptr;
+  const size_t kScratch = 1ull << 30;
+  CUDA_OK(cudaMalloc(&src, kCount * kBlock));
+  CUDA_OK(cudaMalloc(&scratch, kScratch));
+  CUDA_OK(cudaMallocHost(&pinned, kCount * kBlock));
+  std::memcpy(pinned, w.host.data(), kCount * kBlock);
+  CUDA_OK(cudaMemset(src, 0xAB, kCount * kBlock));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  cudaStream_t producer;
+  CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  // Tens of milliseconds of work ahead of the source's real contents.
+  for (int i = 0; i < 40; ++i) CUDA_OK(cudaMemsetAsync(scratch, i, kScratch, producer));
+  CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kBlock, cudaMemcpyHostToDevice, producer));
+  WriteRequest wr;
+  wr.local = reg.value().get();
+  wr.remote_region = 1;
+  wr.ops = w.ops;
+  wr.notify = true;
+  wr.notification = {req, 1, 0};
+  wr.after_stream = producer;
+  auto h = ep.value()->Write(wr);
+  ASSERT_OK(h.status());
+  EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "producer finished too early to test";
+  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(10000)));
+  EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 1}, true}}, 20000));
+  CUDA_OK(cudaStreamSynchronize(producer));
+  ep.value().reset();
+  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  CUDA_OK(cudaStreamDestroy(producer));
+  reg.value().reset();
+  cudaFree(src);
+  cudaFree(scratch);
+  cudaFreeHost(pinned);
+}
+
+// Destroying the endpoint stops its writes: every handle resolves (OK or kCanceled) and the
+// peer's memory stops changing.
+TEST_P(GpuTransportTest, EndpointDestructionStopsWrites) {
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
+  auto t = MakeBackend(GetParam(), 0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, kRegionBytes));
+  CUDA_OK(cudaMemset(src, 0x5A, kRegionBytes));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto reg = t.value()->Register({src, kRegionBytes, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  std::vector<std::unique_ptr<WriteHandle>> handles;
+  for (int i = 0; i < 32; ++i) {
+    WriteRequest wr;
+    wr.local = reg.value().get();
+    wr.remote_region = i % kRegions;
+    wr.ops = {{0, 0, kRegionBytes}};
+    auto h = ep.value()->Write(wr);
+    ASSERT_OK(h.status());
+    handles.push_back(std::move(h).value());
+  }
+  ep.value().reset();
+  for (auto& h : handles) {
+    Status s = h->Wait(DeadlineAfterMs(5000));
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCanceled) << s.ToString();
+  }
+  ASSERT_TRUE(rx.proc.Send("HASH"));
+  std::string a = rx.proc.ReadLine(DeadlineAfterMs(10000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(rx.proc.Send("HASH"));
+  std::string b = rx.proc.ReadLine(DeadlineAfterMs(10000));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  reg.value().reset();
+  cudaFree(src);
+}
+
+TEST_P(GpuTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
+  auto t = MakeBackend(GetParam(), 0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  constexpr size_t kCount = 16;
+  uint64_t req = RequestId(3000, kCount);
+  SourceWrite w = MakeSource(req, 0, kCount);
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, kCount * kBlock));
+  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+  auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  WriteRequest wr;
+  wr.local = reg.value().get();
+  wr.remote_region = 0;
+  wr.ops = w.ops;
+  wr.notify = true;
+  wr.notification = {req, 0, 0};
+  auto h = ep.value()->Write(wr);
+  ASSERT_OK(h.status());
+  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(10000)));
+  EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 0}, true}}, 20000));
+
+  rx.proc.Kill();  // SIGKILL and reap: the peer's sockets are closed now
+  const auto killed = Clock::now();
+  // Watch the endpoint alone for 200 ms (cuda_ipc sees the socket close within ~20 ms; its
+  // copies must never go to a dead process's memory), then keep writing so that backends
+  // which learn of a dead peer only through traffic (UCX) see it; each Wait is bounded.
+  Status failure;
+  while (failure.ok() && SecondsSince(killed) < 10.0) {
+    Status st = ep.value()->status();
+    if (!st.ok()) {
+      failure = st;
+      break;
+    }
+    if (SecondsSince(killed) < 0.2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    auto h2 = ep.value()->Write(wr);
+    if (!h2.ok()) {
+      failure = h2.status();
+      break;
+    }
+    const auto t0 = Clock::now();
+    Status s = h2.value()->Wait(DeadlineAfterMs(500));
+    EXPECT_LT(SecondsSince(t0), 1.0) << "Wait overran its deadline";
+    if (!s.ok() && s.code() != StatusCode::kTimeout) failure = s;
+  }
+  const double seconds = SecondsSince(killed);
+  ASSERT_FALSE(failure.ok()) << "peer death not reported within 10 s";
+  EXPECT_EQ(failure.code(), StatusCode::kRemoteDisconnect) << failure.ToString();
+  if (GetParam() == "cuda_ipc") {
+    EXPECT_LT(seconds, 0.2) << "socket EOF should surface at once";
+  }
+  std::printf("[%s] peer loss surfaced after %.1f ms\n", GetParam().c_str(), seconds * 1e3);
+  auto status_deadline = DeadlineAfterMs(5000);
+  while (ep.value()->status().ok() && !Expired(status_deadline)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(ep.value()->status().code(), StatusCode::kRemoteDisconnect);
+  auto later = ep.value()->Write(wr);
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.status().code(), StatusCode::kRemoteDisconnect) << later.status().ToString();
+  const auto t_close = Clock::now();
+  ep.value().reset();
+  EXPECT_LT(SecondsSince(t_close), 12.0) << "closing an endpoint to a dead peer must be bounded";
+  reg.value().reset();
+  cudaFree(src);
+}
+
+TEST_P(GpuTransportTest, RefusesBadInput) {
+  auto rxt = MakeBackend(GetParam(), 0);
+  ASSERT_OK(rxt.status());
+  auto t = MakeBackend(GetParam(), 0);
+  ASSERT_OK(t.status());
+  Transport& tx = *t.value();
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, 1 << 20));
+  std::vector<char> host(1 << 20);
+
+  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kHost, -1}).status().code(),
+            StatusCode::kNotSupported);
+  EXPECT_EQ(tx.Register({nullptr, 4096, MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({dev, 0, MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({dev, 64 << 20, MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+
+  auto local = tx.Register({dev, 1 << 19, MemoryKind::kCuda, 0});
+  ASSERT_OK(local.status());
+  auto remote = rxt.value()->Register({static_cast<char*>(dev) + (1 << 19), 1 << 19, MemoryKind::kCuda, 0});
+  ASSERT_OK(remote.status());
+
+  PeerDescriptor bad;
+  bad.address = rxt.value()->LocalAddress();
+  bad.regions.push_back({0, 16, "not a key"});
+  EXPECT_EQ(tx.Connect(bad).status().code(), StatusCode::kInvalidArgument);
+  PeerDescriptor nowhere;
+  nowhere.address = "unix:@kvstream-test-nobody-listens-here";
+  EXPECT_FALSE(tx.Connect(nowhere).ok());
+  PeerDescriptor garbage_addr;
+  garbage_addr.address = "tcp://1.2.3.4:5";
+  EXPECT_FALSE(tx.Connect(garbage_addr).ok());
+
+  PeerDescriptor good;
+  good.address = rxt.value()->LocalAddress();
+  good.regions.push_back({reinterpret_cast<uint64_t>(remote.value()->region().addr), 1 << 19,
+                          remote.value()->RemoteKey()});
+  auto ep = tx.Connect(good);
+  ASSERT_OK(ep.status());
+  WriteRequest wr;
+  wr.local = nullptr;
+  wr.ops = {{0, 0, 4096}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.local = local.value().get();
+  wr.remote_region = 1;
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.remote_region = -1;
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.remote_region = 0;
+  wr.ops = {{(1 << 19) - 100, 0, 4096}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.ops = {{0, (1 << 19) - 100, 4096}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.ops = {{0, 0, ~0ull}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  // A good write still works after the refusals (in-process peer).
+  CUDA_OK(cudaMemset(dev, 7, 4096));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::atomic<int> notes{0};
+  rxt.value()->SetNotificationSink([&](const Notification& n) {
+    if (n.request_id == 77 && n.layer == 3) notes++;
+  });
+  wr.ops = {{0, 0, 2048}, {2048, 2048, 2048}};
+  wr.notify = true;
+  wr.notification = {77, 3, 0};
+  auto h = ep.value()->Write(wr);
+  ASSERT_OK(h.status());
+  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(5000)));
+  std::vector<char> back(4096);
+  CUDA_OK(cudaMemcpy(back.data(), static_cast<char*>(dev) + (1 << 19), 4096, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, std::vector<char>(4096, 7));
+  auto deadline = DeadlineAfterMs(5000);
+  while (notes.load() == 0 && !Expired(deadline)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(notes.load(), 1);
+  ep.value().reset();
+  rxt.value()->SetNotificationSink(nullptr);
+  local.value().reset();
+  remote.value().reset();
+  cudaFree(dev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GpuTransportTest, ::testing::ValuesIn(GpuBackends()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
+}  // namespace kvstream::transport
+
+int main(int argc, char** argv) {
+  std::string helper, backend = "cuda_ipc";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--helper=", 0) == 0) helper = a.substr(9);
+    if (a.rfind("--backend=", 0) == 0) backend = a.substr(10);
+  }
+  if (helper == "receiver") return kvstream::transport::RunReceiver(backend);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("SKIP transport_gpu_test: no usable CUDA device (%s)\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,227 @@
+#include "transport/cuda_ipc/control_socket.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+
+namespace kvstream::transport::cuda {
+namespace {
+
+constexpr char kMagic[8] = {'K', 'V', 'I', 'P', 'C', 'N', '0', '1'};
+constexpr uint32_t kVersion = 1;
+
+struct Hello {
+  char magic[8];
+  uint32_t version;
+  uint32_t pid;
+};
+struct Frame {
+  uint64_t request_id;
+  int32_t layer;
+  int32_t flags;
+};
+static_assert(sizeof(Hello) == 16 && sizeof(Frame) == 16);
+
+Status Errno(std::string_view what) {
+  return Unavailable(std::string(what) + ": " + std::strerror(errno));
+}
+
+Result<sockaddr_un> ParseAddress(const std::string& address, socklen_t* len) {
+  constexpr std::string_view kPrefix = "unix:";
+  if (address.compare(0, kPrefix.size(), kPrefix) != 0 || address.size() <= kPrefix.size()) {
+    return InvalidArgument("cuda_ipc address must be unix:@name or unix:/path, got '" + address + "'");
+  }
+  std::string path = address.substr(kPrefix.size());
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(sa.sun_path)) return InvalidArgument("socket path too long: " + path);
+  if (path[0] == '@') {
+    // Abstract namespace: leading NUL, no terminator counted.
+    std::memcpy(sa.sun_path + 1, path.data() + 1, path.size() - 1);
+    *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+  } else {
+    std::memcpy(sa.sun_path, path.data(), path.size());
+    *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  }
+  return sa;
+}
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NotificationListener>> NotificationListener::Start(
+    const std::string& prefix, Callback on_notification) {
+  static std::atomic<uint64_t> counter{0};
+  std::unique_ptr<NotificationListener> l(new NotificationListener());
+  l->callback_ = std::move(on_notification);
+  l->address_ = "unix:@" + prefix + "." + std::to_string(::getpid()) + "." +
+                std::to_string(counter.fetch_add(1));
+  socklen_t len = 0;
+  KV_ASSIGN_OR_RETURN(sockaddr_un sa, ParseAddress(l->address_, &len));
+  l->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (l->listen_fd_ < 0) return Errno("socket(AF_UNIX)");
+  if (::bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    return Errno("bind " + l->address_);
+  }
+  if (::listen(l->listen_fd_, 64) != 0) return Errno("listen");
+  l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (l->wake_fd_ < 0) return Errno("eventfd");
+  l->thread_ = std::thread([p = l.get()] { p->Run(); });
+  return l;
+}
+
+NotificationListener::~NotificationListener() {
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void NotificationListener::Run() {
+  struct Conn {
+    std::string buf;
+    bool hello_done = false;
+  };
+  std::map<int, Conn> conns;
+  for (;;) {
+    std::vector<pollfd> fds;
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
+    int rc = ::poll(fds.data(), fds.size(), 1000);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      KV_LOG_ERROR << "cuda_ipc listener poll: " << std::strerror(errno);
+      break;
+    }
+    if (fds[0].revents) break;  // shutdown
+    if (fds[1].revents & POLLIN) {
+      for (;;) {
+        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        conns.emplace(fd, Conn{});
+      }
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      int fd = fds[i].fd;
+      Conn& c = conns[fd];
+      bool close_it = false;
+      char tmp[4096];
+      for (;;) {
+        ssize_t r = ::recv(fd, tmp, sizeof(tmp), 0);
+        if (r > 0) {
+          c.buf.append(tmp, static_cast<size_t>(r));
+          continue;
+        }
+        if (r == 0) close_it = true;  // writer closed (endpoint destroyed or process died)
+        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) close_it = true;
+        break;
+      }
+      size_t pos = 0;
+      if (!c.hello_done && c.buf.size() >= sizeof(Hello)) {
+        Hello h;
+        std::memcpy(&h, c.buf.data(), sizeof(h));
+        if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != kVersion) {
+          KV_LOG_WARN << "cuda_ipc listener: bad hello (magic/version mismatch), closing";
+          close_it = true;
+          c.buf.clear();
+        } else {
+          c.hello_done = true;
+          pos = sizeof(Hello);
+        }
+      }
+      while (c.hello_done && c.buf.size() - pos >= sizeof(Frame)) {
+        Frame f;
+        std::memcpy(&f, c.buf.data() + pos, sizeof(f));
+        pos += sizeof(f);
+        if (callback_) callback_(Notification{f.request_id, f.layer, f.flags});
+      }
+      c.buf.erase(0, pos);
+      if (close_it) {
+        ::close(fd);
+        conns.erase(fd);
+      }
+    }
+  }
+  for (auto& [fd, c] : conns) ::close(fd);
+}
+
+Result<std::unique_ptr<NotificationChannel>> NotificationChannel::Connect(
+    const std::string& address, Deadline deadline) {
+  socklen_t len = 0;
+  KV_ASSIGN_OR_RETURN(sockaddr_un sa, ParseAddress(address, &len));
+  std::unique_ptr<NotificationChannel> ch(new NotificationChannel());
+  for (;;) {
+    ch->fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (ch->fd_ < 0) return Errno("socket(AF_UNIX)");
+    if (::connect(ch->fd_, reinterpret_cast<sockaddr*>(&sa), len) == 0) break;
+    int err = errno;
+    ::close(ch->fd_);
+    ch->fd_ = -1;
+    // A listener's backlog can be momentarily full; anything else is final.
+    if ((err != EAGAIN && err != EINTR) || Expired(deadline)) {
+      errno = err;
+      return Errno("connect " + address);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  timeval tv{5, 0};
+  (void)::setsockopt(ch->fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  Hello h{};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kVersion;
+  h.pid = static_cast<uint32_t>(::getpid());
+  if (!WriteAll(ch->fd_, &h, sizeof(h))) return RemoteDisconnect("cuda_ipc: sending hello to " + address);
+  return ch;
+}
+
+NotificationChannel::~NotificationChannel() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status NotificationChannel::Send(const Notification& n) {
+  Frame f{n.request_id, n.layer, n.flags};
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (!WriteAll(fd_, &f, sizeof(f))) {
+    return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
+  }
+  return OkStatus();
+}
+
+bool NotificationChannel::PeerClosed(int64_t timeout_us) const {
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>((timeout_us % 1000000) * 1000)};
+  int rc = ::ppoll(&p, 1, &ts, nullptr);
+  // The receiver never sends on this socket: readable means EOF or error.
+  return rc > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+}  // namespace kvstream::transport::cuda

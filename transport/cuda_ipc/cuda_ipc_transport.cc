@@ -1,0 +1,671 @@
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "transport/cuda_ipc/control_socket.h"
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/scatter_copy.h"
+
+namespace kvstream::transport::cuda_ipc {
+namespace {
+
+using cuda::CopyRun;
+using cuda::CudaStatus;
+using cuda::DeviceGuard;
+
+constexpr char kKeyMagic[8] = {'K', 'V', 'I', 'P', 'C', 'K', '0', '1'};
+constexpr uint32_t kKeyVersion = 1;
+
+// The RemoteKey blob. Fixed layout, same host only (host byte order).
+struct KeyWire {
+  char magic[8];
+  uint32_t version;
+  int32_t device;
+  char pci_bus_id[32];
+  char host_id[48];
+  uint64_t pid;
+  uint64_t alloc_base;
+  uint64_t alloc_size;
+  uint64_t offset;
+  uint64_t length;
+  cudaIpcMemHandle_t handle;
+};
+
+Result<KeyWire> ParseKey(const std::string& key) {
+  if (key.size() != sizeof(KeyWire)) {
+    return InvalidArgument("cuda_ipc: remote key has " + std::to_string(key.size()) +
+                           " bytes, expected " + std::to_string(sizeof(KeyWire)) +
+                           " (not a cuda_ipc key?)");
+  }
+  KeyWire k;
+  std::memcpy(&k, key.data(), sizeof(k));
+  if (std::memcmp(k.magic, kKeyMagic, sizeof(kKeyMagic)) != 0) {
+    return InvalidArgument("cuda_ipc: remote key has a bad magic (not a cuda_ipc key)");
+  }
+  if (k.version != kKeyVersion) {
+    return InvalidArgument("cuda_ipc: remote key version " + std::to_string(k.version) +
+                           ", this build speaks " + std::to_string(kKeyVersion));
+  }
+  if (k.length == 0 || k.offset > k.alloc_size || k.length > k.alloc_size - k.offset) {
+    return InvalidArgument("cuda_ipc: remote key's region lies outside its allocation");
+  }
+  k.pci_bus_id[sizeof(k.pci_bus_id) - 1] = 0;
+  k.host_id[sizeof(k.host_id) - 1] = 0;
+  return k;
+}
+
+// An opened peer allocation (or, for a peer in this very process, its own pointer).
+struct Mapping {
+  int device = -1;
+  void* base = nullptr;
+  bool opened = false;  // true: cudaIpcOpenMemHandle'd, close on destruction
+  ~Mapping() {
+    if (!opened) return;
+    DeviceGuard guard(device);
+    cudaError_t err = cudaIpcCloseMemHandle(base);
+    if (err != cudaSuccess) {
+      KV_LOG_WARN << CudaStatus(err, "cudaIpcCloseMemHandle").ToString();
+    }
+  }
+};
+
+struct Shared {
+  CudaIpcOptions options;
+  int device = -1;
+  int priority = 0;
+  explicit Shared(int dev) : device(dev), events(dev) {}
+  cuda::EventPool events;
+
+  std::mutex map_mu;
+  std::map<std::string, std::weak_ptr<Mapping>> mappings;  // by pid + handle bytes
+
+  std::mutex sink_mu;
+  NotificationSink sink;
+
+  Result<std::shared_ptr<Mapping>> Open(const KeyWire& k) {
+    std::string id(reinterpret_cast<const char*>(&k.pid), sizeof(k.pid));
+    id.append(reinterpret_cast<const char*>(&k.handle), sizeof(k.handle));
+    std::lock_guard<std::mutex> lock(map_mu);
+    if (auto m = mappings[id].lock()) return m;
+    auto m = std::make_shared<Mapping>();
+    m->device = device;
+    if (k.pid == static_cast<uint64_t>(::getpid())) {
+      // cudaIpcOpenMemHandle refuses handles of its own process; the pointer is valid here.
+      m->base = reinterpret_cast<void*>(k.alloc_base);
+    } else {
+      DeviceGuard guard(device);
+      KV_RETURN_IF_ERROR(guard.status());
+      cudaError_t err = cudaIpcOpenMemHandle(&m->base, k.handle, cudaIpcMemLazyEnablePeerAccess);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return Unavailable(std::string("cuda_ipc: cudaIpcOpenMemHandle of the peer's allocation "
+                                       "(device ") + k.pci_bus_id + ", pid " +
+                           std::to_string(k.pid) + ") from device " + std::to_string(device) +
+                           ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+      }
+      m->opened = true;
+    }
+    mappings[id] = m;
+    return m;
+  }
+};
+
+class IpcRegistration : public Registration {
+ public:
+  IpcRegistration(MemoryRegion region, std::string key)
+      : region_(region), key_(std::move(key)) {}
+  const MemoryRegion& region() const override { return region_; }
+  std::string RemoteKey() const override { return key_; }
+
+ private:
+  MemoryRegion region_;
+  std::string key_;
+};
+
+struct Target {
+  std::shared_ptr<Mapping> mapping;
+  uint64_t addr = 0;  // region start in this process's address space
+  uint64_t length = 0;
+};
+
+struct Op {
+  cudaEvent_t done_event = nullptr;
+  cudaEvent_t dep_event = nullptr;
+  bool notify = false;
+  Notification notification;
+  uint64_t bytes = 0;
+  uint64_t transfers = 0;  // coalesced runs
+  uint64_t ring_end = 0;
+  std::atomic<int> state{0};  // 0 in flight, 1 finishing, 2 done (result valid)
+  Status result;
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  std::shared_ptr<Shared> shared;
+  std::unique_ptr<cuda::Stream> stream;
+  std::shared_ptr<cuda::NotificationChannel> channel;
+  std::vector<Target> targets;
+  std::unique_ptr<cuda::PinnedBuffer> table;
+  size_t table_capacity = 0;
+  int wake_fd = -1;
+
+  ~Core() {
+    Shutdown();
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  Status status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+  // Marks `op` done with `s` (then sends its notification if asked and s is OK). Exactly one
+  // caller wins; the others return without effect.
+  void Finish(Op& op, Status s) {
+    int expected = 0;
+    if (!op.state.compare_exchange_strong(expected, 1)) return;
+    if (s.ok() && op.notify) {
+      std::shared_ptr<cuda::NotificationChannel> ch;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ch = channel;
+        if (!status_.ok()) s = status_;
+      }
+      if (s.ok()) {
+        if (ch == nullptr) {
+          s = Canceled("cuda_ipc: endpoint destroyed before the notification was sent");
+        } else {
+          s = ch->Send(op.notification);
+          if (!s.ok()) MarkDisconnected(s);
+        }
+      }
+    }
+    op.result = std::move(s);
+    op.state.store(2, std::memory_order_release);
+  }
+
+  // Polls the op's event once and finishes it if the copy completed.
+  void TryFinish(Op& op) {
+    if (op.state.load(std::memory_order_acquire) != 0) return;
+    cudaError_t err = cudaEventQuery(op.done_event);
+    if (err == cudaErrorNotReady) return;
+    Finish(op, CudaStatus(err, "cuda_ipc copy"));
+  }
+
+  Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& req);
+
+  void Shutdown() {
+    if (shut_down_.exchange(true)) return;
+    stop_.store(true);
+    Wake();
+    if (thread_.joinable()) thread_.join();
+    if (stream) {
+      Status s = cuda::WaitStreamIdle(stream->get(),
+                                      DeadlineAfterMs(shared->options.close_timeout_ms));
+      if (!s.ok()) {
+        KV_LOG_ERROR << "cuda_ipc: endpoint closing while its copies still run: " << s.ToString();
+      }
+    }
+    std::deque<std::shared_ptr<Op>> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      left.swap(pending_);
+      if (status_.ok()) status_ = Canceled("cuda_ipc: endpoint destroyed");
+      channel.reset();
+    }
+    for (auto& op : left) {
+      cudaError_t err = cudaEventQuery(op->done_event);
+      // Complete copies that owe no notification are done; the rest are cancelled.
+      Finish(*op, err == cudaSuccess && !op->notify
+                      ? OkStatus()
+                      : Canceled("cuda_ipc: endpoint destroyed before the write was complete"));
+      if (err != cudaErrorNotReady) ReleaseEvents(*op);  // else leak: it may still fire
+    }
+    stream.reset();
+    targets.clear();
+    table.reset();
+  }
+
+ private:
+  void Wake() {
+    uint64_t one = 1;
+    if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof(one));
+  }
+
+  void ReleaseEvents(Op& op) {
+    shared->events.Release(op.done_event);
+    shared->events.Release(op.dep_event);
+    // The fields keep their values: a waiter may still query a recycled event, which at worst
+    // reports a state its CAS in Finish() then ignores.
+  }
+
+  void MarkDisconnected(const Status& why) {
+    std::deque<std::shared_ptr<Op>> snapshot;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!status_.ok()) return;
+      status_ = why;
+      snapshot = pending_;
+    }
+    KV_LOG_WARN << "cuda_ipc: peer lost: " << why.ToString();
+    // The copies may still run (the mapping is ours), but the peer will never see them.
+    for (auto& op : snapshot) Finish(*op, why);
+  }
+
+  void Run() {
+    DeviceGuard guard(shared->device);
+    while (!stop_.load()) {
+      std::vector<std::pair<std::shared_ptr<Op>, cudaError_t>> completed;
+      bool idle;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        // One in-order stream: the first incomplete op blocks all later ones.
+        while (!pending_.empty()) {
+          cudaError_t err = cudaEventQuery(pending_.front()->done_event);
+          if (err == cudaErrorNotReady) break;
+          ring_tail_ = pending_.front()->ring_end;
+          completed.emplace_back(std::move(pending_.front()), err);
+          pending_.pop_front();
+        }
+        idle = pending_.empty();
+      }
+      for (auto& [op, err] : completed) {
+        Finish(*op, CudaStatus(err, "cuda_ipc copy"));
+        ReleaseEvents(*op);
+      }
+      pollfd fds[2] = {{channel_fd_, POLLIN | POLLRDHUP, 0}, {wake_fd, POLLIN, 0}};
+      // Active writes: poll events every ~20 us; idle: just watch the socket.
+      timespec ts = idle ? timespec{0, 20 * 1000 * 1000} : timespec{0, 20 * 1000};
+      int rc = ::ppoll(fds, 2, &ts, nullptr);
+      if (rc > 0) {
+        if (fds[1].revents) {
+          uint64_t v;
+          (void)!::read(wake_fd, &v, sizeof(v));
+        }
+        // The receiver never sends on this socket: readable means EOF or error.
+        if (fds[0].revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+          MarkDisconnected(RemoteDisconnect("cuda_ipc: peer closed the control socket (process "
+                                            "exited or transport destroyed)"));
+          channel_fd_ = -1;  // poll ignores negative fds
+        }
+      }
+    }
+  }
+
+ public:
+  int channel_fd_ = -1;
+
+ private:
+  mutable std::mutex mu_;
+  Status status_;
+  std::deque<std::shared_ptr<Op>> pending_;
+  uint64_t ring_head_ = 0, ring_tail_ = 0;
+  std::mutex submit_mu_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> shut_down_{false};
+  std::thread thread_;
+
+  friend class IpcWriteHandle;
+  bool ReserveTable(size_t entries, uint64_t* start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t head = ring_head_;
+    uint64_t pos = head % table_capacity;
+    if (pos + entries > table_capacity) head += table_capacity - pos;  // no wrap inside a table
+    if (head + entries - ring_tail_ > table_capacity) return false;
+    *start = head;
+    ring_head_ = head + entries;
+    return true;
+  }
+  uint64_t RingHead() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ring_head_;
+  }
+  void Enqueue(std::shared_ptr<Op> op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(std::move(op));
+    }
+    Wake();
+  }
+};
+
+class IpcWriteHandle : public WriteHandle {
+ public:
+  IpcWriteHandle(std::shared_ptr<Core> core, std::shared_ptr<Op> op)
+      : core_(std::move(core)), op_(std::move(op)) {}
+  bool Done() const override {
+    core_->TryFinish(*op_);
+    return op_->state.load(std::memory_order_acquire) == 2;
+  }
+  Status Wait(Deadline deadline) override {
+    auto start = Clock::now();
+    for (;;) {
+      core_->TryFinish(*op_);
+      int st = op_->state.load(std::memory_order_acquire);
+      if (st == 2) return op_->result;
+      if (Expired(deadline)) {
+        return Timeout("cuda_ipc: write of " + std::to_string(op_->bytes) +
+                       " bytes not complete by the deadline (it may still be in flight)");
+      }
+      // A layer's copy takes microseconds: spin briefly before sleeping.
+      if (Clock::now() - start < std::chrono::microseconds(500)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+  uint64_t bytes() const override { return op_->bytes; }
+  uint64_t transfers() const override { return op_->transfers; }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<Op> op_;
+};
+
+Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
+  const auto* local = dynamic_cast<const IpcRegistration*>(req.local);
+  if (local == nullptr) {
+    return InvalidArgument(req.local == nullptr
+                               ? "cuda_ipc Write: no local registration"
+                               : "cuda_ipc Write: local registration is not from a cuda_ipc transport");
+  }
+  if (local->region().device != shared->device) {
+    return InvalidArgument("cuda_ipc Write: local registration is on device " +
+                           std::to_string(local->region().device) + ", the transport on " +
+                           std::to_string(shared->device));
+  }
+  if (req.remote_region < 0 || static_cast<size_t>(req.remote_region) >= targets.size()) {
+    return InvalidArgument("cuda_ipc Write: remote_region " + std::to_string(req.remote_region) +
+                           " out of range (peer has " + std::to_string(targets.size()) + ")");
+  }
+  const Target& target = targets[static_cast<size_t>(req.remote_region)];
+  const uint64_t local_len = local->region().length;
+  const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
+  std::vector<CopyRun> runs;
+  runs.reserve(req.ops.size());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < req.ops.size(); ++i) {
+    const CopyOp& op = req.ops[i];
+    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
+        op.remote_offset > target.length || op.length > target.length - op.remote_offset) {
+      return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
+                             std::to_string(op.local_offset) + ", remote " +
+                             std::to_string(op.remote_offset) + ", length " +
+                             std::to_string(op.length) + ") lies outside the regions (" +
+                             std::to_string(local_len) + " local, " +
+                             std::to_string(target.length) + " remote bytes)");
+    }
+    if (op.length == 0) continue;
+    CopyRun r{local_base + op.local_offset, target.addr + op.remote_offset, op.length};
+    bytes += op.length;
+    // Coalesce in request order (runs contiguous on both sides).
+    if (!runs.empty() && runs.back().src + runs.back().length == r.src &&
+        runs.back().dst + runs.back().length == r.dst) {
+      runs.back().length += r.length;
+    } else {
+      runs.push_back(r);
+    }
+  }
+  // The scatter kernel copies runs in no particular order: only for disjoint destinations.
+  bool disjoint = true;
+  if (runs.size() >= 2) {
+    std::vector<CopyRun> sorted = runs;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const CopyRun& a, const CopyRun& b) { return a.dst < b.dst; });
+    for (size_t i = 1; i < sorted.size() && disjoint; ++i) {
+      disjoint = sorted[i - 1].dst + sorted[i - 1].length <= sorted[i].dst;
+    }
+  }
+  const std::vector<CopyRun>& merged = runs;
+  {
+    Status s = status();
+    if (!s.ok()) return s;
+  }
+
+  DeviceGuard guard(shared->device);
+  KV_RETURN_IF_ERROR(guard.status());
+  auto op = std::make_shared<Op>();
+  op->notify = req.notify;
+  op->notification = req.notification;
+  op->bytes = bytes;
+  op->transfers = merged.size();
+  KV_ASSIGN_OR_RETURN(op->done_event, shared->events.Acquire());
+  auto fail = [&](Status s) -> Status {
+    shared->events.Release(op->done_event);
+    shared->events.Release(op->dep_event);
+    return s;
+  };
+  cudaStream_t s = stream->get();
+  std::lock_guard<std::mutex> submit(submit_mu_);
+  if (req.after_stream != nullptr) {
+    auto dep = shared->events.Acquire();
+    if (!dep.ok()) return fail(dep.status());
+    op->dep_event = dep.value();
+    cudaError_t err = cudaEventRecord(op->dep_event, static_cast<cudaStream_t>(req.after_stream));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return fail(InvalidArgument(std::string("cuda_ipc Write: after_stream is not a usable stream "
+                                              "on device ") + std::to_string(shared->device) +
+                                  ": " + cudaGetErrorName(err)));
+    }
+    err = cudaStreamWaitEvent(s, op->dep_event, 0);
+    if (err != cudaSuccess) return fail(CudaStatus(err, "cudaStreamWaitEvent"));
+  }
+  const CopyMode mode = shared->options.copy_mode;
+  bool use_kernel = disjoint && (mode == CopyMode::kKernel ||
+                                 (mode == CopyMode::kAuto &&
+                                  merged.size() >= shared->options.kernel_min_runs));
+  uint64_t table_start = 0;
+  size_t entries = use_kernel ? cuda::ScatterTableEntries(merged.data(), merged.size()) : 0;
+  if (use_kernel && (entries == 0 || !ReserveTable(entries, &table_start))) use_kernel = false;
+  if (use_kernel) {
+    CopyRun* table_base = static_cast<CopyRun*>(table->data());
+    CopyRun* t = table_base + (table_start % table_capacity);
+    cuda::SplitRuns(merged.data(), merged.size(), t);
+    Status ls = cuda::LaunchScatterCopy(t, entries, s);
+    if (!ls.ok()) return fail(ls);
+    op->ring_end = table_start + entries;
+  } else {
+    for (const CopyRun& r : merged) {
+      cudaError_t err = cudaMemcpyAsync(reinterpret_cast<void*>(r.dst),
+                                        reinterpret_cast<const void*>(r.src), r.length,
+                                        cudaMemcpyDeviceToDevice, s);
+      // Runs already enqueued stay enqueued; the done event below is not recorded, so this op
+      // never completes: report the failure now.
+      if (err != cudaSuccess) return fail(CudaStatus(err, "cudaMemcpyAsync (device to device)"));
+    }
+    op->ring_end = RingHead();
+  }
+  cudaError_t err = cudaEventRecord(op->done_event, s);
+  if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord"));
+  Enqueue(op);
+  return std::unique_ptr<WriteHandle>(new IpcWriteHandle(shared_from_this(), op));
+}
+
+class IpcEndpoint : public Endpoint {
+ public:
+  explicit IpcEndpoint(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  ~IpcEndpoint() override { core_->Shutdown(); }
+  Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override {
+    return core_->Write(request);
+  }
+  Status status() const override { return core_->status(); }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+class CudaIpcTransport : public Transport {
+ public:
+  explicit CudaIpcTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  ~CudaIpcTransport() override { listener_.reset(); }
+
+  Status Init() {
+    std::weak_ptr<Shared> weak = shared_;
+    KV_ASSIGN_OR_RETURN(listener_, cuda::NotificationListener::Start(
+                                       "kvstream-cuda-ipc", [weak](const Notification& n) {
+                                         auto sh = weak.lock();
+                                         if (!sh) return;
+                                         std::lock_guard<std::mutex> lock(sh->sink_mu);
+                                         if (sh->sink) sh->sink(n);
+                                       }));
+    return OkStatus();
+  }
+
+  std::string name() const override { return "cuda_ipc"; }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.host_memory = false;
+    c.cuda_memory = true;
+    c.remote = false;
+    c.notifications = true;
+    return c;
+  }
+  std::string LocalAddress() const override { return listener_->address(); }
+
+  Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
+    if (region.kind != MemoryKind::kCuda) {
+      return NotSupported("cuda_ipc registers only CUDA device memory (kCuda), not host memory");
+    }
+    if (region.addr == nullptr || region.length == 0) {
+      return InvalidArgument("cuda_ipc Register: null address or zero length");
+    }
+    KV_ASSIGN_OR_RETURN(cuda::DevicePointerInfo info,
+                        cuda::QueryDevicePointer(region.addr, region.length));
+    if (region.device >= 0 && region.device != info.device) {
+      return InvalidArgument("cuda_ipc Register: region says device " +
+                             std::to_string(region.device) + " but the memory is on device " +
+                             std::to_string(info.device));
+    }
+    DeviceGuard guard(info.device);
+    KV_RETURN_IF_ERROR(guard.status());
+    KeyWire k{};
+    std::memcpy(k.magic, kKeyMagic, sizeof(kKeyMagic));
+    k.version = kKeyVersion;
+    k.device = info.device;
+    KV_ASSIGN_OR_RETURN(std::string bus, cuda::PciBusId(info.device));
+    std::strncpy(k.pci_bus_id, bus.c_str(), sizeof(k.pci_bus_id) - 1);
+    std::strncpy(k.host_id, cuda::HostIdentity().c_str(), sizeof(k.host_id) - 1);
+    k.pid = static_cast<uint64_t>(::getpid());
+    k.alloc_base = info.alloc_base;
+    k.alloc_size = info.alloc_size;
+    k.offset = reinterpret_cast<uint64_t>(region.addr) - info.alloc_base;
+    k.length = region.length;
+    cudaError_t err = cudaIpcGetMemHandle(&k.handle, reinterpret_cast<void*>(info.alloc_base));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return NotSupported(std::string("cuda_ipc Register: cudaIpcGetMemHandle refused this "
+                                      "allocation (allocate it with cudaMalloc): ") +
+                          cudaGetErrorName(err));
+    }
+    MemoryRegion r = region;
+    r.device = info.device;
+    return std::unique_ptr<Registration>(
+        new IpcRegistration(r, std::string(reinterpret_cast<const char*>(&k), sizeof(k))));
+  }
+
+  Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) override {
+    auto core = std::make_shared<Core>();
+    core->shared = shared_;
+    for (size_t i = 0; i < peer.regions.size(); ++i) {
+      auto parsed = ParseKey(peer.regions[i].key);
+      if (!parsed.ok()) return parsed.status().WithContext("region " + std::to_string(i));
+      const KeyWire& k = parsed.value();
+      if (cuda::HostIdentity() != k.host_id) {
+        return NotSupported("cuda_ipc: region " + std::to_string(i) +
+                            " belongs to another host; cuda_ipc works on one host only");
+      }
+      if (peer.regions[i].length > k.length) {
+        return InvalidArgument("cuda_ipc: region " + std::to_string(i) + " claims " +
+                               std::to_string(peer.regions[i].length) + " bytes, its key " +
+                               std::to_string(k.length));
+      }
+      KV_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> m, shared_->Open(k));
+      core->targets.push_back({m, reinterpret_cast<uint64_t>(m->base) + k.offset, k.length});
+    }
+    KV_ASSIGN_OR_RETURN(auto ch, cuda::NotificationChannel::Connect(
+                                     peer.address,
+                                     DeadlineAfterMs(shared_->options.connect_timeout_ms)));
+    core->channel_fd_ = ch->fd();
+    core->channel = std::move(ch);
+    KV_ASSIGN_OR_RETURN(core->stream, cuda::Stream::CreateLowestPriority(shared_->device));
+    core->table_capacity = std::max<size_t>(shared_->options.table_entries, 1);
+    KV_ASSIGN_OR_RETURN(core->table,
+                        cuda::PinnedBuffer::Allocate(core->table_capacity * sizeof(CopyRun)));
+    core->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (core->wake_fd < 0) return Internal("cuda_ipc: eventfd failed");
+    core->Start();
+    return std::unique_ptr<Endpoint>(new IpcEndpoint(std::move(core)));
+  }
+
+  void SetNotificationSink(NotificationSink sink) override {
+    std::lock_guard<std::mutex> lock(shared_->sink_mu);
+    shared_->sink = std::move(sink);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<cuda::NotificationListener> listener_;
+};
+
+}  // namespace
+
+CopyMode CopyModeFromEnv() {
+  const char* v = std::getenv("KVSTREAM_CUDA_IPC_COPY");
+  if (v == nullptr) return CopyMode::kAuto;
+  std::string s(v);
+  if (s == "memcpy") return CopyMode::kMemcpy;
+  if (s == "kernel") return CopyMode::kKernel;
+  return CopyMode::kAuto;
+}
+
+Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options) {
+  KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
+  int device = options.device;
+  if (device < 0) {
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
+  }
+  if (device >= count) {
+    return InvalidArgument("cuda_ipc: device " + std::to_string(device) + " does not exist (" +
+                           std::to_string(count) + " visible)");
+  }
+  {
+    DeviceGuard guard(device);
+    KV_RETURN_IF_ERROR(guard.status());
+    KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
+  }
+  auto shared = std::make_shared<Shared>(device);
+  shared->options = options;
+  shared->options.device = device;
+  auto t = std::make_unique<CudaIpcTransport>(shared);
+  KV_RETURN_IF_ERROR(t->Init());
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
+  CudaIpcOptions o;
+  o.device = options.device;
+  o.copy_mode = CopyModeFromEnv();
+  return CreateCudaIpcTransport(o);
+}
+
+}  // namespace kvstream::transport::cuda_ipc

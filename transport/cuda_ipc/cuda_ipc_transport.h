@@ -1,0 +1,61 @@
+// CUDA IPC transport: moves CUDA device memory between processes on one host (same GPU, or
+// GPUs that can reach each other as peers). Registered only when CUDA is built in.
+//
+// How it maps onto transport.h:
+//  - Register(kCuda region): the RemoteKey carries cudaIpcGetMemHandle of the allocation that
+//    holds the region plus the region's offset and length inside it (and the host's boot id,
+//    pid and device PCI id, to refuse keys from another host). kHost regions: kNotSupported.
+//  - LocalAddress(): "unix:@kvstream-cuda-ipc.<pid>.<n>", the control socket this transport
+//    listens on; notifications arrive there and are handed to the NotificationSink.
+//  - Connect(): opens each peer allocation once (cudaIpcOpenMemHandle with lazy peer access;
+//    handles are shared between endpoints of one transport and closed with the last one),
+//    connects the control socket and creates the endpoint's copy stream at the LOWEST stream
+//    priority, so transfers never preempt compute.
+//  - Write(): validates every op, coalesces runs that are contiguous on both sides, optionally
+//    makes the copy stream wait on `after_stream`, then copies with cudaMemcpyAsync per run, or,
+//    for many scattered runs, with one scatter-copy kernel whose run table sits in pinned host
+//    memory; an event from a per-transport pool marks completion. Once it has completed the
+//    notification goes out on the control socket (from Wait()'s thread or the endpoint's
+//    completion thread, whichever sees it first; exactly once).
+//  - Peer death: EOF on the control socket -> endpoint status, pending and later writes
+//    kRemoteDisconnect (detected within about 20 ms).
+//  - ~Endpoint: stops the completion thread, waits (bounded, close_timeout_ms) for its copy
+//    stream to drain, fails unfinished handles with kCanceled and closes the IPC mappings, so
+//    nothing more can land. Handles may outlive their endpoint (they then report the result).
+//  - Destroying a Registration does not revoke a mapping a peer already opened (CUDA IPC has no
+//    revocation); the memory stays valid while its allocation lives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace kvstream::transport::cuda_ipc {
+
+enum class CopyMode {
+  kAuto,    // cudaMemcpyAsync per run for few runs, the scatter kernel for many
+  kMemcpy,  // always cudaMemcpyAsync per run
+  kKernel,  // always the scatter kernel
+};
+
+struct CudaIpcOptions {
+  int device = -1;                   // device of local registrations and copy streams; -1 = current
+  CopyMode copy_mode = CopyMode::kAuto;
+  size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
+  size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
+  int64_t connect_timeout_ms = 5000;
+  int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
+};
+
+// kUnavailable when no CUDA device is usable (message says why).
+Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options);
+// For the registry: device from options.device; copy mode from KVSTREAM_CUDA_IPC_COPY
+// (auto | memcpy | kernel).
+Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
+
+CopyMode CopyModeFromEnv();
+
+}  // namespace kvstream::transport::cuda_ipc

@@ -1,0 +1,1254 @@
+#include "transport/staged/staged_transport.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvstream::transport::staged {
+namespace {
+
+using cuda::CopyRun;
+using cuda::CudaStatus;
+using cuda::DeviceGuard;
+
+// ---- wire formats (same as the peer's build: versioned by the magics) -----------------------
+
+// Protocol messages ride on the inner transport's notifications: flags = kMagic | type | bits.
+constexpr int32_t kFlagMagic = 0x4B500000;
+constexpr int32_t kFlagMagicMask = 0x7FF00000;
+enum MsgType : int32_t { kHello = 1, kChunk = 2, kBye = 3, kCredit = 4, kByeAck = 5, kPing = 6 };
+constexpr int32_t kBitWriteDone = 1 << 8;
+constexpr int32_t kBitError = 1 << 9;
+
+constexpr uint64_t kHeaderBytes = 64 * 1024;    // chunk descriptor area in front of each slot
+constexpr uint64_t kMailboxBytes = 16 * 1024;   // one hello record
+constexpr uint32_t kMailboxes = 16;
+
+struct AddrWire {
+  char magic[8];  // "KVSTGA01"
+  uint64_t staging_addr;
+  uint64_t staging_len;
+  uint64_t chunk_bytes;
+  uint64_t slot_stride;
+  uint32_t slots;
+  uint32_t mailboxes;
+  uint32_t inner_addr_len;
+  uint32_t staging_key_len;
+};
+struct HelloWire {
+  char magic[8];  // "KVSTHL01"
+  uint64_t nonce;
+  uint32_t conn_id;
+  uint32_t addr_len;
+  uint32_t key_len;
+  uint32_t pad;
+  uint64_t box_addr;
+  uint64_t box_len;
+};
+struct ChunkWire {
+  char magic[8];  // "KVSTCK01"
+  uint32_t conn_id;
+  uint32_t npieces;
+  uint64_t write_seq;
+  uint32_t chunk_index;
+  uint32_t total_chunks;
+  uint32_t has_note;
+  int32_t note_layer;
+  uint64_t note_request;
+  int32_t note_flags;
+  uint32_t pad;
+  uint64_t data_bytes;
+};
+struct PieceWire {
+  uint32_t region_id;
+  uint32_t pad;
+  uint64_t dst_offset;
+  uint64_t staging_offset;
+  uint64_t length;
+};
+struct KeyWire {
+  char magic[8];  // "KVSTRK01"
+  uint32_t region_id;
+  int32_t device;
+  uint64_t length;
+};
+constexpr char kAddrMagic[8] = {'K', 'V', 'S', 'T', 'G', 'A', '0', '1'};
+constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '1'};
+constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '1'};
+constexpr char kKeyMagic[8] = {'K', 'V', 'S', 'T', 'R', 'K', '0', '1'};
+constexpr uint64_t kMaxPieces = (kHeaderBytes - sizeof(ChunkWire)) / sizeof(PieceWire);
+
+Notification Msg(MsgType type, uint64_t request_id, int32_t layer, int32_t bits = 0) {
+  return Notification{request_id, layer, kFlagMagic | type | bits};
+}
+
+// Device -> pinned staging (writer) or pinned staging -> device (receiver) for one chunk.
+// `runs` move between scattered device addresses and the chunk's contiguous staging bytes
+// [0, bytes). Few runs: cudaMemcpyAsync each. Many: the copy engine moves the chunk in one
+// piece between staging and a device scratch buffer, and the scatter kernel does the
+// scattering device-side (its run table, `table`, is pinned and stays untouched until the
+// stream passes it).
+enum class Direction { kToHost, kToDevice };
+Status CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t staging, uint64_t bytes,
+                 void* scratch, CopyRun* table, size_t table_cap, cudaStream_t stream) {
+  if (runs.size() >= 4 && scratch != nullptr) {
+    // Re-aim the runs' staging side at the scratch buffer.
+    std::vector<CopyRun> dev = runs;
+    const uint64_t sc = reinterpret_cast<uint64_t>(scratch);
+    for (CopyRun& r : dev) {
+      if (dir == Direction::kToHost) r.dst = sc + (r.dst - staging);
+      else r.src = sc + (r.src - staging);
+    }
+    size_t entries = cuda::ScatterTableEntries(dev.data(), dev.size());
+    if (entries <= table_cap) {
+      if (dir == Direction::kToDevice) {
+        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch, reinterpret_cast<const void*>(staging), bytes,
+                                                cudaMemcpyHostToDevice, stream),
+                                "cudaMemcpyAsync (staging to scratch)");
+      }
+      cuda::SplitRuns(dev.data(), dev.size(), table);
+      KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, stream));
+      if (dir == Direction::kToHost) {
+        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(staging), scratch, bytes,
+                                                cudaMemcpyDeviceToHost, stream),
+                                "cudaMemcpyAsync (scratch to staging)");
+      }
+      return OkStatus();
+    }
+  }
+  const cudaMemcpyKind kind = dir == Direction::kToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  for (const CopyRun& r : runs) {
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(r.dst),
+                                            reinterpret_cast<const void*>(r.src), r.length, kind,
+                                            stream),
+                            "cudaMemcpyAsync (staging)");
+  }
+  return OkStatus();
+}
+
+constexpr size_t kTableEntriesPerSlot = 4096;  // >= pieces after splitting into 256 KiB pieces
+
+// ---- shared state ----------------------------------------------------------------------------
+
+struct WriteState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  uint64_t bytes = 0;
+  bool IsDone() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+  void Complete(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (done) return;
+      done = true;
+      status = std::move(s);
+    }
+    cv.notify_all();
+  }
+};
+
+class StagedWriteHandle : public WriteHandle {
+ public:
+  explicit StagedWriteHandle(std::shared_ptr<WriteState> w) : w_(std::move(w)) {}
+  bool Done() const override {
+    std::lock_guard<std::mutex> lock(w_->mu);
+    return w_->done;
+  }
+  Status Wait(Deadline deadline) override {
+    std::unique_lock<std::mutex> lock(w_->mu);
+    if (!w_->cv.wait_until(lock, deadline, [&] { return w_->done; })) {
+      return Timeout("ucx_staged: write of " + std::to_string(w_->bytes) +
+                     " bytes not complete by the deadline (it may still be in flight)");
+    }
+    return w_->status;
+  }
+  uint64_t bytes() const override { return w_->bytes; }
+
+ private:
+  std::shared_ptr<WriteState> w_;
+};
+
+struct RegionInfo {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
+class WriterCore;
+class Receiver;
+
+struct Shared {
+  StagedOptions options;
+  int device = -1;
+  std::unique_ptr<Transport> inner;
+  cuda::EventPool events;
+  explicit Shared(int dev) : device(dev), events(dev) {}
+
+  // Receive side.
+  std::unique_ptr<cuda::PinnedBuffer> staging;
+  std::unique_ptr<Registration> staging_reg;
+  uint64_t slot_stride = 0;
+  std::unique_ptr<cuda::PinnedBuffer> recv_tables;  // kTableEntriesPerSlot per slot
+  std::mutex regions_mu;
+  std::map<uint32_t, RegionInfo> regions;
+  uint32_t next_region_id = 1;
+  // Writer side: a small registered box the peers' credit endpoints connect to.
+  std::vector<char> box;
+  std::unique_ptr<Registration> box_reg;
+
+  std::mutex sink_mu;
+  NotificationSink sink;
+
+  std::mutex router_mu;
+  std::map<uint32_t, std::weak_ptr<WriterCore>> writers;  // by conn id
+  std::shared_ptr<Receiver> receiver;
+
+  uint64_t MailboxOffset(uint32_t i) const { return uint64_t(i) * kMailboxBytes; }
+  uint64_t SlotOffset(uint32_t slot) const {
+    return uint64_t(kMailboxes) * kMailboxBytes + uint64_t(slot) * slot_stride;
+  }
+  void OnInner(const Notification& n);
+};
+
+class StagedRegistration : public Registration {
+ public:
+  StagedRegistration(std::shared_ptr<Shared> shared, MemoryRegion region, uint32_t id)
+      : shared_(std::move(shared)), region_(region), id_(id) {}
+  ~StagedRegistration() override {
+    std::lock_guard<std::mutex> lock(shared_->regions_mu);
+    shared_->regions.erase(id_);
+  }
+  const MemoryRegion& region() const override { return region_; }
+  std::string RemoteKey() const override {
+    KeyWire k{};
+    std::memcpy(k.magic, kKeyMagic, sizeof(k.magic));
+    k.region_id = id_;
+    k.device = region_.device;
+    k.length = region_.length;
+    return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
+  }
+  const Shared* owner() const { return shared_.get(); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  MemoryRegion region_;
+  uint32_t id_;
+};
+
+// ---- receive side: one thread per transport ---------------------------------------------------
+
+class Receiver {
+ public:
+  explicit Receiver(Shared* shared) : shared_(shared) {}
+  ~Receiver() { Stop(); }
+
+  Status Start() {
+    KV_ASSIGN_OR_RETURN(stream_, cuda::Stream::CreateLowestPriority(shared_->device));
+    KV_ASSIGN_OR_RETURN(scratch_, cuda::DeviceBuffer::Allocate(
+                                      shared_->device, size_t(shared_->options.recv_slots) *
+                                                           shared_->options.chunk_bytes));
+    for (int s = 0; s < shared_->options.recv_slots; ++s) free_slots_.push_back(uint32_t(s));
+    slot_owner_.assign(size_t(shared_->options.recv_slots), 0);
+    thread_ = std::thread([this] { Run(); });
+    return OkStatus();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (stream_) (void)cuda::WaitStreamIdle(stream_->get(), DeadlineAfterMs(5000));
+    conns_.clear();
+    closing_.clear();
+    stream_.reset();
+    scratch_.reset();
+  }
+
+  void Post(const Notification& n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inbox_.push_back(n);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Conn {
+    std::unique_ptr<Endpoint> back;
+    uint32_t granted = 0;
+    std::map<uint64_t, uint32_t> progress;  // write_seq -> chunks on the device
+  };
+  struct Item {
+    bool bye = false;
+    uint32_t conn_id = 0;
+    uint32_t slot = 0;
+    uint64_t write_seq = 0;
+    uint32_t total = 0;
+    bool has_note = false;
+    Notification note;
+    cudaEvent_t event = nullptr;
+    Status error;  // a rejected chunk: no copy, error credit
+  };
+
+  void Send(uint32_t conn_id, Conn& c, const Notification& n) {
+    WriteRequest wr;
+    wr.local = shared_->staging_reg.get();
+    wr.remote_region = 0;
+    wr.notify = true;
+    wr.notification = n;
+    auto h = c.back->Write(wr);
+    if (!h.ok()) {
+      KV_LOG_WARN << "ucx_staged: writer " << conn_id << " unreachable: " << h.status().ToString();
+      return;
+    }
+    pending_sends_.push_back(std::move(h).value());
+  }
+
+  void Grant(uint32_t conn_id, Conn& c) {
+    while (c.granted < uint32_t(shared_->options.credits_per_peer) && !free_slots_.empty()) {
+      uint32_t slot = free_slots_.front();
+      free_slots_.pop_front();
+      slot_owner_[slot] = conn_id;
+      c.granted++;
+      Send(conn_id, c, Msg(kCredit, uint64_t(slot), int32_t(conn_id)));
+    }
+  }
+
+  void HandleHello(const Notification& n) {
+    uint32_t box = uint32_t(n.layer);
+    if (box >= kMailboxes) return;
+    const char* rec = static_cast<const char*>(shared_->staging->data()) + shared_->MailboxOffset(box);
+    HelloWire h;
+    std::memcpy(&h, rec, sizeof(h));
+    if (std::memcmp(h.magic, kHelloMagic, sizeof(h.magic)) != 0 || h.nonce != n.request_id ||
+        sizeof(h) + uint64_t(h.addr_len) + h.key_len > kMailboxBytes || h.conn_id == 0) {
+      KV_LOG_WARN << "ucx_staged: ignoring a malformed or overwritten hello in mailbox " << box;
+      return;
+    }
+    if (conns_.count(h.conn_id)) {
+      KV_LOG_WARN << "ucx_staged: hello from an already known connection id " << h.conn_id;
+      return;
+    }
+    PeerDescriptor back;
+    back.address.assign(rec + sizeof(h), h.addr_len);
+    back.regions.push_back({h.box_addr, h.box_len, std::string(rec + sizeof(h) + h.addr_len, h.key_len)});
+    auto ep = shared_->inner->Connect(back);
+    if (!ep.ok()) {
+      KV_LOG_WARN << "ucx_staged: cannot connect back to writer " << h.conn_id << ": "
+                  << ep.status().ToString();
+      return;
+    }
+    Conn& c = conns_[h.conn_id];
+    c.back = std::move(ep).value();
+    Grant(h.conn_id, c);
+    if (c.granted < uint32_t(shared_->options.credits_per_peer)) starved_.push_back(h.conn_id);
+  }
+
+  Status ParseChunk(uint32_t conn_id, uint32_t slot, Item* item, std::vector<CopyRun>* runs,
+                    uint64_t* data_bytes) {
+    const char* base = static_cast<const char*>(shared_->staging->data()) + shared_->SlotOffset(slot);
+    ChunkWire cw;
+    std::memcpy(&cw, base, sizeof(cw));
+    if (std::memcmp(cw.magic, kChunkMagic, sizeof(cw.magic)) != 0 || cw.conn_id != conn_id) {
+      return DataLoss("ucx_staged: chunk descriptor in slot " + std::to_string(slot) + " is corrupt");
+    }
+    item->write_seq = cw.write_seq;
+    item->total = cw.total_chunks;
+    item->has_note = cw.has_note != 0;
+    item->note = Notification{cw.note_request, cw.note_layer, cw.note_flags};
+    if (cw.npieces > kMaxPieces || cw.data_bytes > shared_->options.chunk_bytes ||
+        cw.total_chunks == 0 || cw.chunk_index >= cw.total_chunks) {
+      return DataLoss("ucx_staged: chunk descriptor out of range");
+    }
+    const uint64_t data = reinterpret_cast<uint64_t>(base) + kHeaderBytes;
+    *data_bytes = cw.data_bytes;
+    std::lock_guard<std::mutex> lock(shared_->regions_mu);
+    for (uint32_t i = 0; i < cw.npieces; ++i) {
+      PieceWire p;
+      std::memcpy(&p, base + sizeof(cw) + i * sizeof(PieceWire), sizeof(p));
+      auto it = shared_->regions.find(p.region_id);
+      if (it == shared_->regions.end()) {
+        return InvalidArgument("ucx_staged: chunk names region " + std::to_string(p.region_id) +
+                               ", which is not registered (any more)");
+      }
+      const RegionInfo& r = it->second;
+      if (p.dst_offset > r.length || p.length > r.length - p.dst_offset ||
+          p.staging_offset > cw.data_bytes || p.length > cw.data_bytes - p.staging_offset) {
+        return InvalidArgument("ucx_staged: chunk piece out of bounds");
+      }
+      if (p.length == 0) continue;
+      runs->push_back({data + p.staging_offset, r.addr + p.dst_offset, p.length});
+    }
+    return OkStatus();
+  }
+
+  void HandleChunk(const Notification& n) {
+    uint32_t conn_id = uint32_t(n.request_id >> 32);
+    uint32_t slot = uint32_t(n.request_id & 0xFFFFFFFFu);
+    auto it = conns_.find(conn_id);
+    if (it == conns_.end() || slot >= slot_owner_.size() || slot_owner_[slot] != conn_id) {
+      KV_LOG_WARN << "ucx_staged: dropping a chunk of unknown connection " << conn_id << " slot " << slot;
+      return;
+    }
+    Item item;
+    item.conn_id = conn_id;
+    item.slot = slot;
+    std::vector<CopyRun> runs;
+    uint64_t data_bytes = 0;
+    item.error = ParseChunk(conn_id, slot, &item, &runs, &data_bytes);
+    if (item.error.ok()) {
+      CopyRun* table = static_cast<CopyRun*>(shared_->recv_tables->data()) + size_t(slot) * kTableEntriesPerSlot;
+      const uint64_t staging = reinterpret_cast<uint64_t>(shared_->staging->data()) +
+                               shared_->SlotOffset(slot) + kHeaderBytes;
+      void* scratch = static_cast<char*>(scratch_->data()) + size_t(slot) * shared_->options.chunk_bytes;
+      Status s = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
+                           kTableEntriesPerSlot, stream_->get());
+      auto ev = shared_->events.Acquire();
+      if (s.ok() && ev.ok()) {
+        item.event = ev.value();
+        s = CudaStatus(cudaEventRecord(item.event, stream_->get()), "cudaEventRecord");
+      } else if (s.ok()) {
+        s = ev.status();
+      }
+      item.error = s;
+    }
+    inflight_.push_back(std::move(item));
+  }
+
+  void Complete(Item& item) {
+    auto it = conns_.find(item.conn_id);
+    if (item.bye) {
+      if (it == conns_.end()) return;
+      Conn c = std::move(it->second);
+      conns_.erase(it);
+      starved_.erase(std::remove(starved_.begin(), starved_.end(), item.conn_id), starved_.end());
+      for (uint32_t s = 0; s < slot_owner_.size(); ++s) {
+        if (slot_owner_[s] == item.conn_id) {
+          slot_owner_[s] = 0;
+          free_slots_.push_back(s);
+        }
+      }
+      Send(item.conn_id, c, Msg(kByeAck, item.conn_id, int32_t(item.conn_id)));
+      closing_.push_back(std::move(c.back));  // kept until the ack has gone out
+      RegrantStarved();
+      return;
+    }
+    if (it == conns_.end()) return;
+    Conn& c = it->second;
+    int32_t bits = 0;
+    if (!item.error.ok()) {
+      KV_LOG_WARN << "ucx_staged: rejecting a chunk: " << item.error.ToString();
+      c.progress.erase(item.write_seq);
+      bits = kBitError;
+    } else if (++c.progress[item.write_seq] == item.total) {
+      c.progress.erase(item.write_seq);
+      if (item.has_note) {
+        std::lock_guard<std::mutex> lock(shared_->sink_mu);
+        if (shared_->sink) shared_->sink(item.note);
+      }
+      bits = kBitWriteDone;
+    }
+    Send(item.conn_id, c, Msg(kCredit, (item.write_seq << 16) | item.slot, int32_t(item.conn_id), bits));
+  }
+
+  void RegrantStarved() {
+    for (size_t i = 0; i < starved_.size();) {
+      auto it = conns_.find(starved_[i]);
+      if (it == conns_.end()) {
+        starved_.erase(starved_.begin() + long(i));
+        continue;
+      }
+      Grant(it->first, it->second);
+      if (it->second.granted >= uint32_t(shared_->options.credits_per_peer)) {
+        starved_.erase(starved_.begin() + long(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void Run() {
+    DeviceGuard guard(shared_->device);
+    for (;;) {
+      std::deque<Notification> inbox;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        auto idle = inflight_.empty() && pending_sends_.empty() && closing_.empty();
+        cv_.wait_for(lock, idle ? std::chrono::microseconds(50000) : std::chrono::microseconds(20),
+                     [&] { return stop_ || !inbox_.empty(); });
+        if (stop_) break;
+        inbox.swap(inbox_);
+      }
+      for (const Notification& n : inbox) {
+        switch (n.flags & 0xFF) {
+          case kHello: HandleHello(n); break;
+          case kChunk: HandleChunk(n); break;
+          case kBye: {
+            Item bye;
+            bye.bye = true;
+            bye.conn_id = uint32_t(n.request_id);
+            inflight_.push_back(std::move(bye));
+            break;
+          }
+          default: break;
+        }
+      }
+      // One in-order stream: complete items from the front as their copies finish.
+      while (!inflight_.empty()) {
+        Item& front = inflight_.front();
+        if (front.event != nullptr) {
+          cudaError_t err = cudaEventQuery(front.event);
+          if (err == cudaErrorNotReady) break;
+          if (err != cudaSuccess && front.error.ok()) front.error = CudaStatus(err, "staging copy");
+          shared_->events.Release(front.event);
+          front.event = nullptr;
+        }
+        Item item = std::move(front);
+        inflight_.pop_front();
+        Complete(item);
+      }
+      pending_sends_.erase(std::remove_if(pending_sends_.begin(), pending_sends_.end(),
+                                          [](const std::unique_ptr<WriteHandle>& h) { return h->Done(); }),
+                           pending_sends_.end());
+      if (pending_sends_.empty()) closing_.clear();
+    }
+  }
+
+  Shared* shared_;
+  std::unique_ptr<cuda::Stream> stream_;
+  std::unique_ptr<cuda::DeviceBuffer> scratch_;  // chunk_bytes per slot
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::deque<Notification> inbox_;
+  std::thread thread_;
+  // Owned by the thread:
+  std::map<uint32_t, Conn> conns_;
+  std::deque<uint32_t> free_slots_;
+  std::vector<uint32_t> slot_owner_;
+  std::vector<uint32_t> starved_;
+  std::deque<Item> inflight_;
+  std::vector<std::unique_ptr<WriteHandle>> pending_sends_;
+  std::vector<std::unique_ptr<Endpoint>> closing_;
+};
+
+// ---- send side: one pipeline thread per endpoint ---------------------------------------------
+
+struct Piece {
+  uint64_t src = 0;
+  uint32_t region_id = 0;
+  uint64_t dst_offset = 0;
+  uint64_t staging_offset = 0;
+  uint64_t length = 0;
+};
+struct Chunk {
+  std::shared_ptr<WriteState> write;
+  uint64_t write_seq = 0;
+  uint32_t index = 0, total = 0;
+  bool has_note = false;
+  Notification note;
+  std::vector<Piece> pieces;
+  uint64_t bytes = 0;
+  cudaEvent_t dep = nullptr;  // first chunk of a write with after_stream
+};
+struct SendBuf {
+  uint64_t offset = 0;  // in the send staging registration
+  int state = 0;        // 0 free, 1 copying to host, 2 put in flight
+  cudaEvent_t event = nullptr;
+  cudaEvent_t dep = nullptr;
+  std::unique_ptr<WriteHandle> put;
+  Chunk chunk;
+  uint32_t slot = 0;
+};
+
+class WriterCore : public std::enable_shared_from_this<WriterCore> {
+ public:
+  std::shared_ptr<Shared> shared;
+  uint32_t conn_id = 0;
+  std::unique_ptr<Endpoint> inner_ep;
+  std::unique_ptr<cuda::PinnedBuffer> send_staging;
+  std::unique_ptr<Registration> send_reg;
+  std::unique_ptr<cuda::PinnedBuffer> tables;  // kTableEntriesPerSlot per send buffer
+  std::unique_ptr<cuda::DeviceBuffer> scratch;  // chunk_cap per send buffer
+  std::unique_ptr<cuda::Stream> stream;
+  std::vector<RegionInfo> remote;  // per peer region: id in `addr`, length
+  AddrWire peer{};
+  uint64_t buf_stride = 0;
+  uint64_t chunk_cap = 0;  // data bytes per chunk: fits our buffers and the peer's slots
+
+  ~WriterCore() { Shutdown(); }
+
+  void OnCredit(const Notification& n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const int type = n.flags & 0xFF;
+      if (type == kByeAck) {
+        bye_acked_ = true;
+      } else if (type == kCredit) {
+        credits_.push_back(uint32_t(n.request_id & 0xFFFF));
+        const uint64_t seq = n.request_id >> 16;
+        if (n.flags & (kBitWriteDone | kBitError)) {
+          auto it = writes_.find(seq);
+          if (it != writes_.end()) {
+            it->second->Complete((n.flags & kBitError)
+                                     ? DataLoss("ucx_staged: the peer rejected a chunk of this write")
+                                     : OkStatus());
+            writes_.erase(it);
+          }
+        }
+      }
+    }
+    cv_.notify_all();
+  }
+
+  Status WaitFirstCredit(Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return !credits_.empty(); })) {
+      return Unavailable("ucx_staged: the peer granted no staging slot in time (hello lost?)");
+    }
+    return OkStatus();
+  }
+
+  void Start(int nbufs) {
+    started_ = true;
+    for (int i = 0; i < nbufs; ++i) {
+      bufs_.emplace_back();
+      bufs_.back().offset = uint64_t(i) * buf_stride;
+    }
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  Status status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+  Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& req);
+
+  void Shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
+      for (Chunk& c : queue_) FailWriteLocked(c.write_seq, c.write, Canceled("ucx_staged: endpoint destroyed"));
+      for (Chunk& c : queue_) shared->events.Release(c.dep);
+      queue_.clear();
+    }
+    cv_.notify_all();
+    const Deadline deadline = DeadlineAfterMs(shared->options.close_timeout_ms);
+    bool drained = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      drained = cv_.wait_until(lock, deadline, [&] {
+        return !status_.ok() || (writes_.empty() && in_flight_bufs_ == 0);
+      });
+      drained = drained && status_.ok();
+    }
+    if (drained && started_ && inner_ep) {
+      WriteRequest wr;
+      wr.local = send_reg.get();
+      wr.remote_region = 0;
+      wr.notify = true;
+      wr.notification = Msg(kBye, conn_id, int32_t(conn_id));
+      auto h = inner_ep->Write(wr);
+      if (h.ok()) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_until(lock, deadline, [&] { return bye_acked_ || !status_.ok(); });
+        if (!bye_acked_) {
+          KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
+        }
+      }
+    } else if (!drained) {
+      KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      if (status_.ok()) status_ = Canceled("ucx_staged: endpoint destroyed");
+      for (auto& [seq, w] : writes_) w->Complete(Canceled("ucx_staged: endpoint destroyed"));
+      writes_.clear();
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(shared->router_mu);
+      shared->writers.erase(conn_id);
+    }
+    if (stream) (void)cuda::WaitStreamIdle(stream->get(), DeadlineAfterMs(5000));
+    if (ping_) (void)ping_->Wait(DeadlineAfterMs(1000));
+    for (SendBuf& b : bufs_) {
+      shared->events.Release(b.event);
+      shared->events.Release(b.dep);
+      if (b.put) (void)b.put->Wait(DeadlineAfterMs(1000));
+    }
+    inner_ep.reset();
+  }
+
+ private:
+  void FailWriteLocked(uint64_t seq, const std::shared_ptr<WriteState>& w, Status s) {
+    w->Complete(std::move(s));
+    writes_.erase(seq);
+  }
+
+  void FailAllLocked(const Status& s) {
+    if (status_.ok()) status_ = s;
+    for (auto& [seq, w] : writes_) w->Complete(s);
+    writes_.clear();
+    for (Chunk& c : queue_) shared->events.Release(c.dep);
+    queue_.clear();
+  }
+
+  // Starts the device -> pinned copy of `chunk` into `b` bound for peer slot `slot`.
+  Status StartChunk(SendBuf& b, Chunk chunk, uint32_t slot) {
+    char* base = static_cast<char*>(send_staging->data()) + b.offset;
+    ChunkWire cw{};
+    std::memcpy(cw.magic, kChunkMagic, sizeof(cw.magic));
+    cw.conn_id = conn_id;
+    cw.npieces = uint32_t(chunk.pieces.size());
+    cw.write_seq = chunk.write_seq;
+    cw.chunk_index = chunk.index;
+    cw.total_chunks = chunk.total;
+    cw.has_note = chunk.has_note;
+    cw.note_request = chunk.note.request_id;
+    cw.note_layer = chunk.note.layer;
+    cw.note_flags = chunk.note.flags;
+    cw.data_bytes = chunk.bytes;
+    std::memcpy(base, &cw, sizeof(cw));
+    std::vector<CopyRun> runs;
+    const uint64_t staging = reinterpret_cast<uint64_t>(base + kHeaderBytes);
+    for (size_t i = 0; i < chunk.pieces.size(); ++i) {
+      const Piece& p = chunk.pieces[i];
+      PieceWire pw{p.region_id, 0, p.dst_offset, p.staging_offset, p.length};
+      std::memcpy(base + sizeof(cw) + i * sizeof(PieceWire), &pw, sizeof(pw));
+      CopyRun r{p.src, staging + p.staging_offset, p.length};
+      // Pieces sit back to back in staging: merge those whose sources are contiguous too.
+      if (!runs.empty() && runs.back().src + runs.back().length == r.src &&
+          runs.back().dst + runs.back().length == r.dst) {
+        runs.back().length += r.length;
+      } else {
+        runs.push_back(r);
+      }
+    }
+    if (chunk.dep != nullptr) {
+      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream->get(), chunk.dep, 0), "cudaStreamWaitEvent");
+    }
+    b.dep = chunk.dep;
+    chunk.dep = nullptr;
+    const size_t index = size_t(&b - bufs_.data());
+    CopyRun* table = static_cast<CopyRun*>(tables->data()) + index * kTableEntriesPerSlot;
+    void* sc = static_cast<char*>(scratch->data()) + index * chunk_cap;
+    KV_RETURN_IF_ERROR(CopyChunk(Direction::kToHost, runs, staging, chunk.bytes, sc, table,
+                                 kTableEntriesPerSlot, stream->get()));
+    KV_ASSIGN_OR_RETURN(b.event, shared->events.Acquire());
+    KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.event, stream->get()), "cudaEventRecord");
+    b.chunk = std::move(chunk);
+    b.slot = slot;
+    b.state = 1;
+    return OkStatus();
+  }
+
+  Status PostChunk(SendBuf& b) {
+    const uint64_t slot_off = shared->MailboxOffset(0) + uint64_t(peer.mailboxes) * kMailboxBytes +
+                              uint64_t(b.slot) * peer.slot_stride;
+    WriteRequest wr;
+    wr.local = send_reg.get();
+    wr.remote_region = 0;
+    const uint64_t header = sizeof(ChunkWire) + b.chunk.pieces.size() * sizeof(PieceWire);
+    wr.ops.push_back({b.offset, slot_off, header});
+    if (b.chunk.bytes > 0) wr.ops.push_back({b.offset + kHeaderBytes, slot_off + kHeaderBytes, b.chunk.bytes});
+    wr.notify = true;
+    wr.notification = Msg(kChunk, (uint64_t(conn_id) << 32) | b.slot, int32_t(b.chunk.index));
+    KV_ASSIGN_OR_RETURN(b.put, inner_ep->Write(wr));
+    b.state = 2;
+    return OkStatus();
+  }
+
+  void Run() {
+    DeviceGuard guard(shared->device);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      bool active = false;
+      for (SendBuf& b : bufs_) {
+        if (b.state == 1) {
+          cudaError_t err = cudaEventQuery(b.event);
+          if (err == cudaErrorNotReady) {
+            active = true;
+            continue;
+          }
+          shared->events.Release(b.event);
+          shared->events.Release(b.dep);
+          b.event = b.dep = nullptr;
+          Status s = CudaStatus(err, "staging copy to host");
+          if (s.ok()) s = PostChunk(b);
+          if (!s.ok()) {
+            FailWriteLocked(b.chunk.write_seq, b.chunk.write, s);
+            credits_.push_back(b.slot);  // the slot was never used
+            b.state = 0;
+            in_flight_bufs_--;
+          }
+        }
+        if (b.state == 2) {
+          if (!b.put->Done()) {
+            active = true;
+            continue;
+          }
+          Status s = b.put->Wait(Clock::now());
+          b.put.reset();
+          b.state = 0;
+          in_flight_bufs_--;
+          if (!s.ok()) FailAllLocked(s);
+        }
+      }
+      if (status_.ok() && inner_ep) {
+        Status s = inner_ep->status();
+        if (!s.ok()) FailAllLocked(s);
+      }
+      // Writes waiting only on the peer (credits, completions): ping it now and then, so that
+      // a dead peer shows up as an inner write error rather than as silence.
+      if (ping_ && ping_->Done()) {
+        Status s = ping_->Wait(Clock::now());
+        ping_.reset();
+        if (!s.ok()) FailAllLocked(s);
+      }
+      if (status_.ok() && !writes_.empty() && in_flight_bufs_ == 0 && !ping_ &&
+          Clock::now() - last_ping_ > std::chrono::milliseconds(100)) {
+        WriteRequest wr;
+        wr.local = send_reg.get();
+        wr.remote_region = 0;
+        wr.notify = true;
+        wr.notification = Msg(kPing, conn_id, int32_t(conn_id));
+        auto h = inner_ep->Write(wr);
+        if (h.ok()) {
+          ping_ = std::move(h).value();
+        } else {
+          FailAllLocked(h.status());
+        }
+        last_ping_ = Clock::now();
+      }
+      if (ping_) active = true;
+      // Start chunks while a buffer and a peer slot are free.
+      while (status_.ok() && !queue_.empty() && !credits_.empty()) {
+        SendBuf* free_buf = nullptr;
+        for (SendBuf& b : bufs_) {
+          if (b.state == 0) {
+            free_buf = &b;
+            break;
+          }
+        }
+        if (free_buf == nullptr) break;
+        Chunk c = std::move(queue_.front());
+        queue_.pop_front();
+        if (c.write->IsDone()) {  // an earlier chunk of it failed or it was canceled
+          shared->events.Release(c.dep);
+          continue;
+        }
+        uint32_t slot = credits_.front();
+        credits_.pop_front();
+        auto seq = c.write_seq;
+        auto w = c.write;
+        Status s = StartChunk(*free_buf, std::move(c), slot);
+        if (!s.ok()) {
+          credits_.push_back(slot);
+          FailWriteLocked(seq, w, s);
+          continue;
+        }
+        in_flight_bufs_++;
+        active = true;
+      }
+      if (!active) cv_.notify_all();  // Shutdown waits for the pipeline to drain
+      cv_.wait_for(lock, active ? std::chrono::microseconds(20) : std::chrono::microseconds(50000));
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Status status_;
+  bool stop_ = false;
+  bool shut_down_ = false;
+  bool bye_acked_ = false;
+  bool started_ = false;
+  std::deque<Chunk> queue_;
+  std::deque<uint32_t> credits_;
+  std::map<uint64_t, std::shared_ptr<WriteState>> writes_;
+  uint64_t next_seq_ = 1;
+  int in_flight_bufs_ = 0;
+  std::unique_ptr<WriteHandle> ping_;
+  Clock::time_point last_ping_ = Clock::now();
+  std::vector<SendBuf> bufs_;
+  std::thread thread_;
+};
+
+Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) {
+  const auto* local = dynamic_cast<const StagedRegistration*>(req.local);
+  if (local == nullptr) {
+    return InvalidArgument(req.local == nullptr
+                               ? "ucx_staged Write: no local registration"
+                               : "ucx_staged Write: local registration is not from a ucx_staged transport");
+  }
+  if (req.remote_region < 0 || size_t(req.remote_region) >= remote.size()) {
+    return InvalidArgument("ucx_staged Write: remote_region " + std::to_string(req.remote_region) +
+                           " out of range (peer has " + std::to_string(remote.size()) + ")");
+  }
+  const RegionInfo& target = remote[size_t(req.remote_region)];
+  const uint64_t local_len = local->region().length;
+  const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
+  struct R { uint64_t src, dst, len; };
+  std::vector<R> runs;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < req.ops.size(); ++i) {
+    const CopyOp& op = req.ops[i];
+    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
+        op.remote_offset > target.length || op.length > target.length - op.remote_offset) {
+      return InvalidArgument("ucx_staged Write: op " + std::to_string(i) + " lies outside the regions");
+    }
+    if (op.length == 0) continue;
+    bytes += op.length;
+    if (!runs.empty() && runs.back().src + runs.back().len == local_base + op.local_offset &&
+        runs.back().dst + runs.back().len == op.remote_offset) {
+      runs.back().len += op.length;
+    } else {
+      runs.push_back({local_base + op.local_offset, op.remote_offset, op.length});
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_.ok()) return status_;
+  }
+  auto w = std::make_shared<WriteState>();
+  w->bytes = bytes;
+  std::vector<Chunk> chunks(1);
+  const uint64_t cap = chunk_cap;
+  for (R r : runs) {
+    while (r.len > 0) {
+      if (chunks.back().bytes == cap || chunks.back().pieces.size() == kMaxPieces) chunks.emplace_back();
+      Chunk& c = chunks.back();
+      uint64_t take = std::min(cap - c.bytes, r.len);
+      c.pieces.push_back({r.src, uint32_t(target.addr), r.dst, c.bytes, take});
+      c.bytes += take;
+      r.src += take;
+      r.dst += take;
+      r.len -= take;
+    }
+  }
+  cudaEvent_t dep = nullptr;
+  if (req.after_stream != nullptr) {
+    DeviceGuard guard(shared->device);
+    KV_RETURN_IF_ERROR(guard.status());
+    KV_ASSIGN_OR_RETURN(dep, shared->events.Acquire());
+    cudaError_t err = cudaEventRecord(dep, static_cast<cudaStream_t>(req.after_stream));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      shared->events.Release(dep);
+      return InvalidArgument(std::string("ucx_staged Write: after_stream is not usable: ") +
+                             cudaGetErrorName(err));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status_.ok() || shut_down_) {
+      shared->events.Release(dep);
+      return status_.ok() ? Canceled("ucx_staged: endpoint closing") : status_;
+    }
+    const uint64_t seq = next_seq_++;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      Chunk& c = chunks[i];
+      c.write = w;
+      c.write_seq = seq;
+      c.index = uint32_t(i);
+      c.total = uint32_t(chunks.size());
+      c.has_note = req.notify && i + 1 == chunks.size();
+      c.note = req.notification;
+      if (i == 0) c.dep = dep;
+      queue_.push_back(std::move(c));
+    }
+    writes_[seq] = w;
+  }
+  cv_.notify_all();
+  return std::unique_ptr<WriteHandle>(new StagedWriteHandle(w));
+}
+
+void Shared::OnInner(const Notification& n) {
+  if ((n.flags & kFlagMagicMask) != kFlagMagic) return;
+  const int type = n.flags & 0xFF;
+  if (type == kCredit || type == kByeAck) {
+    std::shared_ptr<WriterCore> w;
+    {
+      std::lock_guard<std::mutex> lock(router_mu);
+      auto it = writers.find(uint32_t(n.layer));
+      if (it != writers.end()) w = it->second.lock();
+    }
+    if (w) w->OnCredit(n);
+    return;
+  }
+  std::shared_ptr<Receiver> r;
+  {
+    std::lock_guard<std::mutex> lock(router_mu);
+    r = receiver;
+  }
+  if (r) r->Post(n);
+}
+
+class StagedEndpoint : public Endpoint {
+ public:
+  explicit StagedEndpoint(std::shared_ptr<WriterCore> core) : core_(std::move(core)) {}
+  ~StagedEndpoint() override { core_->Shutdown(); }
+  Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override {
+    return core_->Write(request);
+  }
+  Status status() const override { return core_->status(); }
+
+ private:
+  std::shared_ptr<WriterCore> core_;
+};
+
+class StagedTransport : public Transport {
+ public:
+  explicit StagedTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  ~StagedTransport() override {
+    std::shared_ptr<Receiver> r;
+    {
+      std::lock_guard<std::mutex> lock(shared_->router_mu);
+      r.swap(shared_->receiver);
+    }
+    // The inner sink stays: endpoints may outlive this object and still need their credits.
+    if (r) r->Stop();
+  }
+
+  Status Init() {
+    Shared& s = *shared_;
+    s.slot_stride = kHeaderBytes + s.options.chunk_bytes;
+    const uint64_t staging_len = uint64_t(kMailboxes) * kMailboxBytes + uint64_t(s.options.recv_slots) * s.slot_stride;
+    KV_ASSIGN_OR_RETURN(s.staging, cuda::PinnedBuffer::Allocate(staging_len));
+    KV_ASSIGN_OR_RETURN(s.recv_tables, cuda::PinnedBuffer::Allocate(size_t(s.options.recv_slots) *
+                                                                     kTableEntriesPerSlot * sizeof(CopyRun)));
+    KV_ASSIGN_OR_RETURN(s.staging_reg, s.inner->Register({s.staging->data(), staging_len, MemoryKind::kHost, -1}));
+    s.box.resize(4096);
+    KV_ASSIGN_OR_RETURN(s.box_reg, s.inner->Register({s.box.data(), s.box.size(), MemoryKind::kHost, -1}));
+    auto receiver = std::make_shared<Receiver>(shared_.get());
+    KV_RETURN_IF_ERROR(receiver->Start());
+    {
+      std::lock_guard<std::mutex> lock(s.router_mu);
+      s.receiver = receiver;
+    }
+    std::weak_ptr<Shared> weak = shared_;
+    s.inner->SetNotificationSink([weak](const Notification& n) {
+      if (auto sh = weak.lock()) sh->OnInner(n);
+    });
+    AddrWire a{};
+    std::memcpy(a.magic, kAddrMagic, sizeof(a.magic));
+    a.staging_addr = reinterpret_cast<uint64_t>(s.staging->data());
+    a.staging_len = staging_len;
+    a.chunk_bytes = s.options.chunk_bytes;
+    a.slot_stride = s.slot_stride;
+    a.slots = uint32_t(s.options.recv_slots);
+    a.mailboxes = kMailboxes;
+    std::string inner_addr = s.inner->LocalAddress();
+    std::string key = s.staging_reg->RemoteKey();
+    a.inner_addr_len = uint32_t(inner_addr.size());
+    a.staging_key_len = uint32_t(key.size());
+    address_.assign(reinterpret_cast<const char*>(&a), sizeof(a));
+    address_ += inner_addr;
+    address_ += key;
+    return OkStatus();
+  }
+
+  std::string name() const override { return "ucx_staged"; }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.host_memory = false;
+    c.cuda_memory = true;
+    c.remote = shared_->inner->capabilities().remote;
+    c.notifications = true;
+    return c;
+  }
+  std::string LocalAddress() const override { return address_; }
+
+  Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
+    if (region.kind != MemoryKind::kCuda) {
+      return NotSupported("ucx_staged registers only CUDA device memory; use the ucx backend for host memory");
+    }
+    if (region.addr == nullptr || region.length == 0) {
+      return InvalidArgument("ucx_staged Register: null address or zero length");
+    }
+    KV_ASSIGN_OR_RETURN(cuda::DevicePointerInfo info, cuda::QueryDevicePointer(region.addr, region.length));
+    if (info.device != shared_->device) {
+      return InvalidArgument("ucx_staged Register: memory is on device " + std::to_string(info.device) +
+                             ", the transport on " + std::to_string(shared_->device));
+    }
+    MemoryRegion r = region;
+    r.device = info.device;
+    uint32_t id;
+    {
+      std::lock_guard<std::mutex> lock(shared_->regions_mu);
+      id = shared_->next_region_id++;
+      shared_->regions[id] = {reinterpret_cast<uint64_t>(region.addr), region.length};
+    }
+    return std::unique_ptr<Registration>(new StagedRegistration(shared_, r, id));
+  }
+
+  Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) override {
+    Shared& s = *shared_;
+    AddrWire a;
+    if (peer.address.size() < sizeof(a)) return InvalidArgument("ucx_staged: peer address is not a ucx_staged address");
+    std::memcpy(&a, peer.address.data(), sizeof(a));
+    if (std::memcmp(a.magic, kAddrMagic, sizeof(a.magic)) != 0 ||
+        peer.address.size() != sizeof(a) + uint64_t(a.inner_addr_len) + a.staging_key_len) {
+      return InvalidArgument("ucx_staged: peer address is not a ucx_staged address (or another version)");
+    }
+    if (a.chunk_bytes == 0 || a.slots == 0 || a.slot_stride != kHeaderBytes + a.chunk_bytes ||
+        a.mailboxes == 0) {
+      return InvalidArgument("ucx_staged: peer address describes an unusable staging area");
+    }
+    auto core = std::make_shared<WriterCore>();
+    core->shared = shared_;
+    core->peer = a;
+    for (size_t i = 0; i < peer.regions.size(); ++i) {
+      KeyWire k;
+      if (peer.regions[i].key.size() != sizeof(k)) {
+        return InvalidArgument("ucx_staged: region " + std::to_string(i) + " has no ucx_staged key");
+      }
+      std::memcpy(&k, peer.regions[i].key.data(), sizeof(k));
+      if (std::memcmp(k.magic, kKeyMagic, sizeof(k.magic)) != 0 || k.length == 0) {
+        return InvalidArgument("ucx_staged: region " + std::to_string(i) + " has no ucx_staged key");
+      }
+      core->remote.push_back({k.region_id, k.length});
+    }
+    PeerDescriptor inner_peer;
+    inner_peer.address = peer.address.substr(sizeof(a), a.inner_addr_len);
+    inner_peer.regions.push_back({a.staging_addr, a.staging_len,
+                                  peer.address.substr(sizeof(a) + a.inner_addr_len, a.staging_key_len)});
+    KV_ASSIGN_OR_RETURN(core->inner_ep, s.inner->Connect(inner_peer));
+    const int nbufs = std::max(1, s.options.send_buffers);
+    // Our chunks must fit the peer's slots.
+    const uint64_t chunk = std::min<uint64_t>(s.options.chunk_bytes, a.chunk_bytes);
+    core->buf_stride = kHeaderBytes + chunk;
+    core->chunk_cap = chunk;
+    KV_ASSIGN_OR_RETURN(core->send_staging, cuda::PinnedBuffer::Allocate(core->buf_stride * nbufs));
+    KV_ASSIGN_OR_RETURN(core->send_reg, s.inner->Register({core->send_staging->data(),
+                                                           core->buf_stride * nbufs, MemoryKind::kHost, -1}));
+    KV_ASSIGN_OR_RETURN(core->tables, cuda::PinnedBuffer::Allocate(size_t(nbufs) * kTableEntriesPerSlot * sizeof(CopyRun)));
+    KV_ASSIGN_OR_RETURN(core->stream, cuda::Stream::CreateLowestPriority(s.device));
+    KV_ASSIGN_OR_RETURN(core->scratch, cuda::DeviceBuffer::Allocate(s.device, size_t(nbufs) * chunk));
+    static std::mt19937_64 rng(std::random_device{}());
+    static std::mutex rng_mu;
+    uint64_t nonce;
+    uint32_t mailbox;
+    {
+      std::lock_guard<std::mutex> lock(rng_mu);
+      nonce = rng();
+      mailbox = uint32_t(rng() % a.mailboxes);
+      std::lock_guard<std::mutex> rlock(s.router_mu);
+      do {
+        core->conn_id = uint32_t(rng());
+      } while (core->conn_id == 0 || s.writers.count(core->conn_id));
+      s.writers[core->conn_id] = core;
+    }
+    // Hello: our address and box key into a peer mailbox, then announce it.
+    std::string my_addr = s.inner->LocalAddress();
+    std::string my_key = s.box_reg->RemoteKey();
+    HelloWire h{};
+    std::memcpy(h.magic, kHelloMagic, sizeof(h.magic));
+    h.nonce = nonce;
+    h.conn_id = core->conn_id;
+    h.addr_len = uint32_t(my_addr.size());
+    h.key_len = uint32_t(my_key.size());
+    h.box_addr = reinterpret_cast<uint64_t>(s.box.data());
+    h.box_len = s.box.size();
+    if (sizeof(h) + my_addr.size() + my_key.size() > kMailboxBytes) {
+      return Internal("ucx_staged: our UCX address does not fit a hello mailbox");
+    }
+    char* rec = static_cast<char*>(core->send_staging->data());
+    std::memcpy(rec, &h, sizeof(h));
+    std::memcpy(rec + sizeof(h), my_addr.data(), my_addr.size());
+    std::memcpy(rec + sizeof(h) + my_addr.size(), my_key.data(), my_key.size());
+    WriteRequest wr;
+    wr.local = core->send_reg.get();
+    wr.remote_region = 0;
+    wr.ops.push_back({0, uint64_t(mailbox) * kMailboxBytes, sizeof(h) + my_addr.size() + my_key.size()});
+    wr.notify = true;
+    wr.notification = Msg(kHello, nonce, int32_t(mailbox));
+    const Deadline deadline = DeadlineAfterMs(s.options.connect_timeout_ms);
+    KV_ASSIGN_OR_RETURN(auto hello, core->inner_ep->Write(wr));
+    KV_RETURN_IF_ERROR(hello->Wait(deadline).WithContext("ucx_staged hello"));
+    KV_RETURN_IF_ERROR(core->WaitFirstCredit(deadline));
+    core->Start(nbufs);
+    return std::unique_ptr<Endpoint>(new StagedEndpoint(std::move(core)));
+  }
+
+  void SetNotificationSink(NotificationSink sink) override {
+    std::lock_guard<std::mutex> lock(shared_->sink_mu);
+    shared_->sink = std::move(sink);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::string address_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& options) {
+  KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
+  int device = options.device;
+  if (device < 0) {
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
+  }
+  if (device >= count) return InvalidArgument("ucx_staged: device " + std::to_string(device) + " does not exist");
+  if (options.chunk_bytes == 0 || options.chunk_bytes % 16 != 0 || options.recv_slots <= 0 ||
+      options.credits_per_peer <= 0 || options.recv_slots > 0xFFFF) {
+    return InvalidArgument("ucx_staged: chunk_bytes must be a positive multiple of 16 and slots/credits positive");
+  }
+  {
+    DeviceGuard guard(device);
+    KV_RETURN_IF_ERROR(guard.status());
+    KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
+  }
+  auto shared = std::make_shared<Shared>(device);
+  shared->options = options;
+  shared->options.device = device;
+  TransportOptions inner;
+  inner.backend = "ucx";
+  inner.ucx_tls = options.ucx_tls;
+  inner.ucx_net_devices = options.ucx_net_devices;
+  KV_ASSIGN_OR_RETURN(shared->inner, ucx::CreateUcxTransport(inner));
+  auto t = std::make_unique<StagedTransport>(shared);
+  KV_RETURN_IF_ERROR(t->Init());
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+Result<std::unique_ptr<Transport>> CreateStagedTransport(const TransportOptions& options) {
+  StagedOptions o;
+  o.device = options.device;
+  o.ucx_tls = options.ucx_tls;
+  o.ucx_net_devices = options.ucx_net_devices;
+  return CreateStagedTransport(o);
+}
+
+Result<std::string> SelectGpuBackend(const TransportOptions& options) {
+  TransportOptions o = options;
+  o.backend = "ucx";
+  KV_ASSIGN_OR_RETURN(auto t, ucx::CreateUcxTransport(o));
+  return std::string(t->capabilities().cuda_memory ? "ucx" : "ucx_staged");
+}
+
+}  // namespace kvstream::transport::staged
