@@ -45,6 +45,8 @@ const std::vector<Field>& Fields() {
                "data plane: ucx | ucx_staged | cuda_ipc (GPU pools: ucx = direct or staged)"),
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
       KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
+      KV_FIELD(pace_bytes_per_s, kU64, "prefill: KV write rate limit, bytes/s (0 = unlimited)"),
+      KV_FIELD(pace_burst_bytes, kU64, "prefill: burst the rate limit allows (0 = 2 chunks)"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kBool,
                "decode: first step only after every layer landed (prefill on this GPU)"),

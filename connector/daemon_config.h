@@ -40,6 +40,8 @@ struct DaemonConfig {
   std::string transport = "ucx";
   std::string ucx_tls;          // e.g. "tcp", "sm"; empty = UCX default / $UCX_TLS
   std::string ucx_net_devices;  // e.g. "lo"
+  uint64_t pace_bytes_per_s = 0;  // rate limit of KV writes (transport/pacing.h); 0 = unlimited
+  uint64_t pace_burst_bytes = 0;  // 0 = default (2 chunks)
   // behaviour
   bool pipelining = true;       // decode's default load mode
   // decode: start the first token's forward only once every layer of the prompt's KV landed

@@ -99,6 +99,8 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
   KV_ASSIGN_OR_RETURN(to.backend, ResolveTransportBackend(cfg));
   to.ucx_tls = cfg.ucx_tls;
   to.ucx_net_devices = cfg.ucx_net_devices;
+  to.pace_bytes_per_s = double(cfg.pace_bytes_per_s);
+  to.pace_burst_bytes = cfg.pace_burst_bytes;
   to.device = cfg.backend == "cuda" ? cfg.device : -1;
   return transport::CreateTransport(to);
 }

@@ -29,6 +29,7 @@ class SaveHooks : public model::LayerHooks {
         progress_per_layer_(progress_per_layer), fault_delay_ms_(fault_delay_ms),
         num_layers_(num_layers), gpu_pool_(gpu_pool) {}
   bool kv_complete() const { return kv_complete_; }
+  int64_t post_us = 0;  // time the forward spent posting writes
   Status AfterLayer(int layer, void* stream) override {
 #ifdef KVSTREAM_FAULT_INJECTION
     if (fault_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(fault_delay_ms_));
@@ -37,7 +38,11 @@ class SaveHooks : public model::LayerHooks {
     if (save_->cancelled()) return Canceled("prefill cancelled");
     // GPU pool: the layer's KV is still being computed on `stream`; the transport's copy
     // stream waits on it (an event), so this thread goes on enqueueing layer l+1 at once.
-    if (pipelined_) KV_RETURN_IF_ERROR(save_->SaveLayer(layer, gpu_pool_ ? stream : nullptr));
+    if (pipelined_) {
+      auto t = Clock::now();
+      KV_RETURN_IF_ERROR(save_->SaveLayer(layer, gpu_pool_ ? stream : nullptr));
+      post_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
+    }
     if (layer == num_layers_ - 1) {
       // Every layer's KV is in the pool: the last layer's attention and MLP would only feed
       // logits nobody reads. Stop the forward here (a hook error aborts it).
@@ -174,6 +179,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     save->Quiesce(DeadlineAfterMs(config_.cancel_timeout_ms), s.ToString());
   }
   connector_->EndSave(req.decode_instance_id(), id);
+  // A shutdown cancels every request: say so, rather than a bare "cancelled" the decode side
+  // could mistake for its own cancel.
+  if (!s.ok() && stopping_) return Unavailable("prefill daemon shutting down (" + s.message() + ")");
   if (!s.ok()) return s;
   hooks.SendProgress();
   v1::PrefillProgress done;
@@ -185,7 +193,8 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   done.set_transfer_exposed_us(MicrosBetween(t1, t2));
   writer->Write(done);
   KV_LOG_DEBUG << "[req " << id << "] prefill done: compute " << MicrosBetween(t0, t1)
-               << " us, " << save->bytes_posted() << " bytes";
+               << " us (posting writes " << hooks.post_us << " us), " << save->bytes_posted()
+               << " bytes, transfer " << save->transfer_us() << " us";
   return OkStatus();
 }
 
