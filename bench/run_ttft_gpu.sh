@@ -12,7 +12,9 @@
 #   Knobs (env): MODELS, TRANSPORTS, REQUESTS, WARMUP, MAX_NEW, LENS_<model with _ for ->,
 #     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE, UCX_TLS (for ucx_staged),
 #     BACKEND (cuda; cpu only to try the script on a machine without a GPU),
-#     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=true").
+#     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=true"),
+#     EXTRA_MODEL_FLAGS (given to both daemons and to the bench, e.g. "--max-position 32768" to run
+#     prompts past a preset's own limit).
 set -uo pipefail
 B=${1:-.devbuild/gpuint}
 B=$(cd "$B" && pwd)
@@ -93,6 +95,9 @@ for model in $MODELS; do
     rm -f "$TMP"/*.port
     common=(--model "$model" --backend "$BACKEND" --device "$DEVICE" --transport "$tr"
             --pool_blocks "$blocks" --log_level warn --request_timeout_ms 120000)
+    # shellcheck disable=SC2206
+    model_extra=(${EXTRA_MODEL_FLAGS:-})
+    common+=("${model_extra[@]}")
     [[ $tr == ucx_staged && -n "${UCX_TLS:-}" ]] && common+=(--ucx_tls "$UCX_TLS")
     log "$tag: starting daemons (pool $blocks blocks each, prompts $lens)"
     "$B/kvstream-prefill" "${common[@]}" --listen "127.0.0.1:$port" \
@@ -115,7 +120,7 @@ for model in $MODELS; do
       log "$tag: serving (prefill :$port, decode :$dport); bench ttft (timeout ${step_timeout}s)"
       echo "=== $tag ===" >> "$OUT/bench.log"
       timeout -k 5 "$step_timeout" "$B/kvstream" bench ttft --decode "127.0.0.1:$dport" \
-        --prefill "127.0.0.1:$port" --model "$model" --backend "$BACKEND" --device "$DEVICE" \
+        --prefill "127.0.0.1:$port" --model "$model" "${model_extra[@]}" --backend "$BACKEND" --device "$DEVICE" \
         --prompt-lens "$lens" --requests "$REQUESTS" --warmup "$WARMUP" \
         --max-new-tokens "$MAX_NEW" --modes pipelined,non-pipelined,colocated \
         --deadline-ms 60000 --json-out "$TMP/run.jsonl" >> "$OUT/bench.log" 2> "$TMP/bench.err"
