@@ -51,6 +51,10 @@ constexpr auto kSyncCallTimeout = std::chrono::seconds(30);
 // short naps (a stalled peer should not cost a whole core).
 constexpr auto kIdleSpin = std::chrono::microseconds(200);
 constexpr auto kBusySpin = std::chrono::milliseconds(5);
+constexpr auto kStopLinger = std::chrono::milliseconds(20);
+// ucp_ep_create can fail with "Destination is unreachable" while the peer's interfaces are
+// still coming up or the host is overloaded (seen under gVisor); it is retried this often.
+constexpr int kConnectAttempts = 4;
 
 // Little-endian on the wire (both ends are x86-64 or aarch64 little-endian hosts).
 struct NotifyWire {
@@ -439,9 +443,16 @@ void Worker::Loop() {
       continue;
     }
     if (stopping_.load() && busy == 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) break;
-      continue;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!queue_.empty()) continue;
+      }
+      // Let connection set-up messages UCX still has queued go out before the worker is
+      // destroyed (UCX 1.13 asserts on a pending wireup reply when purging it).
+      for (auto until = Clock::now() + kStopLinger; Clock::now() < until;) {
+        if (ucp_worker_progress(worker_) == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      break;
     }
     if (now - last_event < (busy > 0 ? std::chrono::microseconds(kBusySpin) : kIdleSpin)) {
       continue;
@@ -549,6 +560,7 @@ struct EpState {
   int inflight = 0;
   std::atomic<bool> closing{false};
   bool force_started = false;
+  bool reflush = false;  // the close watcher issues another flush on its next turn
   Deadline flush_deadline{};
 
   std::atomic<bool> failed{false};
@@ -834,10 +846,12 @@ void OnCloseFlushed(void* request, ucs_status_t st, void* user) {
   auto* ep = static_cast<EpState*>(user);
   if (request != nullptr) ucp_request_free(request);
   if (ep->force_started) return;
-  // Notifications sent after an earlier flush may still be outstanding: flush again until
-  // every write has finished, then close; the deadline watcher forces it otherwise.
+  // Notifications sent after an earlier flush, or same-host copies, may still be outstanding:
+  // the watcher flushes again (never from here: a flush that completes at once would recurse)
+  // until every write has finished, then closes; it forces the close at the deadline.
   if (st == UCS_OK && ep->inflight > 0 && !ep->failed.load() && !Expired(ep->flush_deadline)) {
-    return FlushForClose(ep);
+    ep->reflush = true;
+    return;
   }
   ForceClose(ep);
 }
@@ -851,6 +865,9 @@ void BeginClose(const std::shared_ptr<EpState>& ep) {
   w->watchers[ep.get()] = [ep, w] {
     if (!ep->force_started && (Expired(ep->flush_deadline) || ep->failed.load())) {
       ForceClose(ep.get());
+    } else if (!ep->force_started && ep->reflush) {
+      ep->reflush = false;
+      FlushForClose(ep.get());
     }
     std::lock_guard<std::mutex> lock(ep->mu);
     if (ep->closed) --w->busy;
@@ -978,7 +995,7 @@ class UcxTransport final : public Transport {
     ep->regions = peer.regions;
     for (auto& r : ep->regions) r.key.clear();
     Worker* w = worker_.get();
-    KV_RETURN_IF_ERROR(worker_->RunSync([ep, w, address, &keys]() -> Status {
+    auto create = [ep, w, address, &keys]() -> Status {
       ucp_ep_params_t p{};
       p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -1000,7 +1017,15 @@ class UcxTransport final : public Transport {
         ep->rkeys.push_back(rkey);
       }
       return OkStatus();
-    }));
+    };
+    Status created = worker_->RunSync(create);
+    for (int attempt = 1; attempt < kConnectAttempts && !created.ok() && ep->ep == nullptr &&
+                          created.code() == StatusCode::kRemoteDisconnect;
+         ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25 << attempt));
+      created = worker_->RunSync(create);
+    }
+    KV_RETURN_IF_ERROR(created);
     SetUpCma(*ep, peer_id);
     return std::unique_ptr<Endpoint>(new UcxEndpoint(worker_, std::move(ep)));
   }
