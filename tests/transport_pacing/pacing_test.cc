@@ -29,7 +29,7 @@ constexpr uint64_t kMiB = 1 << 20;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Measures how long this process was kept off the CPU: a thread sleeping 1 ms at a time adds up
-// every wake-up that came more than 2 ms late. A shared machine's CPU quota or a busy neighbour
+// every wake-up that came more than 0.5 ms late. A shared machine's CPU quota or a busy neighbour
 // can stall every thread for tens of ms, longer than a burst covers, and then no rate limiter
 // can keep its rate; such an attempt says nothing about the pacing.
 class StallMeter {
@@ -39,7 +39,7 @@ class StallMeter {
       const auto t0 = Clock::now();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       const double late = Seconds(Clock::now() - t0) - 1e-3;
-      if (late > 2e-3) stalled_us_.fetch_add(int64_t(late * 1e6));
+      if (late > 0.5e-3) stalled_us_.fetch_add(int64_t(late * 1e6));
     }
   }) {}
   ~StallMeter() {
