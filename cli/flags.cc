@@ -91,6 +91,7 @@ std::vector<FlagSpec> ModelFlagSpecs() {
   return {
       {"model", true, "preset (tiny, llama-2-7b, llama-3-8b, qwen2.5-7b) or HF checkpoint dir", "tiny"},
       {"layers", true, "keep only the first N layers (0 = all)", "0"},
+      {"max-position", true, "longest sequence accepted (0 = the model's own limit)", "0"},
       {"seed", true, "dummy-weight seed (presets)", "0"},
       {"weight-dtype", true, "f32, f16 or bf16 (default f16; a checkpoint's torch_dtype)", ""},
       {"kv-dtype", true, "KV cache dtype (default: the weight dtype if 16-bit, else f16)", ""},
@@ -102,6 +103,8 @@ Result<model::ModelSpec> ModelSpecFromFlags(const Flags& flags) {
   spec.model = flags.Get("model");
   KV_ASSIGN_OR_RETURN(int64_t layers, flags.GetInt("layers", 0, 1 << 16));
   spec.num_layers_override = static_cast<int>(layers);
+  KV_ASSIGN_OR_RETURN(int64_t max_pos, flags.GetInt("max-position", 0, 1 << 24));
+  spec.max_position_override = static_cast<int>(max_pos);
   KV_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0, INT64_MAX));
   spec.seed = static_cast<uint64_t>(seed);
   spec.weight_dtype = DType::kF16;

@@ -27,6 +27,7 @@ const std::vector<Field>& Fields() {
   static const std::vector<Field> f = {
       KV_FIELD(model, kStr, "model preset (tiny, llama-3-8b, ...) or HF checkpoint dir"),
       KV_FIELD(layers, kInt, "keep only the first N layers (0 = all)"),
+      KV_FIELD(max_position, kInt, "longest sequence accepted (0 = the model's own limit)"),
       KV_FIELD(seed, kU64, "dummy-weight seed"),
       KV_FIELD(weight_dtype, kStr, "f16 | bf16 | f32"),
       KV_FIELD(kv_dtype, kStr, "f16 | bf16 | f32"),
@@ -114,6 +115,7 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.pool_gpu_fraction > 0 && c.backend != "cuda")
     return InvalidArgument("pool_gpu_fraction needs --backend cuda (it sizes a GPU pool)");
   if (c.layers < 0) return InvalidArgument("layers must be >= 0");
+  if (c.max_position < 0) return InvalidArgument("max_position must be >= 0");
   if (c.backend != "cpu" && c.backend != "cuda") return InvalidArgument("backend must be cpu or cuda");
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
     return InvalidArgument("on_load_failure must be fail or recompute");

@@ -17,6 +17,7 @@ struct DaemonConfig {
   // model
   std::string model = "tiny";   // preset name or HF checkpoint directory
   int layers = 0;               // >0: keep only the first N layers
+  int max_position = 0;         // >0: longest sequence accepted (else the model's own limit)
   uint64_t seed = 0;
   std::string weight_dtype = "f16";
   std::string kv_dtype = "f16";

@@ -22,6 +22,7 @@ model::ModelSpec ModelSpecFromConfig(const DaemonConfig& cfg) {
   spec.model = cfg.model;
   spec.seed = cfg.seed;
   spec.num_layers_override = cfg.layers;
+  spec.max_position_override = cfg.max_position;
   ParseDType(cfg.weight_dtype, &spec.weight_dtype);
   ParseDType(cfg.kv_dtype, &spec.kv_dtype);
   return spec;

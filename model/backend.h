@@ -82,6 +82,10 @@ struct ModelSpec {
   std::string model = "tiny";
   uint64_t seed = 0;
   int num_layers_override = 0;  // >0: keep only the first N layers (tests, small machines)
+  // >0: the longest sequence (prompt + generated) the backend accepts, replacing the
+  // preset's or config.json's max_position_embeddings (RoPE itself has no limit; a real
+  // checkpoint may degrade past the length it was trained for).
+  int max_position_override = 0;
   DType weight_dtype = DType::kF16;
   DType kv_dtype = DType::kF16;
 };

@@ -188,6 +188,8 @@ Result<std::unique_ptr<WeightSource>> OpenWeights(const ModelSpec& spec) {
   } else if (spec.num_layers_override < 0) {
     return InvalidArgument("negative layer override");
   }
+  if (spec.max_position_override < 0) return InvalidArgument("negative max_position override");
+  if (spec.max_position_override > 0) c.max_position = spec.max_position_override;
   c.weight_dtype = spec.weight_dtype;
   c.kv_dtype = spec.kv_dtype;
   KV_RETURN_IF_ERROR(c.Validate());

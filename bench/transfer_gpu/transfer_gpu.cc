@@ -9,6 +9,8 @@
 //   layer_scatter  one layer, destination blocks scattered over a pool twice that size
 //   prompt_contig  every layer, one write per layer posted back to back (notify each), contiguous
 //   prompt_scatter the same, destination blocks scattered
+//   tiny_x32       cuda_ipc only: 32 writes of 4 KiB back to back (notify each): the per-Write()
+//                  host cost with almost no copy behind it (the host path's floor)
 // Time = host clock from the first Write() to the last WriteHandle::Wait() returning (data at
 // the destination and the notification sent), median over --iters. Baselines, same bytes,
 // same process, same clock: cudaMemcpyAsync device-to-device (+ stream sync), and pinned
@@ -17,6 +19,12 @@
 // moving the same bytes host memory to host memory between the same two processes (the
 // staged path's own network leg, its ceiling on a host where UCX is the slower part).
 //
+// Host/device breakdown (every backend row): write_host_us = mean host time inside Write() per
+// call (clocked by the bench around each call); device_us = the device's own time for the same
+// bytes (cudaEventElapsedTime around cudaMemcpyAsync D2D, measured in this run; contiguous).
+// cuda_ipc rows also carry the backend's own Write() profile (EnableWriteProfile): plan_us
+// (validation, coalescing), submit_us (CUDA calls), enqueue_us (hand-off), frames_per_batch
+// (notifications per socket write of the completion thread), wakeups_per_write, kernel_share.
 // Output: one JSON line per measurement on stdout (and --json FILE), then a table.
 // The receiver is this binary re-executed with --role=receiver.
 #include <cuda_runtime_api.h>
@@ -274,6 +282,10 @@ struct Row {
   size_t writes = 0, runs = 0;
   double seconds = 0, gbps = 0, baseline_gbps = 0;
   double ucx_host_gbps = 0;  // ucx_staged rows: its UCX leg alone, same case, same run
+  double write_host_us = -1;  // mean host time per Write() call (bench clock)
+  double device_us = -1;      // device time of the same bytes, D2D copy (event clock)
+  bool have_profile = false;
+  transport::cuda_ipc::WriteProfile profile;
 };
 
 std::vector<Row> g_rows;
@@ -294,6 +306,19 @@ void Emit(const Row& r, int tokens) {
   }
   if (r.ucx_host_gbps > 0) {
     j << ",\"ucx_host_gbps\":" << r.ucx_host_gbps << ",\"ratio_vs_ucx_host\":" << r.gbps / r.ucx_host_gbps;
+  }
+  if (r.write_host_us >= 0) j << ",\"write_host_us\":" << r.write_host_us;
+  if (r.device_us >= 0) j << ",\"device_us\":" << r.device_us;
+  if (r.have_profile && r.profile.writes > 0) {
+    const auto& p = r.profile;
+    const double w = double(p.writes);
+    j << ",\"profile_writes\":" << p.writes << ",\"plan_us\":" << p.plan_ns / w / 1e3
+      << ",\"submit_us\":" << p.submit_ns / w / 1e3 << ",\"enqueue_us\":" << p.enqueue_ns / w / 1e3
+      << ",\"write_total_us\":" << p.total_ns / w / 1e3
+      << ",\"kernel_share\":" << p.kernel_writes / w
+      << ",\"memcpy_calls_per_write\":" << p.memcpy_calls / w
+      << ",\"frames_per_batch\":" << (p.notify_batches ? double(p.notify_frames) / p.notify_batches : 0)
+      << ",\"wakeups_per_write\":" << p.wakeups / w;
   }
   j << "}";
   std::printf("%s\n", j.str().c_str());
@@ -317,7 +342,29 @@ double TimeIt(int iters, Fn fn) {
 
 struct Baselines {
   double d2d_layer = 0, d2d_prompt = 0, h2d_layer = 0, h2d_prompt = 0, d2h_layer = 0, d2h_prompt = 0;
+  double d2d_layer_dev_us = 0, d2d_prompt_dev_us = 0, d2d_tiny_dev_us = 0;  // event clock
 };
+
+// Device-clocked median (cudaEventElapsedTime) of the copies `fn` enqueues on `s`, in us.
+template <typename Fn>
+double DeviceTimeUs(int iters, cudaStream_t s, Fn fn) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < iters + 2; ++i) {
+    CHECK_CUDA(cudaEventRecord(a, s));
+    fn();
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 2) t.push_back(ms * 1e3);
+  }
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
+  return Median(t);
+}
 
 void RunModel(const std::string& model_name, int tokens, int iters, int device,
               const std::vector<std::string>& backends) {
@@ -357,6 +404,18 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
   };
   b.d2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, 1); }) / 1e9;
   b.d2d_prompt = prompt_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, layers); }) / 1e9;
+  {
+    auto enqueue = [&](int n, uint64_t bytes) {
+      for (int l = 0; l < n; ++l) {
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + l * layer_bytes,
+                                   static_cast<const char*>(src) + l * layer_bytes, bytes,
+                                   cudaMemcpyDeviceToDevice, s));
+      }
+    };
+    b.d2d_layer_dev_us = DeviceTimeUs(iters, s, [&] { enqueue(1, layer_bytes); });
+    b.d2d_prompt_dev_us = DeviceTimeUs(std::max(3, iters / 4), s, [&] { enqueue(layers, layer_bytes); });
+    b.d2d_tiny_dev_us = DeviceTimeUs(iters, s, [&] { enqueue(32, 4096); });
+  }
   b.h2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, 1); }) / 1e9;
   b.h2d_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, layers); }) / 1e9;
   b.d2h_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, 1); }) / 1e9;
@@ -427,7 +486,11 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
 
     uint64_t expected_notes = 0;
     uint64_t next_req = 1;
-    auto run = [&](bool scatter, int nlayers) {
+    const bool ipc = backend.rfind("cuda_ipc", 0) == 0;
+    if (ipc) transport::cuda_ipc::EnableWriteProfile(true);
+    double write_ns = 0;  // host time inside Write(), summed since the last case started
+    uint64_t write_calls = 0;
+    auto run = [&](bool scatter, int nlayers, uint64_t tiny = 0) {
       std::vector<std::unique_ptr<WriteHandle>> hs;
       hs.reserve(nlayers);
       for (int l = 0; l < nlayers; ++l) {
@@ -438,11 +501,14 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
           wr.ops.reserve(blocks);
           for (uint64_t i = 0; i < blocks; ++i) wr.ops.push_back({l * layer_bytes + i * bb, ids[i] * bb, bb});
         } else {
-          wr.ops = {{l * layer_bytes, 0, layer_bytes}};
+          wr.ops = {{l * layer_bytes, 0, tiny ? tiny : layer_bytes}};
         }
         wr.notify = true;
         wr.notification = {next_req, l, 0};
+        auto w0 = Clock::now();
         auto h = ep.value()->Write(wr);
+        write_ns += SecondsSince(w0) * 1e9;
+        write_calls++;
         if (!h.ok()) Die(backend + " write: " + h.status().ToString());
         hs.push_back(std::move(h).value());
         expected_notes++;
@@ -473,14 +539,50 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
         r.ucx_host_gbps = g_ucx_host[model_name + "/" + kase];
       }
       if (host) g_ucx_host[model_name + "/" + kase] = r.gbps;
+      if (write_calls > 0) r.write_host_us = write_ns / write_calls / 1e3;
+      r.device_us = kase == "tiny_x32"        ? b.d2d_tiny_dev_us
+                    : kase.rfind("layer", 0) == 0 ? b.d2d_layer_dev_us
+                                                 : b.d2d_prompt_dev_us;
+      if (ipc) {
+        r.have_profile = true;
+        r.profile = transport::cuda_ipc::TakeWriteProfile();
+      }
       Emit(r, tokens);
     };
-    row("layer_contig", layer_bytes, 1, 1, TimeIt(iters, [&] { run(false, 1); }), base_layer);
-    row("layer_scatter", layer_bytes, 1, blocks, TimeIt(iters, [&] { run(true, 1); }), base_layer);
-    row("prompt_contig", prompt_bytes, layers, 1,
-        TimeIt(std::max(3, iters / 4), [&] { run(false, layers); }), base_prompt);
-    row("prompt_scatter", prompt_bytes, layers, blocks,
-        TimeIt(std::max(3, iters / 4), [&] { run(true, layers); }), base_prompt);
+    auto reset = [&] {
+      write_ns = 0;
+      write_calls = 0;
+      if (ipc) (void)transport::cuda_ipc::TakeWriteProfile();
+    };
+    double sec;
+    reset();
+    sec = TimeIt(iters, [&] { run(false, 1); });
+    row("layer_contig", layer_bytes, 1, 1, sec, base_layer);
+    reset();
+    sec = TimeIt(iters, [&] { run(true, 1); });
+    row("layer_scatter", layer_bytes, 1, blocks, sec, base_layer);
+    reset();
+    sec = TimeIt(std::max(3, iters / 4), [&] { run(false, layers); });
+    row("prompt_contig", prompt_bytes, layers, 1, sec, base_prompt);
+    reset();
+    sec = TimeIt(std::max(3, iters / 4), [&] { run(true, layers); });
+    row("prompt_scatter", prompt_bytes, layers, blocks, sec, base_prompt);
+    if (ipc) {
+      // 32 writes of 4 KiB: nearly no copy, so the time is the host path (Write(), completion,
+      // notification). The baseline is 32 cudaMemcpyAsync of 4 KiB + one stream sync.
+      reset();
+      const int tiny_n = std::min(32, layers);
+      sec = TimeIt(iters, [&] { run(false, tiny_n, 4096); });
+      const double tiny_base = tiny_n * 4096.0 / TimeIt(iters, [&] {
+        for (int l = 0; l < tiny_n; ++l) {
+          CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(src) + prompt_bytes - 4096 * (l + 1),
+                                     static_cast<const char*>(src) + 4096 * l, 4096,
+                                     cudaMemcpyDeviceToDevice, s));
+        }
+        CHECK_CUDA(cudaStreamSynchronize(s));
+      }) / 1e9;
+      row("tiny_x32", uint64_t(tiny_n) * 4096, size_t(tiny_n), 1, sec, tiny_base);
+    }
 
     // Every notification must have reached the receiver.
     auto deadline = DeadlineAfterMs(10000);
@@ -507,14 +609,27 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
 }
 
 void PrintTable() {
-  std::printf("\n%-12s %-22s %-15s %10s %7s %10s %10s %7s\n", "model", "backend", "case", "MiB",
-              "ops", "us", "GB/s", "ratio");
+  std::printf("\n%-12s %-22s %-15s %10s %7s %10s %10s %9s %8s %7s\n", "model", "backend", "case",
+              "MiB", "ops", "us", "GB/s", "Write()us", "dev us", "ratio");
   for (const Row& r : g_rows) {
     std::printf("%-12s %-22s %-15s %10.1f %7zu %10.1f %10.1f", r.model.c_str(), r.backend.c_str(),
                 r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.seconds * 1e6, r.gbps);
+    if (r.write_host_us >= 0) {
+      std::printf(" %9.2f %8.1f", r.write_host_us, r.device_us);
+    } else {
+      std::printf(" %9s %8s", "-", "-");
+    }
     if (!r.baseline.empty()) std::printf(" %7.3f  (vs %s %.1f GB/s)", r.gbps / r.baseline_gbps,
                                          r.baseline.c_str(), r.baseline_gbps);
     if (r.ucx_host_gbps > 0) std::printf("  %.3f of ucx_host %.1f GB/s", r.gbps / r.ucx_host_gbps, r.ucx_host_gbps);
+    if (r.have_profile && r.profile.writes > 0) {
+      const double w = double(r.profile.writes);
+      std::printf("  [plan %.2f submit %.2f enqueue %.2f us/write, %.1f notes/batch, %.2f wakes/write]",
+                  r.profile.plan_ns / w / 1e3, r.profile.submit_ns / w / 1e3,
+                  r.profile.enqueue_ns / w / 1e3,
+                  r.profile.notify_batches ? double(r.profile.notify_frames) / r.profile.notify_batches : 0.0,
+                  r.profile.wakeups / w);
+    }
     std::printf("\n");
   }
 }

@@ -145,6 +145,23 @@ TEST(Weights, BigPresetResolvesWithoutMaterialising) {
   for (float x : norm) ASSERT_TRUE(x >= 0.89f && x <= 1.11f) << x;  // 1 +- 0.1, bf16-rounded
 }
 
+TEST(Weights, MaxPositionOverride) {
+  ModelSpec spec;
+  spec.model = "llama-3-8b";
+  spec.num_layers_override = 1;
+  auto base = OpenWeights(spec);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  EXPECT_EQ((*base)->config().max_position, 8192);
+  spec.max_position_override = 32768;
+  auto longer = OpenWeights(spec);
+  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+  EXPECT_EQ((*longer)->config().max_position, 32768);
+  // The limit does not change the numbers, so peers with different limits still agree.
+  EXPECT_EQ((*longer)->config().hash(), (*base)->config().hash());
+  spec.max_position_override = -1;
+  EXPECT_EQ(OpenWeights(spec).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Weights, DummyValuesAreDeterministicAndScaled) {
   ModelSpec spec;
   spec.model = "tiny";

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -212,6 +213,23 @@ Status NotificationChannel::Send(const Notification& n) {
   std::lock_guard<std::mutex> lock(send_mu_);
   if (!WriteAll(fd_, &f, sizeof(f))) {
     return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
+  }
+  return OkStatus();
+}
+
+Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
+  constexpr size_t kFramesPerWrite = 64;
+  Frame frames[kFramesPerWrite];
+  std::lock_guard<std::mutex> lock(send_mu_);
+  for (size_t done = 0; done < count;) {
+    const size_t k = std::min(kFramesPerWrite, count - done);
+    for (size_t i = 0; i < k; ++i) {
+      frames[i] = Frame{n[done + i].request_id, n[done + i].layer, n[done + i].flags};
+    }
+    if (!WriteAll(fd_, frames, k * sizeof(Frame))) {
+      return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
+    }
+    done += k;
   }
   return OkStatus();
 }

@@ -57,6 +57,9 @@ class NotificationChannel {
   NotificationChannel& operator=(const NotificationChannel&) = delete;
   // kRemoteDisconnect when the peer is gone.
   Status Send(const Notification& n);
+  // Sends `count` notifications in order with as few socket writes as possible (one for up to
+  // 64 frames): the receiver sees exactly the frames Send would have produced one by one.
+  Status SendBatch(const Notification* n, size_t count);
   // True once the peer closed or the socket failed. Waits at most timeout_us for that.
   bool PeerClosed(int64_t timeout_us) const;
   int fd() const { return fd_; }

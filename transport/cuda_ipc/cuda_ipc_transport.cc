@@ -2,9 +2,11 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 
 #include "common/log.h"
 #include "transport/cuda_ipc/control_socket.h"
+#include "transport/cuda_ipc/copy_plan.h"
 #include "transport/cuda_ipc/cuda_util.h"
 #include "transport/cuda_ipc/scatter_copy.h"
 
@@ -147,11 +150,30 @@ struct Op {
   Notification notification;
   uint64_t bytes = 0;
   uint64_t transfers = 0;  // coalesced runs
-  uint64_t ring_end = 0;
+  uint64_t ring_end = 0;   // run-table ring entries this op holds end here (0: none)
   std::atomic<int> state{0};  // 0 in flight, 1 finishing, 2 done (result valid)
   Status result;
 };
 
+// Process-wide Write() profile (EnableWriteProfile); relaxed counters, read by benchmarks.
+struct ProfileCounters {
+  std::atomic<bool> on{false};
+  std::atomic<uint64_t> writes{0}, plan_ns{0}, submit_ns{0}, enqueue_ns{0}, total_ns{0};
+  std::atomic<uint64_t> kernel_writes{0}, memcpy_writes{0}, memcpy_calls{0};
+  std::atomic<uint64_t> notify_batches{0}, notify_frames{0}, wakeups{0};
+};
+ProfileCounters& Profile() {
+  static ProfileCounters p;
+  return p;
+}
+inline uint64_t NowNs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
+
+// Locks, in the order they may nest: submit_mu_ -> ring_mu_, q_mu_, mu_ (the last three are
+// leaves). No CUDA call and no syscall runs under q_mu_ or ring_mu_: the writer's per-layer path
+// must never wait behind the completion thread's cudaEventQuery or socket write.
 class Core : public std::enable_shared_from_this<Core> {
  public:
   std::shared_ptr<Shared> shared;
@@ -168,6 +190,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void Start() {
+    ring_ = std::make_unique<RunRing>(table_capacity);
     thread_ = std::thread([this] { Run(); });
   }
 
@@ -225,9 +248,13 @@ class Core : public std::enable_shared_from_this<Core> {
     }
     std::deque<std::shared_ptr<Op>> left;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(q_mu_);
       left.swap(pending_);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       if (status_.ok()) status_ = Canceled("cuda_ipc: endpoint destroyed");
+      failed_.store(true);
       channel.reset();
     }
     for (auto& op : left) {
@@ -257,11 +284,15 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   void MarkDisconnected(const Status& why) {
-    std::deque<std::shared_ptr<Op>> snapshot;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!status_.ok()) return;
       status_ = why;
+      failed_.store(true);
+    }
+    std::deque<std::shared_ptr<Op>> snapshot;
+    {
+      std::lock_guard<std::mutex> lock(q_mu_);
       snapshot = pending_;
     }
     KV_LOG_WARN << "cuda_ipc: peer lost: " << why.ToString();
@@ -269,35 +300,104 @@ class Core : public std::enable_shared_from_this<Core> {
     for (auto& op : snapshot) Finish(*op, why);
   }
 
-  void Run() {
-    DeviceGuard guard(shared->device);
-    while (!stop_.load()) {
-      std::vector<std::pair<std::shared_ptr<Op>, cudaError_t>> completed;
-      bool idle;
+  // Finishes the completed ops `done` (in stream order). The notifications of all of them go
+  // out in one socket write: a burst of small layers completing together costs one syscall.
+  void FinishBatch(std::vector<std::pair<std::shared_ptr<Op>, cudaError_t>>& done) {
+    claimed_.clear();
+    frames_.clear();
+    for (auto& [op, err] : done) {
+      int expected = 0;
+      if (!op->state.compare_exchange_strong(expected, 1)) continue;  // Wait() got it first
+      op->result = CudaStatus(err, "cuda_ipc copy");
+      claimed_.push_back(op.get());
+      if (op->result.ok() && op->notify) frames_.push_back(op->notification);
+    }
+    Status send = OkStatus();
+    if (!frames_.empty()) {
+      std::shared_ptr<cuda::NotificationChannel> ch;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        // One in-order stream: the first incomplete op blocks all later ones.
-        while (!pending_.empty()) {
-          cudaError_t err = cudaEventQuery(pending_.front()->done_event);
-          if (err == cudaErrorNotReady) break;
-          ring_tail_ = pending_.front()->ring_end;
-          completed.emplace_back(std::move(pending_.front()), err);
+        ch = channel;
+        send = status_;
+      }
+      if (send.ok()) {
+        if (ch == nullptr) {
+          send = Canceled("cuda_ipc: endpoint destroyed before the notification was sent");
+        } else {
+          send = ch->SendBatch(frames_.data(), frames_.size());
+          ProfileCounters& p = Profile();
+          if (p.on.load(std::memory_order_relaxed)) {
+            p.notify_batches.fetch_add(1, std::memory_order_relaxed);
+            p.notify_frames.fetch_add(frames_.size(), std::memory_order_relaxed);
+          }
+        }
+      }
+    }
+    for (Op* op : claimed_) {
+      if (op->result.ok() && op->notify && !send.ok()) op->result = send;
+      op->state.store(2, std::memory_order_release);
+    }
+    if (!send.ok() && send.code() == StatusCode::kRemoteDisconnect) MarkDisconnected(send);
+    for (auto& [op, err] : done) ReleaseEvents(*op);
+    done.clear();
+  }
+
+  void Run() {
+    DeviceGuard guard(shared->device);
+    // Short ppoll timeouts below are meant literally (the default 50 us slack would triple them).
+    (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    std::vector<std::pair<std::shared_ptr<Op>, cudaError_t>> completed;
+    while (!stop_.load()) {
+      // One in-order stream: the first incomplete op blocks all later ones. The event query
+      // runs outside q_mu_ (only this thread pops).
+      uint64_t ring_end = 0;
+      for (;;) {
+        std::shared_ptr<Op> front;
+        {
+          std::lock_guard<std::mutex> lock(q_mu_);
+          if (pending_.empty()) break;
+          front = pending_.front();
+        }
+        cudaError_t err = cudaEventQuery(front->done_event);
+        if (err == cudaErrorNotReady) break;
+        {
+          std::lock_guard<std::mutex> lock(q_mu_);
           pending_.pop_front();
         }
+        if (front->ring_end != 0) ring_end = front->ring_end;
+        completed.emplace_back(std::move(front), err);
+      }
+      if (ring_end != 0) {
+        std::lock_guard<std::mutex> lock(ring_mu_);
+        ring_->Release(ring_end);
+      }
+      if (!completed.empty()) FinishBatch(completed);
+      bool idle;
+      {
+        std::lock_guard<std::mutex> lock(q_mu_);
         idle = pending_.empty();
       }
-      for (auto& [op, err] : completed) {
-        Finish(*op, CudaStatus(err, "cuda_ipc copy"));
-        ReleaseEvents(*op);
+      if (idle) {
+        // Park: writers wake this thread only while it is parked (one eventfd write per burst,
+        // not per Write()).
+        sleeping_.store(true);
+        {
+          std::lock_guard<std::mutex> lock(q_mu_);
+          idle = pending_.empty();
+        }
+        if (!idle) sleeping_.store(false);
       }
       pollfd fds[2] = {{channel_fd_, POLLIN | POLLRDHUP, 0}, {wake_fd, POLLIN, 0}};
-      // Active writes: poll events every ~20 us; idle: just watch the socket.
-      timespec ts = idle ? timespec{0, 20 * 1000 * 1000} : timespec{0, 20 * 1000};
+      // Active writes: poll events every ~10 us; idle: watch the socket and the wake fd.
+      timespec ts = idle ? timespec{0, 20 * 1000 * 1000} : timespec{0, 10 * 1000};
       int rc = ::ppoll(fds, 2, &ts, nullptr);
+      sleeping_.store(false);
       if (rc > 0) {
         if (fds[1].revents) {
           uint64_t v;
           (void)!::read(wake_fd, &v, sizeof(v));
+          ProfileCounters& p = Profile();
+          if (p.on.load(std::memory_order_relaxed)) p.wakeups.fetch_add(1, std::memory_order_relaxed);
         }
         // The receiver never sends on this socket: readable means EOF or error.
         if (fds[0].revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
@@ -313,36 +413,30 @@ class Core : public std::enable_shared_from_this<Core> {
   int channel_fd_ = -1;
 
  private:
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // status_, channel
   Status status_;
+  std::atomic<bool> failed_{false};  // status_ is not OK (Write's lock-free check)
+  std::mutex q_mu_;
   std::deque<std::shared_ptr<Op>> pending_;
-  uint64_t ring_head_ = 0, ring_tail_ = 0;
-  std::mutex submit_mu_;
+  std::atomic<bool> sleeping_{false};
+  std::mutex ring_mu_;
+  std::unique_ptr<RunRing> ring_;
+  std::mutex submit_mu_;  // one Write() at a time submits (stream order = queue order)
+  CopyPlanner planner_;   // under submit_mu_
+  // Completion thread's scratch (no allocation per batch once grown).
+  std::vector<Op*> claimed_;
+  std::vector<Notification> frames_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> shut_down_{false};
   std::thread thread_;
 
   friend class IpcWriteHandle;
-  bool ReserveTable(size_t entries, uint64_t* start) {
-    std::lock_guard<std::mutex> lock(mu_);
-    uint64_t head = ring_head_;
-    uint64_t pos = head % table_capacity;
-    if (pos + entries > table_capacity) head += table_capacity - pos;  // no wrap inside a table
-    if (head + entries - ring_tail_ > table_capacity) return false;
-    *start = head;
-    ring_head_ = head + entries;
-    return true;
-  }
-  uint64_t RingHead() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return ring_head_;
-  }
   void Enqueue(std::shared_ptr<Op> op) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(q_mu_);
       pending_.push_back(std::move(op));
     }
-    Wake();
+    if (sleeping_.exchange(false)) Wake();
   }
 };
 
@@ -381,6 +475,9 @@ class IpcWriteHandle : public WriteHandle {
 };
 
 Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
+  ProfileCounters& prof = Profile();
+  const bool profiling = prof.on.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? NowNs() : 0;
   const auto* local = dynamic_cast<const IpcRegistration*>(req.local);
   if (local == nullptr) {
     return InvalidArgument(req.local == nullptr
@@ -396,95 +493,78 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
     return InvalidArgument("cuda_ipc Write: remote_region " + std::to_string(req.remote_region) +
                            " out of range (peer has " + std::to_string(targets.size()) + ")");
   }
-  const Target& target = targets[static_cast<size_t>(req.remote_region)];
-  const uint64_t local_len = local->region().length;
-  const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
-  std::vector<CopyRun> runs;
-  runs.reserve(req.ops.size());
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < req.ops.size(); ++i) {
-    const CopyOp& op = req.ops[i];
-    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
-        op.remote_offset > target.length || op.length > target.length - op.remote_offset) {
-      return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
-                             std::to_string(op.local_offset) + ", remote " +
-                             std::to_string(op.remote_offset) + ", length " +
-                             std::to_string(op.length) + ") lies outside the regions (" +
-                             std::to_string(local_len) + " local, " +
-                             std::to_string(target.length) + " remote bytes)");
-    }
-    if (op.length == 0) continue;
-    CopyRun r{local_base + op.local_offset, target.addr + op.remote_offset, op.length};
-    bytes += op.length;
-    // Coalesce in request order (runs contiguous on both sides).
-    if (!runs.empty() && runs.back().src + runs.back().length == r.src &&
-        runs.back().dst + runs.back().length == r.dst) {
-      runs.back().length += r.length;
-    } else {
-      runs.push_back(r);
-    }
-  }
-  // The scatter kernel copies runs in no particular order: only for disjoint destinations.
-  bool disjoint = true;
-  if (runs.size() >= 2) {
-    std::vector<CopyRun> sorted = runs;
-    std::sort(sorted.begin(), sorted.end(),
-              [](const CopyRun& a, const CopyRun& b) { return a.dst < b.dst; });
-    for (size_t i = 1; i < sorted.size() && disjoint; ++i) {
-      disjoint = sorted[i - 1].dst + sorted[i - 1].length <= sorted[i].dst;
-    }
-  }
-  const std::vector<CopyRun>& merged = runs;
-  {
+  if (failed_.load(std::memory_order_acquire)) {
     Status s = status();
     if (!s.ok()) return s;
   }
+  const Target& target = targets[static_cast<size_t>(req.remote_region)];
+  std::lock_guard<std::mutex> submit(submit_mu_);
+  KV_RETURN_IF_ERROR(planner_.Build(req.ops, reinterpret_cast<uint64_t>(local->region().addr),
+                                    local->region().length, target.addr, target.length));
+  const std::vector<CopyRun>& runs = planner_.runs();
+  const CopyMode mode = shared->options.copy_mode;
+  const ScatterShape shape = PlanScatter(runs.data(), runs.size());
+  CopyPath path = ChooseCopyPath(runs.size(), planner_.disjoint(), mode == CopyMode::kMemcpy,
+                                 mode == CopyMode::kKernel, shared->options.kernel_min_runs, shape);
+  const uint64_t t1 = profiling ? NowNs() : 0;
 
   DeviceGuard guard(shared->device);
   KV_RETURN_IF_ERROR(guard.status());
-  auto op = std::make_shared<Op>();
-  op->notify = req.notify;
-  op->notification = req.notification;
-  op->bytes = bytes;
-  op->transfers = merged.size();
-  KV_ASSIGN_OR_RETURN(op->done_event, shared->events.Acquire());
+  cudaEvent_t done_event = nullptr, dep_event = nullptr;
+  KV_ASSIGN_OR_RETURN(done_event, shared->events.Acquire());
   auto fail = [&](Status s) -> Status {
-    shared->events.Release(op->done_event);
-    shared->events.Release(op->dep_event);
+    shared->events.Release(done_event);
+    shared->events.Release(dep_event);
     return s;
   };
   cudaStream_t s = stream->get();
-  std::lock_guard<std::mutex> submit(submit_mu_);
   if (req.after_stream != nullptr) {
     auto dep = shared->events.Acquire();
     if (!dep.ok()) return fail(dep.status());
-    op->dep_event = dep.value();
-    cudaError_t err = cudaEventRecord(op->dep_event, static_cast<cudaStream_t>(req.after_stream));
+    dep_event = dep.value();
+    cudaError_t err = cudaEventRecord(dep_event, static_cast<cudaStream_t>(req.after_stream));
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       return fail(InvalidArgument(std::string("cuda_ipc Write: after_stream is not a usable stream "
                                               "on device ") + std::to_string(shared->device) +
                                   ": " + cudaGetErrorName(err)));
     }
-    err = cudaStreamWaitEvent(s, op->dep_event, 0);
+    err = cudaStreamWaitEvent(s, dep_event, 0);
     if (err != cudaSuccess) return fail(CudaStatus(err, "cudaStreamWaitEvent"));
   }
-  const CopyMode mode = shared->options.copy_mode;
-  bool use_kernel = disjoint && (mode == CopyMode::kKernel ||
-                                 (mode == CopyMode::kAuto &&
-                                  merged.size() >= shared->options.kernel_min_runs));
-  uint64_t table_start = 0;
-  size_t entries = use_kernel ? cuda::ScatterTableEntries(merged.data(), merged.size()) : 0;
-  if (use_kernel && (entries == 0 || !ReserveTable(entries, &table_start))) use_kernel = false;
-  if (use_kernel) {
-    CopyRun* table_base = static_cast<CopyRun*>(table->data());
-    CopyRun* t = table_base + (table_start % table_capacity);
-    cuda::SplitRuns(merged.data(), merged.size(), t);
-    Status ls = cuda::LaunchScatterCopy(t, entries, s);
-    if (!ls.ok()) return fail(ls);
-    op->ring_end = table_start + entries;
-  } else {
-    for (const CopyRun& r : merged) {
+  uint64_t ring_end = 0;
+  if (path != CopyPath::kMemcpy) {
+    // The run table goes straight into the pinned ring the kernel reads through UVA: no
+    // per-write upload, no per-write allocation. Unsplit runs (2-D grid) unless uneven.
+    const size_t entries = path == CopyPath::kKernel
+                               ? runs.size()
+                               : cuda::ScatterTableEntries(runs.data(), runs.size());
+    uint64_t start = 0;
+    bool reserved;
+    {
+      std::lock_guard<std::mutex> lock(ring_mu_);
+      reserved = ring_->Reserve(entries, &start);
+    }
+    if (!reserved) {
+      path = CopyPath::kMemcpy;  // ring full (or table larger than it): the copy engine instead
+    } else {
+      CopyRun* t = static_cast<CopyRun*>(table->data()) + ring_->Index(start);
+      Status ls;
+      if (path == CopyPath::kKernel) {
+        std::memcpy(static_cast<void*>(t), runs.data(), runs.size() * sizeof(CopyRun));
+        ls = cuda::LaunchScatterCopyPieces(t, runs.size(), shape.piece_bytes,
+                                           shape.pieces_per_run, s);
+      } else {
+        cuda::SplitRuns(runs.data(), runs.size(), t);
+        ls = cuda::LaunchScatterCopy(t, entries, s);
+      }
+      // A failed launch enqueued nothing; its ring entries are released with the next op's.
+      if (!ls.ok()) return fail(ls);
+      ring_end = start + entries;
+    }
+  }
+  if (path == CopyPath::kMemcpy) {
+    for (const CopyRun& r : runs) {
       cudaError_t err = cudaMemcpyAsync(reinterpret_cast<void*>(r.dst),
                                         reinterpret_cast<const void*>(r.src), r.length,
                                         cudaMemcpyDeviceToDevice, s);
@@ -492,12 +572,35 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
       // never completes: report the failure now.
       if (err != cudaSuccess) return fail(CudaStatus(err, "cudaMemcpyAsync (device to device)"));
     }
-    op->ring_end = RingHead();
   }
-  cudaError_t err = cudaEventRecord(op->done_event, s);
+  cudaError_t err = cudaEventRecord(done_event, s);
   if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord"));
+  const uint64_t t2 = profiling ? NowNs() : 0;
+  auto op = std::make_shared<Op>();
+  op->done_event = done_event;
+  op->dep_event = dep_event;
+  op->notify = req.notify;
+  op->notification = req.notification;
+  op->bytes = planner_.bytes();
+  op->transfers = runs.size();
+  op->ring_end = ring_end;
   Enqueue(op);
-  return std::unique_ptr<WriteHandle>(new IpcWriteHandle(shared_from_this(), op));
+  auto handle = std::unique_ptr<WriteHandle>(new IpcWriteHandle(shared_from_this(), std::move(op)));
+  if (profiling) {
+    const uint64_t t3 = NowNs();
+    prof.writes.fetch_add(1, std::memory_order_relaxed);
+    prof.plan_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+    prof.submit_ns.fetch_add(t2 - t1, std::memory_order_relaxed);
+    prof.enqueue_ns.fetch_add(t3 - t2, std::memory_order_relaxed);
+    prof.total_ns.fetch_add(t3 - t0, std::memory_order_relaxed);
+    if (path == CopyPath::kMemcpy) {
+      prof.memcpy_writes.fetch_add(1, std::memory_order_relaxed);
+      prof.memcpy_calls.fetch_add(runs.size(), std::memory_order_relaxed);
+    } else {
+      prof.kernel_writes.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return handle;
 }
 
 class IpcEndpoint : public Endpoint {
@@ -627,6 +730,25 @@ class CudaIpcTransport : public Transport {
 };
 
 }  // namespace
+
+void EnableWriteProfile(bool on) { Profile().on.store(on); }
+
+WriteProfile TakeWriteProfile() {
+  ProfileCounters& p = Profile();
+  WriteProfile w;
+  w.writes = p.writes.exchange(0);
+  w.plan_ns = p.plan_ns.exchange(0);
+  w.submit_ns = p.submit_ns.exchange(0);
+  w.enqueue_ns = p.enqueue_ns.exchange(0);
+  w.total_ns = p.total_ns.exchange(0);
+  w.kernel_writes = p.kernel_writes.exchange(0);
+  w.memcpy_writes = p.memcpy_writes.exchange(0);
+  w.memcpy_calls = p.memcpy_calls.exchange(0);
+  w.notify_batches = p.notify_batches.exchange(0);
+  w.notify_frames = p.notify_frames.exchange(0);
+  w.wakeups = p.wakeups.exchange(0);
+  return w;
+}
 
 CopyMode CopyModeFromEnv() {
   const char* v = std::getenv("KVSTREAM_CUDA_IPC_COPY");

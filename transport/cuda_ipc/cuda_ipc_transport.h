@@ -12,11 +12,14 @@
 //    connects the control socket and creates the endpoint's copy stream at the LOWEST stream
 //    priority, so transfers never preempt compute.
 //  - Write(): validates every op, coalesces runs that are contiguous on both sides, optionally
-//    makes the copy stream wait on `after_stream`, then copies with cudaMemcpyAsync per run, or,
-//    for many scattered runs, with one scatter-copy kernel whose run table sits in pinned host
-//    memory; an event from a per-transport pool marks completion. Once it has completed the
-//    notification goes out on the control socket (from Wait()'s thread or the endpoint's
-//    completion thread, whichever sees it first; exactly once).
+//    makes the copy stream wait on `after_stream`, then copies with cudaMemcpyAsync per run (few
+//    runs: the copy engines), or, for many scattered runs, with one scatter-copy kernel whose run
+//    table sits in a pinned host ring; an event from a per-transport pool marks completion.
+//    Once it has completed the notification goes out on the control socket (from Wait()'s
+//    thread or the endpoint's completion thread, whichever sees it first; exactly once; the
+//    completion thread sends the notifications of writes that completed together in one
+//    socket write). Write() takes no lock that a CUDA call or a syscall runs under, allocates
+//    only the op and its handle, and wakes the completion thread only when it is parked.
 //  - Peer death: EOF on the control socket -> endpoint status, pending and later writes
 //    kRemoteDisconnect (detected within about 20 ms).
 //  - ~Endpoint: stops the completion thread, waits (bounded, close_timeout_ms) for its copy
@@ -57,5 +60,20 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
 
 CopyMode CopyModeFromEnv();
+
+// Host-side cost of Write(), for benchmarks: summed over every cuda_ipc endpoint of the process
+// while enabled (off by default; when on, four clock reads per Write()).
+struct WriteProfile {
+  uint64_t writes = 0;
+  uint64_t plan_ns = 0;     // validation, coalescing, copy-path choice
+  uint64_t submit_ns = 0;   // CUDA calls: event record/wait, memcpy or kernel launch + table
+  uint64_t enqueue_ns = 0;  // op allocation, hand-off to the completion thread, the handle
+  uint64_t total_ns = 0;    // the whole Write() after argument checks
+  uint64_t kernel_writes = 0, memcpy_writes = 0, memcpy_calls = 0;
+  uint64_t notify_batches = 0, notify_frames = 0;  // the completion thread's socket writes
+  uint64_t wakeups = 0;                            // eventfd wakes of a parked completion thread
+};
+void EnableWriteProfile(bool on);
+WriteProfile TakeWriteProfile();  // returns the counters and resets them
 
 }  // namespace kvstream::transport::cuda_ipc

@@ -36,4 +36,11 @@ size_t SplitRuns(const CopyRun* runs, size_t n, CopyRun* table);
 // Launches the copy of table[0..entries) on `stream` (one CTA per entry).
 Status LaunchScatterCopy(const CopyRun* table, size_t entries, cudaStream_t stream);
 
+// Launches the copy of table[0..runs) unsplit: a (runs x pieces_per_run) grid, CTA (x, y) copies
+// bytes [y*piece_bytes, (y+1)*piece_bytes) of run x (nothing when the run is shorter). Saves the
+// host from writing one table entry per piece. piece_bytes: a multiple of 16, > 0;
+// pieces_per_run <= 65535.
+Status LaunchScatterCopyPieces(const CopyRun* table, size_t runs, uint64_t piece_bytes,
+                               uint32_t pieces_per_run, cudaStream_t stream);
+
 }  // namespace kvstream::transport::cuda

@@ -1,5 +1,7 @@
 #include "transport/staged/staged_transport.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
@@ -488,6 +490,8 @@ class Receiver {
 
   void Run() {
     DeviceGuard guard(shared_->device);
+    // The 20 us waits below pace the pipeline: keep them 20 us, not 20 + 50 us of default slack.
+    (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     for (;;) {
       std::deque<Notification> inbox;
       {
@@ -784,6 +788,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
 
   void Run() {
     DeviceGuard guard(shared->device);
+    (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // see Receiver::Run
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       bool active = false;

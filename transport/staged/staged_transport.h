@@ -41,9 +41,13 @@ namespace kvstream::transport::staged {
 struct StagedOptions {
   int device = -1;                     // device of registered regions and streams; -1 = current
   size_t chunk_bytes = 8ull << 20;     // data bytes per chunk (one staging slot)
-  int recv_slots = 8;                  // receive staging slots (shared by all writers)
-  int send_buffers = 4;                // per-endpoint pinned send buffers (pipeline depth)
-  int credits_per_peer = 4;            // slots granted to one writer
+  // Pipeline depth: a send buffer is busy from its D2H copy until the UCX put is done, a peer
+  // slot (credit) from the D2H copy until the peer's H2D copy is done and the credit is back.
+  // Six of each keep D2H of chunk k+1, the put of chunk k and the peer's H2D of chunk k-1 all
+  // in flight with room for the credit round trip.
+  int recv_slots = 12;                 // receive staging slots (shared by all writers)
+  int send_buffers = 6;                // per-endpoint pinned send buffers (pipeline depth)
+  int credits_per_peer = 6;            // slots granted to one writer
   std::string ucx_tls;                 // passed to the inner UCX transport
   std::string ucx_net_devices;
   int64_t connect_timeout_ms = 10000;  // hello -> first credits

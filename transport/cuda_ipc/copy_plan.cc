@@ -1,0 +1,105 @@
+#include "transport/cuda_ipc/copy_plan.h"
+
+#include <algorithm>
+#include <string>
+
+namespace kvstream::transport::cuda_ipc {
+
+using cuda::CopyRun;
+
+Status CopyPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base, uint64_t local_len,
+                          uint64_t remote_base, uint64_t remote_len) {
+  runs_.clear();
+  bytes_ = 0;
+  disjoint_ = true;
+  if (runs_.capacity() < ops.size()) runs_.reserve(ops.size());
+  bool sorted = true;  // by destination, the common case (a request's blocks in pool order)
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const CopyOp& op = ops[i];
+    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
+        op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
+      runs_.clear();
+      bytes_ = 0;
+      return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
+                             std::to_string(op.local_offset) + ", remote " +
+                             std::to_string(op.remote_offset) + ", length " +
+                             std::to_string(op.length) + ") lies outside the regions (" +
+                             std::to_string(local_len) + " local, " +
+                             std::to_string(remote_len) + " remote bytes)");
+    }
+    if (op.length == 0) continue;
+    const CopyRun r{local_base + op.local_offset, remote_base + op.remote_offset, op.length};
+    bytes_ += op.length;
+    if (!runs_.empty()) {
+      CopyRun& last = runs_.back();
+      if (last.src + last.length == r.src && last.dst + last.length == r.dst) {
+        last.length += r.length;
+        continue;
+      }
+      if (r.dst < last.dst + last.length) {
+        sorted = false;
+        // Sorted-order overlap check below; an overlap with the previous run is certain here
+        // when r starts inside it.
+        if (r.dst >= last.dst) disjoint_ = false;
+      }
+    }
+    runs_.push_back(r);
+  }
+  if (!sorted && disjoint_ && runs_.size() >= 2) {
+    sorted_.assign(runs_.begin(), runs_.end());
+    std::sort(sorted_.begin(), sorted_.end(),
+              [](const CopyRun& a, const CopyRun& b) { return a.dst < b.dst; });
+    for (size_t i = 1; i < sorted_.size(); ++i) {
+      if (sorted_[i - 1].dst + sorted_[i - 1].length > sorted_[i].dst) {
+        disjoint_ = false;
+        break;
+      }
+    }
+  }
+  return OkStatus();
+}
+
+ScatterShape PlanScatter(const CopyRun* runs, size_t n) {
+  ScatterShape s;
+  if (n == 0) return s;
+  uint64_t total = 0, longest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    total += runs[i].length;
+    longest = std::max(longest, runs[i].length);
+  }
+  uint64_t piece = cuda::kScatterPieceBytes;
+  while (piece > kMinPieceBytes && total / piece < kTargetCtas) piece /= 2;
+  s.piece_bytes = piece;
+  const uint64_t ppr = (longest + piece - 1) / piece;
+  s.pieces_per_run = ppr > 0xFFFFFFFFull ? 0xFFFFFFFFu : static_cast<uint32_t>(ppr);
+  s.ctas = static_cast<uint64_t>(n) * ppr;
+  uint64_t useful = 0;
+  for (size_t i = 0; i < n; ++i) useful += (runs[i].length + piece - 1) / piece;
+  s.wasted = s.ctas - useful;
+  return s;
+}
+
+bool ScatterShapeWasteful(const ScatterShape& shape) {
+  // grid.y is limited to 65535; beyond a third of empty CTAs the host-side split is cheaper.
+  return shape.pieces_per_run > 65535 || shape.wasted * 3 > shape.ctas;
+}
+
+CopyPath ChooseCopyPath(size_t runs, bool disjoint, bool force_memcpy, bool force_kernel,
+                        size_t kernel_min_runs, const ScatterShape& shape) {
+  if (runs == 0 || force_memcpy || !disjoint) return CopyPath::kMemcpy;
+  if (!force_kernel && runs < kernel_min_runs) return CopyPath::kMemcpy;
+  return ScatterShapeWasteful(shape) ? CopyPath::kKernelSplit : CopyPath::kKernel;
+}
+
+bool RunRing::Reserve(uint64_t entries, uint64_t* start) {
+  if (entries == 0 || entries > capacity_) return false;
+  uint64_t head = head_;
+  const uint64_t pos = head % capacity_;
+  if (pos + entries > capacity_) head += capacity_ - pos;  // no wrap inside one table
+  if (head + entries - tail_ > capacity_) return false;
+  *start = head;
+  head_ = head + entries;
+  return true;
+}
+
+}  // namespace kvstream::transport::cuda_ipc
