@@ -343,7 +343,7 @@ class PacedEndpoint final : public Endpoint {
         if (!(*it)->inflight.empty()) any_inflight = true;
         ++it;
       }
-      Issue(now, &wake, &any_inflight);
+      Issue(lock, &wake, &any_inflight);
       if (any_inflight) wake = std::min(wake, now + kPollInterval);
       state_->cv.wait_until(lock, wake);
     }
@@ -393,40 +393,50 @@ class PacedEndpoint final : public Endpoint {
   }
 
   // Posts due chunks, oldest write first. One reservation at a time per endpoint, so the
-  // bucket's debt stays bounded by what is about to be posted.
-  void Issue(Clock::time_point now, Clock::time_point* wake, bool* any_inflight) {
+  // bucket's debt stays bounded by what is about to be posted. The lock is released around the
+  // inner Write() (a backend may take a while to post), so that Write() and Cancel() callers are
+  // never held up by it; Write() may grow `active` meanwhile, hence the rescan after each post.
+  void Issue(std::unique_lock<std::mutex>& lock, Clock::time_point* wake, bool* any_inflight) {
+  rescan:
+    if (state_->shutdown) return;
+    const Clock::time_point now = Clock::now();
     for (auto& wp : state_->active) {
       PacedWrite& w = *wp;
-      while (w.next < w.chunks.size() && w.error.ok() && !w.completion->cancel_requested()) {
-        // The notification rides on the last chunk: every earlier chunk must have landed.
-        if (w.proto.notify && w.last_chunk_next() && w.next > 0 && !w.inflight.empty()) break;
-        if (w.ordered && !w.inflight.empty()) break;
-        // A producer dependency is honoured by chunk 0; the others follow its completion.
-        if (w.proto.after_stream != nullptr && w.next > 0 && w.completed == 0) break;
-        if (!w.reserved) {
-          w.release = bucket_->Reserve(w.chunks[w.next].bytes);
-          w.reserved = true;
-        }
-        if (w.release > now) {
-          *wake = std::min(*wake, w.release);
-          return;
-        }
-        WriteRequest req = w.proto;
-        req.ops = w.chunks[w.next].ops;
-        req.notify = w.proto.notify && w.last_chunk_next();
-        if (w.next > 0) req.after_stream = nullptr;
-        w.reserved = false;
-        ++w.next;
-        auto h = inner_->Write(req);
-        if (!h.ok()) {
-          // Nothing of this chunk was posted: its budget goes back.
-          bucket_->Refund(w.chunks[w.next - 1].bytes);
-          w.error = h.status();
-          break;
-        }
+      if (w.next == w.chunks.size() || !w.error.ok() || w.completion->cancel_requested()) continue;
+      // The notification rides on the last chunk: every earlier chunk must have landed.
+      if (w.proto.notify && w.last_chunk_next() && w.next > 0 && !w.inflight.empty()) continue;
+      if (w.ordered && !w.inflight.empty()) continue;
+      // A producer dependency is honoured by chunk 0; the others follow its completion.
+      if (w.proto.after_stream != nullptr && w.next > 0 && w.completed == 0) continue;
+      if (!w.reserved) {
+        w.release = bucket_->Reserve(w.chunks[w.next].bytes);
+        w.reserved = true;
+      }
+      if (w.release > now) {
+        *wake = std::min(*wake, w.release);
+        return;
+      }
+      WriteRequest req = w.proto;
+      req.ops = w.chunks[w.next].ops;
+      req.notify = w.proto.notify && w.last_chunk_next();
+      if (w.next > 0) req.after_stream = nullptr;
+      w.reserved = false;
+      const uint64_t bytes = w.chunks[w.next].bytes;
+      ++w.next;
+      // Only this thread erases from `active` or touches a write's posting state, so `w` stays
+      // valid while unlocked.
+      lock.unlock();
+      auto h = inner_->Write(req);
+      lock.lock();
+      if (!h.ok()) {
+        // Nothing of this chunk was posted: its budget goes back.
+        bucket_->Refund(bytes);
+        w.error = h.status();
+      } else {
         w.inflight.push_back(std::move(h).value());
         *any_inflight = true;
       }
+      goto rescan;
     }
   }
 
