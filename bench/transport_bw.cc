@@ -267,8 +267,23 @@ double RunKvstream(Endpoint& ep, const Registration& local, size_t size, int cou
 }
 
 // One ucx_perftest server + client pair on loopback; MiB/s ("overall" bandwidth), <0 on error.
-double RunPerftest(const Args& a, size_t size, int count, int warmup, int port,
+double RunPerftestOnce(const Args& a, size_t size, int count, int warmup, int port,
+                       bool error_handling, std::string* error);
+
+// ucx_perftest's own TCP bootstrap sometimes fails on a loaded sandbox; a failed run is
+// retried on a fresh port (twice) before the benchmark gives up.
+double RunPerftest(const Args& a, size_t size, int count, int warmup, int* port,
                    bool error_handling, std::string* error) {
+  double r = -1;
+  for (int attempt = 0; attempt < 3 && r < 0; ++attempt) {
+    r = RunPerftestOnce(a, size, count, warmup, (*port)++, error_handling, error);
+    if (r < 0) std::fprintf(stderr, "ucx_perftest attempt %d failed: %s\n", attempt + 1, error->c_str());
+  }
+  return r;
+}
+
+double RunPerftestOnce(const Args& a, size_t size, int count, int warmup, int port,
+                       bool error_handling, std::string* error) {
   Child server, client;
   auto env = UcxEnv(a);
   std::vector<std::string> sargv = {a.perftest, "-p", std::to_string(port)};
@@ -426,12 +441,12 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kvstream write failed: %s\n", err.c_str());
         return 1;
       }
-      double p = RunPerftest(a, size, iters, warmup, port++, /*error_handling=*/false, &err);
+      double p = RunPerftest(a, size, iters, warmup, &port, /*error_handling=*/false, &err);
       if (p < 0) {
         std::fprintf(stderr, "ucx_perftest failed: %s\n", err.c_str());
         return 1;
       }
-      double pe = RunPerftest(a, size, iters, warmup, port++, /*error_handling=*/true, &err);
+      double pe = RunPerftest(a, size, iters, warmup, &port, /*error_handling=*/true, &err);
       if (pe < 0) {
         std::fprintf(stderr, "ucx_perftest -e failed: %s\n", err.c_str());
         return 1;

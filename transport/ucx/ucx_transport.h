@@ -13,6 +13,20 @@
 // Peer failure: endpoints are created with UCP_ERR_HANDLING_MODE_PEER and an error callback;
 // the failure marks the endpoint kRemoteDisconnect and fails pending and later writes.
 //
+// Same host: UCX 1.13 cannot use its shared-memory transports on endpoints with peer-failure
+// handling, so when the peer runs on this host (same boot id and pid namespace, its pid still
+// the process that published the address) and UCX_TLS admits shared memory (empty, "sm",
+// "shm", "cma", "all"; KVSTREAM_UCX_CMA=0 turns it off), the data is copied by a copier
+// thread: memcpy into the peer's Allocate()d memory (a memfd mapped here) or process_vm_writev
+// into memory the peer registered. The copy is complete when it returns, so no flush is needed;
+// the notification then goes over the UCX endpoint as above. A pidfd on the peer process and
+// the UCX endpoint both report its death. Allocate() backs memory with a memfd for this.
+//
+// Wire: the address and memory keys are versioned envelopes (tag, version, length, checksum)
+// around UCX's blobs, so a truncated or foreign blob is refused with kInvalidArgument.
+// Connect() retries ucp_ep_create a few times when UCX reports the peer unreachable (seen on
+// overloaded sandboxes).
+//
 // Endpoint destruction: flush (bounded by kCloseFlushTimeout), then force-close the ucp
 // endpoint, then wait until every write through it has completed (canceled ones with
 // kCanceled). When the flush completes, every put is complete at the destination and nothing
