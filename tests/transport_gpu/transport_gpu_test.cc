@@ -279,6 +279,10 @@ TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
       SourceWrite w = MakeSource(req, layer, kCount);
       char* base = static_cast<char*>(src) + layer * kCount * kBlock;
       CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+      // A pageable-memory cudaMemcpy may return before its DMA is done, and the transport's
+      // copy stream does not wait for the legacy stream: without this the source could still be
+      // landing while the write reads it (it did, on the H200, in the scatter-kernel pass).
+      CUDA_OK(cudaDeviceSynchronize());
       WriteRequest wr;
       wr.local = reg.value().get();
       wr.remote_region = layer % kRegions;

@@ -47,13 +47,7 @@ enum class CopyMode {
 struct CudaIpcOptions {
   int device = -1;                   // device of local registrations and copy streams; -1 = current
   CopyMode copy_mode = CopyMode::kAuto;
-  // kAuto: the scatter kernel from this many coalesced runs on. Off by default (SIZE_MAX):
-  // on the H200 (2026-11-29) the 2-D scatter kernel failed the GPU test
-  // ScatteredWritesLandByteExactInAnotherProcess (a block of the notified layer held other bytes
-  // when its notification arrived), while the copy-engine path passed. Until that is found and
-  // fixed, kAuto keeps correctness and takes the copy engine, which is slow for many scattered
-  // runs (~1.4 ms of host time for 256 runs); CopyMode::kKernel still forces the kernel.
-  size_t kernel_min_runs = SIZE_MAX;
+  size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
   size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
   int64_t connect_timeout_ms = 5000;
   int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
