@@ -159,4 +159,32 @@ Status WritePortFile(const std::string& path, int port) {
   return OkStatus();
 }
 
+std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string& role,
+                                        int* exit_code) {
+  auto cfg = ParseDaemonConfig(argc, argv, role);
+  if (!cfg.ok()) {
+    if (cfg.status().code() == StatusCode::kNotFound) {  // --help
+      std::fputs(cfg.status().message().c_str(), stdout);
+      *exit_code = 0;
+    } else {
+      std::fprintf(stderr, "kvstream-%s: %s\n%s", role.c_str(), cfg.status().ToString().c_str(),
+                   DaemonUsage(role).c_str());
+      *exit_code = 2;
+    }
+    return std::nullopt;
+  }
+  const std::string& level = cfg->log_level;
+  if (level == "debug") SetLogLevel(LogLevel::kDebug);
+  else if (level == "info") SetLogLevel(LogLevel::kInfo);
+  else if (level == "warn") SetLogLevel(LogLevel::kWarn);
+  else if (level == "error") SetLogLevel(LogLevel::kError);
+  KV_LOG_INFO << "kvstream-" << role << " starting: " << cfg->ToJson();
+  return std::move(cfg).value();
+}
+
+int DaemonFailure(const std::string& role, const Status& status) {
+  KV_LOG_ERROR << "kvstream-" << role << ": " << status.ToString();
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
 }  // namespace kvstream::connector

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,15 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
 
 // Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it creates later;
 // call first thing in main(). WaitForTerminationSignal() returns the signal received.
+// The start of a daemon's main(): parses argv for `role` ("prefill" or "decode"), prints --help
+// (exit code 0) or the error and usage (exit code 2), applies log_level and logs the resolved
+// config. Returns the config, or nullopt with *exit_code set.
+std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string& role,
+                                        int* exit_code);
+// Logs a fatal start-up error as "kvstream-<role>: ..." and returns the process exit code
+// (2 for kInvalidArgument, else 1).
+int DaemonFailure(const std::string& role, const Status& status);
+
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 

@@ -9,32 +9,14 @@
 using namespace kvstream;
 
 namespace {
-int Fail(const Status& s) {
-  KV_LOG_ERROR << "kvstream-prefill: " << s.ToString();
-  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
-}
-void ApplyLogLevel(const std::string& level) {
-  if (level == "debug") SetLogLevel(LogLevel::kDebug);
-  else if (level == "info") SetLogLevel(LogLevel::kInfo);
-  else if (level == "warn") SetLogLevel(LogLevel::kWarn);
-  else if (level == "error") SetLogLevel(LogLevel::kError);
-}
+int Fail(const Status& s) { return connector::DaemonFailure("prefill", s); }
 }  // namespace
 
 int main(int argc, char** argv) {
   connector::BlockTerminationSignals();
-  auto cfg = connector::ParseDaemonConfig(argc, argv, "prefill");
-  if (!cfg.ok()) {
-    if (cfg.status().code() == StatusCode::kNotFound) {
-      std::fputs(cfg.status().message().c_str(), stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "kvstream-prefill: %s\n%s", cfg.status().ToString().c_str(),
-                 connector::DaemonUsage("prefill").c_str());
-    return 2;
-  }
-  ApplyLogLevel(cfg->log_level);
-  KV_LOG_INFO << "kvstream-prefill starting: " << cfg->ToJson();
+  int exit_code = 0;
+  auto cfg = connector::StartDaemon(argc, argv, "prefill", &exit_code);
+  if (!cfg) return exit_code;
 
   auto model = connector::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
