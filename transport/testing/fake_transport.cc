@@ -1,4 +1,5 @@
 #include "transport/testing/fake_transport.h"
+#include "transport/task_thread.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -40,47 +41,9 @@ std::mutex g_mu;
 std::map<uint64_t, std::weak_ptr<FakeCore>> g_cores;
 uint64_t g_next_core = 1;
 
-// One thread that runs the writes of a transport in order. Owned only by user-facing objects
+// The writes of a transport run in order on one thread, owned only by user-facing objects
 // (transport, endpoints), never by its own jobs, so it is never destroyed on its own thread.
-class Executor {
- public:
-  Executor() : thread_([this] { Loop(); }) {}
-  ~Executor() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void Loop() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stop_ and drained
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts after the members it uses exist
-};
+using Executor = TaskThread;
 
 class FakeRegistration final : public Registration {
  public:

@@ -1,4 +1,5 @@
 #include "transport/ucx/ucx_transport.h"
+#include "transport/task_thread.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -197,46 +198,6 @@ Status FromUcs(ucs_status_t s, const std::string& what) {
   }
 }
 
-// A thread that runs posted tasks in order (the CMA copier). Owned by the Worker only.
-class TaskThread {
- public:
-  TaskThread() : thread_([this] { Loop(); }) {}
-  ~TaskThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void Post(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void Loop() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the members above exist
-};
 
 // ---- the worker and its progress thread ------------------------------------------------------
 
