@@ -7,7 +7,8 @@
 #   *.jsonl             one JSON line per measurement
 # usage (GPU machine, repo root): bash <dir>/device_run.sh <dir-with-binaries> <libs-dir>
 # env: UCX=1 adds the host-staged backends; KERNEL_VARIANTS="t512u4 ..." adds a cuda_ipc run per
-# KVSTREAM_CUDA_IPC_KERNEL launch shape (llama-3-8b only).
+# KVSTREAM_CUDA_IPC_KERNEL launch shape (llama-3-8b only); SCATTER_CONFIGS=a,b,.. the kernel
+# shapes scatter_bench sweeps; LONG_TOKENS=16384 adds llama-3-8b at that prompt length.
 set -u
 B=${1:-.devbuild/ipc2}
 L=${2:-.devlibs-ipc2}
@@ -33,7 +34,8 @@ T0=$(date +%s)
   echo "== tests done (t=$(( $(date +%s) - T0 ))s)"
 } > "$R/tests.log" 2>&1
 {
-  timeout 60 "$B/scatter_bench" --iters=15 --json="$R/scatter_bench.jsonl" 2>&1
+  timeout 60 "$B/scatter_bench" --iters=15 --json="$R/scatter_bench.jsonl" \
+    ${SCATTER_CONFIGS:+--configs=$SCATTER_CONFIGS} 2>&1
   echo "rc=$?"
   echo "== scatter_bench done (t=$(( $(date +%s) - T0 ))s)"
 } > "$R/scatter_bench.log" 2>&1
@@ -48,6 +50,12 @@ T0=$(date +%s)
       --models=llama-3-8b --iters=20 --json="$R/transfer_gpu_variant_$k.jsonl" 2>&1
     echo "rc=$?"
   done
+  if [ -n "${LONG_TOKENS:-}" ]; then  # llama-3-8b with more blocks per layer (several launches)
+    echo "== cuda_ipc, llama-3-8b at $LONG_TOKENS tokens (t=$(( $(date +%s) - T0 ))s)"
+    timeout 60 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_memcpy --models=llama-3-8b \
+      --tokens="$LONG_TOKENS" --iters=10 --json="$R/transfer_gpu_${LONG_TOKENS}.jsonl" 2>&1
+    echo "rc=$?"
+  fi
   if [ "${UCX:-0}" = 1 ]; then
     echo "== ucx_host, ucx_staged (t=$(( $(date +%s) - T0 ))s)"
     timeout 60 "$B/transfer_gpu" --backends=ucx_host,ucx_staged --iters=8 \
