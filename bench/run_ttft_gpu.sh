@@ -12,7 +12,8 @@
 #   Knobs (env): MODELS, TRANSPORTS, REQUESTS, WARMUP, MAX_NEW, LENS_<model with _ for ->,
 #     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE, UCX_TLS (for ucx_staged),
 #     BACKEND (cuda; cpu only to try the script on a machine without a GPU),
-#     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=true"),
+#     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=false"; the default auto waits for the
+#     whole load when both daemons share the GPU),
 #     EXTRA_MODEL_FLAGS (given to both daemons and to the bench, e.g. "--max-position 32768" to run
 #     prompts past a preset's own limit).
 set -uo pipefail

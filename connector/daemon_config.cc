@@ -60,8 +60,9 @@ const std::vector<Field>& Fields() {
       KV_FIELD(prompt_cache_blocks, kInt,
                "prefill: pool blocks kept for repeated prompts' KV (0 = no prompt cache)"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
-      KV_FIELD(first_step_after_load, kBool,
-               "decode: first step only after every layer landed (prefill on this GPU)"),
+      KV_FIELD(first_step_after_load, kStr,
+               "decode: auto | true | false: first step only after every layer landed (auto: "
+               "when the prefill computes on this same GPU)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
       KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
@@ -129,6 +130,9 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.layers < 0) return InvalidArgument("layers must be >= 0");
   if (c.max_position < 0) return InvalidArgument("max_position must be >= 0");
   if (c.backend != "cpu" && c.backend != "cuda") return InvalidArgument("backend must be cpu or cuda");
+  if (c.first_step_after_load != "auto" && c.first_step_after_load != "true" &&
+      c.first_step_after_load != "false")
+    return InvalidArgument("first_step_after_load must be auto, true or false");
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
     return InvalidArgument("on_load_failure must be fail or recompute");
   if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");
@@ -236,6 +240,13 @@ Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string&
   }
   KV_RETURN_IF_ERROR(Validate(cfg, role));
   return cfg;
+}
+
+bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& local_device_id,
+                               const std::string& peer_device_id) {
+  if (setting == "true") return true;
+  if (setting != "auto") return false;
+  return !local_device_id.empty() && local_device_id == peer_device_id;
 }
 
 }  // namespace kvstream::connector

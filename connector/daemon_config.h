@@ -54,9 +54,10 @@ struct DaemonConfig {
   // behaviour
   bool pipelining = true;       // decode's default load mode
   // decode: start the first token's forward only once every layer of the prompt's KV landed
-  // (the transfer still overlaps the prefill's compute). For a prefill on the same GPU, whose
-  // compute the layer-by-layer first step would otherwise time-slice with.
-  bool first_step_after_load = false;
+  // (the transfer still overlaps the prefill's compute). "true", "false", or "auto": true
+  // exactly when the handshake showed the prefill computing on this very GPU (same UUID), whose
+  // compute a layer-by-layer first step would time-slice with (ResolveFirstStepAfterLoad).
+  std::string first_step_after_load = "auto";
   // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
   // token sequence; a repeated prompt is written from them without a forward (0 = off).
   int prompt_cache_blocks = 0;
@@ -78,5 +79,10 @@ struct DaemonConfig {
 // argv[0] is skipped. --help yields kNotFound with the usage text as message.
 Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string& role);
 std::string DaemonUsage(const std::string& role);
+
+// DaemonConfig::first_step_after_load applied: "true" / "false" as given; "auto" is true when
+// both device ids are known (non-empty) and equal, i.e. prefill and decode compute on one GPU.
+bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& local_device_id,
+                               const std::string& peer_device_id);
 
 }  // namespace kvstream::connector

@@ -50,6 +50,28 @@ Result<ServingModel> LoadServingModel(const DaemonConfig& cfg) {
   return m;
 }
 
+std::string ComputeDeviceId(const DaemonConfig& cfg) {
+#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+  if (cfg.backend != "cuda") return "";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, cfg.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string id = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    id += kHex[b >> 4];
+    id += kHex[b & 15];
+  }
+  return id;
+#else
+  (void)cfg;
+  return "";
+#endif
+}
+
 Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLayout& layout) {
 #ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
   if (cfg.backend != "cuda") return InvalidArgument("pool_gpu_fraction needs --backend cuda");

@@ -29,6 +29,11 @@ Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLa
 // The backend name CreateTransportFromConfig uses: cfg.transport, except "ucx" with a cuda
 // backend, which becomes staged::SelectGpuBackend's choice ("ucx" or "ucx_staged").
 Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg);
+
+// The compute device's identity for the handshake: "GPU-<uuid>" of cfg.device for the cuda
+// backend (the same string in every process that uses that GPU), empty for the CPU backend or
+// when the device cannot be queried.
+std::string ComputeDeviceId(const DaemonConfig& cfg);
 Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg);
 
 // Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it creates later;

@@ -86,6 +86,7 @@ Status DecodeConnector::Handshake(Deadline deadline) {
   req.set_pool_blocks(pool_->num_blocks());
   ToProto(local_, req.mutable_layout());
   req.set_transport_backend(transport_->name());
+  req.set_device_id(options_.device_id);
 
   grpc::ClientContext ctx;
   ctx.set_deadline(ToGrpcDeadline(deadline));
@@ -98,12 +99,22 @@ Status DecodeConnector::Handshake(Deadline deadline) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     prefill_instance_id_ = resp.prefill_instance_id();
+    peer_device_id_ = resp.device_id();
     ++stats_.handshakes;
   }
   handshake_epoch_.fetch_add(1);
   KV_LOG_INFO << "handshake with prefill " << resp.prefill_instance_id() << " at "
-              << options_.prefill_address << " done (" << transport_->name() << ")";
+              << options_.prefill_address << " done (" << transport_->name()
+              << (!resp.device_id().empty() && resp.device_id() == options_.device_id
+                      ? ", prefill computes on this GPU"
+                      : "")
+              << ")";
   return OkStatus();
+}
+
+std::string DecodeConnector::peer_device_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_device_id_;
 }
 
 Status DecodeConnector::EnsureHandshake(Deadline deadline) {

@@ -48,6 +48,7 @@ struct DecodeConnectorOptions {
   int64_t handshake_timeout_ms = 5000;
   int64_t cancel_timeout_ms = 3000;   // Cancel RPC to confirm a stopped writer
   int64_t quarantine_ms = 2000;       // hold blocks this long after the writer was lost
+  std::string device_id;              // this daemon's compute device (ComputeDeviceId), sent at handshake
 };
 
 struct LoadResult {
@@ -81,6 +82,10 @@ class DecodeConnector {
 
   // (Re)does the handshake now. kFailedPrecondition naming the field on a layout mismatch.
   Status Handshake(Deadline deadline);
+
+  // The prefill's compute device id from the last successful handshake (empty before one, or
+  // for a CPU prefill).
+  std::string peer_device_id() const;
 
   Status StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                    std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,
@@ -118,6 +123,7 @@ class DecodeConnector {
   std::mutex handshake_mu_;           // serialises handshakes
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
   std::string prefill_instance_id_;
+  std::string peer_device_id_;  // guarded by mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "common/log.h"
+#include "connector/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/grpc_status.h"
 
 namespace kvstream::decode {
@@ -51,8 +52,17 @@ struct DecodeServer::Request {
 
 DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
                            model::KvPool* pool, connector::DecodeConnector* connector)
-    : config_(config), backend_(backend), pool_(pool), connector_(connector) {
+    : config_(config),
+      device_id_(connector::ComputeDeviceId(config)),
+      backend_(backend),
+      pool_(pool),
+      connector_(connector) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+bool DecodeServer::FirstStepAfterLoad() const {
+  return connector::ResolveFirstStepAfterLoad(config_.first_step_after_load, device_id_,
+                                              connector_->peer_device_id());
 }
 
 DecodeServer::~DecodeServer() {
@@ -285,7 +295,7 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   Status s;
   if (r.remote) {
     LoadHooks hooks(connector_, r.id, r.load_deadline, pool_->layout().num_layers,
-                    config_.first_step_after_load);
+                    FirstStepAfterLoad());
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     r.load.set_loaded_remotely(true);

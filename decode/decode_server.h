@@ -62,8 +62,12 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   void Emit(Request& r, int32_t token);
   void Complete(Request& r, Status status);
   bool Done(const Request& r, int32_t token) const;
+  // config_.first_step_after_load resolved against the prefill's device (known after the
+  // handshake, which may be redone after a prefill restart).
+  bool FirstStepAfterLoad() const;
 
   connector::DaemonConfig config_;
+  std::string device_id_;  // connector::ComputeDeviceId(config_)
   model::ModelBackend* backend_;
   model::KvPool* pool_;
   connector::DecodeConnector* connector_;

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   dopt.handshake_timeout_ms = cfg->handshake_timeout_ms;
   dopt.cancel_timeout_ms = cfg->cancel_timeout_ms;
   dopt.quarantine_ms = cfg->quarantine_ms;
+  dopt.device_id = connector::ComputeDeviceId(*cfg);
   auto conn = connector::DecodeConnector::Create(
       dopt, std::move(transport).value(), model->pool.get(),
       connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));

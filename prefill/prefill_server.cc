@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "connector/decode_connector.h"  // kQuiescedTrailer
 #include "connector/grpc_status.h"
+#include "connector/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/handshake.h"
 
 namespace kvstream::prefill {
@@ -81,6 +82,7 @@ PrefillServer::PrefillServer(const connector::DaemonConfig& config, model::Model
                              model::KvPool* pool, connector::PrefillConnector* connector)
     : config_(config), backend_(backend), pool_(pool), connector_(connector),
       instance_id_(connector::NewInstanceId("prefill")),
+      device_id_(connector::ComputeDeviceId(config)),
       cache_(&pool->allocator(), config.prompt_cache_blocks) {}
 
 grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
@@ -109,6 +111,7 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   KV_LOG_INFO << "handshake from " << req->decode_instance_id() << " (" << req->transport_backend()
               << ", " << req->pool_blocks() << " blocks) accepted";
   resp->set_prefill_instance_id(instance_id_);
+  resp->set_device_id(device_id_);
   connector::ToProto(connector_->local_layout(), resp->mutable_layout());
   return grpc::Status::OK;
 }

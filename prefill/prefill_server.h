@@ -51,6 +51,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   model::KvPool* pool_;
   connector::PrefillConnector* connector_;
   std::string instance_id_;
+  std::string device_id_;  // sent at handshake: lets decode see a prefill on its own GPU
   PromptCache cache_;
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};

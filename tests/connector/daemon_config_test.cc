@@ -81,6 +81,32 @@ TEST(DaemonConfig, BadInputIsRefusedNamingIt) {
   EXPECT_EQ(Parse({"--help"}).status().code(), StatusCode::kNotFound);
 }
 
+// first_step_after_load: auto by default; auto waits for the whole load only when the prefill
+// computes on this very GPU (same device id from the handshake).
+TEST(DaemonConfig, FirstStepAfterLoadAutoByDefaultAndResolvedByDevice) {
+  auto c = Parse({"--peer=127.0.0.1:1"}, "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->first_step_after_load, "auto");
+  for (const char* v : {"true", "false", "auto"}) {
+    auto d = Parse({"--peer=127.0.0.1:1", std::string("--first_step_after_load=") + v}, "decode");
+    ASSERT_TRUE(d.ok()) << v;
+    EXPECT_EQ(d->first_step_after_load, v);
+  }
+  auto bad = Parse({"--peer=127.0.0.1:1", "--first_step_after_load=sometimes"}, "decode");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("first_step_after_load"), std::string::npos);
+
+  const std::string gpu0 = "GPU-00112233445566778899aabbccddeeff";
+  const std::string gpu1 = "GPU-ffeeddccbbaa99887766554433221100";
+  EXPECT_TRUE(ResolveFirstStepAfterLoad("auto", gpu0, gpu0));
+  EXPECT_FALSE(ResolveFirstStepAfterLoad("auto", gpu0, gpu1));
+  EXPECT_FALSE(ResolveFirstStepAfterLoad("auto", "", ""));      // CPU backends
+  EXPECT_FALSE(ResolveFirstStepAfterLoad("auto", gpu0, ""));    // no handshake yet / CPU prefill
+  EXPECT_TRUE(ResolveFirstStepAfterLoad("true", gpu0, gpu1));
+  EXPECT_TRUE(ResolveFirstStepAfterLoad("true", "", ""));
+  EXPECT_FALSE(ResolveFirstStepAfterLoad("false", gpu0, gpu0));
+}
+
 TEST(DaemonConfig, ItlTargetKeysFromFileAndFlags) {
   std::string path = ::testing::TempDir() + "/kvstream_cfg_itl_test.json";
   {

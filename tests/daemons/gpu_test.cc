@@ -82,6 +82,10 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<s
 
 TEST_P(DaemonsGpuTest, TinyTokensEqualColocatedOnGpu) {
   RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {}, 512, {1, 2, 17, 100, 300}, 8);
+  // Both daemons compute on GPU 0: the handshake shows it (first_step_after_load=auto then
+  // waits for the whole load before the first step instead of time-slicing with the prefill).
+  EXPECT_NE(decode_->Log().find("prefill computes on this GPU"), std::string::npos)
+      << decode_->Log();
 }
 
 // Llama-3-8B's shapes (GQA 32/8, head 128, vocab 128256) cut to 2 layers; the decode pool is
