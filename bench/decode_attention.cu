@@ -1,14 +1,9 @@
-// Decode-attention benchmark: the paged kernels (register landing / TMA ring, prefetch off / on
-// at several lookahead distances, the kAuto choice) on the paper's shapes, against a plain streaming-read kernel
+// Decode-attention benchmark: the paged kernel (prefetch off / on at several lookahead
+// distances / the kAuto choice) on the paper's shapes, against a plain streaming-read kernel
 // measured in the same run. JSON lines (stdout and --json FILE) plus a table at the end.
 //
 //   decode_attention [--json FILE] [--mem-cap-gib N] [--models a,b] [--batches 1,8]
-//                    [--contexts 1024,4096] [--replays N] [--quick] [--kernels regs,ring]
-//                    [--distances 1,2] [--split-probes 0.5,2]
-//
-// Variants per shape: each kernel (DecodeKernel::kRegisters "regs", kRing "ring") with the L2
-// prefetch off and on (each --distances lookahead), plus split-count probes (prefetch off, the
-// kAuto kernel, that many times the planned splits).
+//                    [--contexts 1024,4096] [--replays N] [--quick]
 //
 // Method: random fp16 data; per shape several KV sets (each its own pool with a random
 // permutation of its blocks as the block tables) rotated so that >= 320 MiB are touched between
@@ -130,13 +125,10 @@ double StreamGbps(cudaStream_t st, const uint4* buf, size_t n16, uint32_t* sink,
 
 struct Variant {
   std::string name;
-  DecodeKernel kernel;
   Prefetch prefetch;
   int distance;
   double split_factor = 0;  // 0: the launcher's plan; else that many times the planned splits
 };
-
-const char* KernelName(DecodeKernel k) { return k == DecodeKernel::kRing ? "ring" : "regs"; }
 
 }  // namespace
 
@@ -147,9 +139,7 @@ int main(int argc, char** argv) {
   std::vector<Model> models = {{"llama-2-7b", 32, 32}, {"llama-3-8b", 32, 8}, {"qwen2.5-7b", 28, 4}};
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> contexts = {1024, 4096, 8192, 16384, 32768};
-  std::vector<int> distances = {1};
-  std::vector<double> split_probes;
-  std::vector<DecodeKernel> kernels = {DecodeKernel::kRegisters, DecodeKernel::kRing};
+  std::vector<int> distances = {1, 2, 4};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -165,17 +155,6 @@ int main(int argc, char** argv) {
     else if (a == "--batches") batches = ParseInts(next());
     else if (a == "--contexts") contexts = ParseInts(next());
     else if (a == "--distances") distances = ParseInts(next());
-    else if (a == "--split-probes") {
-      split_probes.clear();
-      std::stringstream ss(next());
-      std::string t;
-      while (std::getline(ss, t, ',')) split_probes.push_back(std::atof(t.c_str()));
-    } else if (a == "--kernels") {
-      const std::string k = next();
-      kernels.clear();
-      if (k.find("regs") != std::string::npos) kernels.push_back(DecodeKernel::kRegisters);
-      if (k.find("ring") != std::string::npos) kernels.push_back(DecodeKernel::kRing);
-    }
     else if (a == "--models") {
       const std::string m = next();
       std::vector<Model> keep;
@@ -232,30 +211,17 @@ int main(int argc, char** argv) {
   CK(cudaFree(sbuf));
   sbuf = nullptr;
 
-  std::vector<Variant> variants;
-  for (DecodeKernel k : kernels) {
-    variants.push_back({std::string(KernelName(k)) + "_off", k, Prefetch::kOff, 1});
-    for (int d : distances)
-      variants.push_back({std::string(KernelName(k)) + "_on_d" + std::to_string(d), k, Prefetch::kOn, d});
-  }
-  if (kernels.empty()) {
-    std::fprintf(stderr, "--kernels: none of regs, ring\n");
-    return 2;
-  }
-  const size_t n_main = variants.size();
-  // Split-plan probes (prefetch off, the kAuto kernel): that many times the planned count.
-  for (double f : split_probes) {
-    std::ostringstream n;
-    n << "auto_off_splits_x" << f;
-    variants.push_back({n.str(), DecodeKernel::kAuto, Prefetch::kOff, 1, f});
-  }
+  std::vector<Variant> variants = {{"off", Prefetch::kOff, 1}};
+  for (int d : distances) variants.push_back({"on_d" + std::to_string(d), Prefetch::kOn, d});
+  // Split-plan probes (prefetch off): half and twice the planned split count.
+  variants.push_back({"off_splits_x0.5", Prefetch::kOff, 1, 0.5});
+  variants.push_back({"off_splits_x2", Prefetch::kOff, 1, 2.0});
 
   struct Row {
     std::string model;
-    int batch, ctx, splits;
-    std::string auto_choice;
-    std::vector<double> gbps;  // per main variant
-    double frac_auto, auto_loss_best;
+    int batch, ctx, splits, auto_on;
+    double gbps_off, gbps_on1, gbps_best_on, frac_auto;
+    int best_d;
     bool identical;
   };
   std::vector<Row> rows;
@@ -325,18 +291,16 @@ int main(int argc, char** argv) {
         p.context_lens = d_lens;
         p.kv_layer = pool;
         p.block_tables = d_tables;
-        const int splits = PagedDecodeNumSplits(p);  // the kAuto kernel's plan
+        const int splits = PagedDecodeNumSplits(p);
         auto splits_for = [&](const Variant& v) {
           return v.split_factor > 0 ? std::max(1, int(std::lround(splits * v.split_factor))) : 0;
         };
         size_t ws_bytes = 0;
         for (const Variant& v : variants) {
           PagedDecodeParams q = p;
-          q.kernel = v.kernel;
           q.num_splits = splits_for(v);
           ws_bytes = std::max(ws_bytes, PagedDecodeWorkspaceBytes(q));
         }
-        const DecodeKernel auto_kernel = PagedDecodeAutoKernel(p);
         const bool auto_on = PagedDecodeAutoPrefetch(p);
         void* ws = nullptr;
         if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
@@ -346,26 +310,26 @@ int main(int argc, char** argv) {
           PagedDecodeParams q = p;
           q.kv_layer = reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes;
           q.block_tables = d_tables + size_t(s) * set_blocks;
-          q.kernel = v.kernel;
           q.prefetch = v.prefetch;
           q.prefetch_distance = v.distance;
           q.num_splits = splits_for(v);
           return q;
         };
 
-        // Outputs on set 0: bit-identical across the prefetch variants of one kernel, finite.
-        bool identical = true, finite = true;
+        // Outputs of the variants on set 0 must be bit-identical.
+        bool identical = true;
         std::vector<uint16_t> ref(qn), got(qn);
-        for (size_t vi = 0; vi < n_main; ++vi) {
-          const bool first = vi == 0 || variants[vi].kernel != variants[vi - 1].kernel;
+        for (size_t vi = 0; vi < variants.size(); ++vi) {
+          if (variants[vi].split_factor > 0) continue;  // other split plans round differently
           CK(cudaMemsetAsync(d_out, 0xff, qn * 2, st));
           CK(PagedDecodeAttention(set_params(0, variants[vi]), st));
           CK(cudaStreamSynchronize(st));
-          CK(cudaMemcpy(first ? ref.data() : got.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
-          if (!first && std::memcmp(ref.data(), got.data(), qn * 2) != 0) identical = false;
-          for (uint16_t h : first ? ref : got)
-            if ((h & 0x7c00) == 0x7c00) finite = false;
+          CK(cudaMemcpy(vi == 0 ? ref.data() : got.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
+          if (vi > 0 && std::memcmp(ref.data(), got.data(), qn * 2) != 0) identical = false;
         }
+        bool finite = true;
+        for (uint16_t h : ref)
+          if ((h & 0x7c00) == 0x7c00) finite = false;
 
         // One graph per variant: `launches` launches cycling through the sets.
         const int min_launches = int(std::clamp(double(size_t(4) << 30) / double(set_bytes), 4.0, 24.0));
@@ -429,9 +393,7 @@ int main(int argc, char** argv) {
           o << "{\"bench\":\"decode_attention\",\"impl\":\"paged\",\"model\":\"" << m.name
             << "\",\"heads\":" << m.heads << ",\"kv_heads\":" << m.kv_heads << ",\"head_dim\":" << D
             << ",\"block\":" << bs << ",\"dtype\":\"f16\",\"batch\":" << B << ",\"ctx\":" << ctx
-            << ",\"variant\":\"" << variants[vi].name << "\",\"kernel\":\""
-            << (variants[vi].kernel == DecodeKernel::kAuto ? KernelName(auto_kernel) : KernelName(variants[vi].kernel))
-            << "\",\"prefetch\":"
+            << ",\"variant\":\"" << variants[vi].name << "\",\"prefetch\":"
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
             << ",\"prefetch_distance\":" << variants[vi].distance
             << ",\"splits\":" << PagedDecodeNumSplits(set_params(0, variants[vi]))
@@ -443,59 +405,31 @@ int main(int argc, char** argv) {
             << ",\"launches_per_graph\":" << launches << ",\"graph\":" << (use_graph ? "true" : "false") << "}";
           emit(o.str());
         }
-        // Summary: per kernel off vs on (distance 1, the paper's); the kAuto choice (kernel x
-        // prefetch) against the other prefetch variant of that kernel and against the fastest
-        // of all main variants.
-        auto find = [&](DecodeKernel k, Prefetch pf) -> int {
-          for (size_t vi = 0; vi < n_main; ++vi)
-            if (variants[vi].kernel == k && variants[vi].prefetch == pf && (pf == Prefetch::kOff || variants[vi].distance == 1))
-              return int(vi);
-          return -1;
-        };
-        const int v_auto = find(auto_kernel, auto_on ? Prefetch::kOn : Prefetch::kOff);
-        const int v_other = find(auto_kernel, auto_on ? Prefetch::kOff : Prefetch::kOn);
-        const int v_aoff = find(auto_kernel, Prefetch::kOff), v_aon = find(auto_kernel, Prefetch::kOn);
-        size_t v_best = 0;
-        for (size_t vi = 1; vi < n_main; ++vi)
-          if (med[vi] < med[v_best]) v_best = vi;
-        const double us_auto = v_auto >= 0 ? med[v_auto] : NAN;
-        const double us_other = v_other >= 0 ? med[v_other] : NAN;
+        // Summary: off vs on (distance 1, the paper's), best distance, the kAuto choice.
+        size_t best_on = 1;
+        for (size_t vi = 1; vi < variants.size(); ++vi)
+          if (variants[vi].prefetch == Prefetch::kOn && med[vi] < med[best_on]) best_on = vi;
+        const double us_off = med[0], us_on1 = med.size() > 1 ? med[1] : med[0];
+        const double us_auto = auto_on ? us_on1 : us_off;
+        const double us_other = auto_on ? us_off : us_on1;
         const double gbps_auto = kv_bytes / (us_auto * 1e-6) / 1e9;
-        const std::string auto_choice =
-            std::string(KernelName(auto_kernel)) + (auto_on ? "/on" : "/off");
         {
           std::ostringstream o;
           o << "{\"bench\":\"decode_attention\",\"impl\":\"paged_summary\",\"model\":\"" << m.name
             << "\",\"heads\":" << m.heads << ",\"kv_heads\":" << m.kv_heads << ",\"batch\":" << B
-            << ",\"ctx\":" << ctx << ",\"splits\":" << splits;
-          for (DecodeKernel k : kernels) {
-            const int f = find(k, Prefetch::kOff), n = find(k, Prefetch::kOn);
-            PagedDecodeParams q = p;
-            q.kernel = k;
-            o << ",\"splits_" << KernelName(k) << "\":" << PagedDecodeNumSplits(q);
-            if (f >= 0) o << ",\"us_" << KernelName(k) << "_off\":" << med[f];
-            if (n >= 0) o << ",\"us_" << KernelName(k) << "_on\":" << med[n];
-          }
-          o << ",\"us_off\":" << (v_aoff >= 0 ? med[v_aoff] : NAN)
-            << ",\"us_on\":" << (v_aon >= 0 ? med[v_aon] : NAN)
-            << ",\"prefetch_gain\":" << (v_aoff >= 0 && v_aon >= 0 ? med[v_aoff] / med[v_aon] : NAN)
-            << ",\"best_variant\":\"" << variants[v_best].name << "\",\"us_best\":" << med[v_best]
-            << ",\"auto\":\"" << auto_choice << "\",\"us_auto\":" << us_auto
+            << ",\"ctx\":" << ctx << ",\"splits\":" << splits << ",\"us_off\":" << us_off
+            << ",\"us_on\":" << us_on1 << ",\"prefetch_gain\":" << us_off / us_on1
+            << ",\"best_on_variant\":\"" << variants[best_on].name << "\",\"us_best_on\":" << med[best_on]
+            << ",\"auto\":\"" << (auto_on ? "on" : "off") << "\",\"us_auto\":" << us_auto
             << ",\"auto_slower_than_other\":" << us_auto / us_other - 1.0
-            << ",\"auto_slower_than_best\":" << us_auto / med[v_best] - 1.0
             << ",\"gbps_auto\":" << gbps_auto << ",\"frac_stream_auto\":" << gbps_auto / stream_gbps
             << ",\"identical_outputs\":" << (identical ? "true" : "false")
             << ",\"finite_outputs\":" << (finite ? "true" : "false") << "}";
-          std::string line = o.str();
-          // NaN is not JSON: variants not measured in this run are null.
-          for (size_t pos; (pos = line.find(":nan")) != std::string::npos;) line.replace(pos + 1, 3, "null");
-          for (size_t pos; (pos = line.find(":-nan")) != std::string::npos;) line.replace(pos + 1, 4, "null");
-          emit(line);
+          emit(o.str());
         }
-        Row row{m.name, B, ctx, splits, auto_choice, {}, gbps_auto / stream_gbps,
-                us_auto / med[v_best] - 1.0, identical && finite};
-        for (size_t vi = 0; vi < n_main; ++vi) row.gbps.push_back(kv_bytes / (med[vi] * 1e-6) / 1e9);
-        rows.push_back(row);
+        rows.push_back({m.name, B, ctx, splits, auto_on, kv_bytes / (us_off * 1e-6) / 1e9,
+                        kv_bytes / (us_on1 * 1e-6) / 1e9, kv_bytes / (med[best_on] * 1e-6) / 1e9,
+                        gbps_auto / stream_gbps, variants[best_on].distance, identical && finite});
 
         if (ws) CK(cudaFree(ws));
         CK(cudaFree(pool));
@@ -523,14 +457,13 @@ int main(int argc, char** argv) {
 
   std::printf("\nstreaming read: %.0f GB/s (start), %.0f GB/s (end); fractions below use the start value\n",
               stream_gbps, stream_gbps2);
-  std::printf("%-11s %5s %6s %6s |", "model", "batch", "ctx", "splits");
-  for (size_t vi = 0; vi < n_main; ++vi) std::printf(" %11s", variants[vi].name.c_str());
-  std::printf(" | %9s %10s %9s %4s\n", "auto", "frac(auto)", "auto loss", "ok");
+  std::printf("%-11s %5s %6s %6s | %8s %8s %7s | %8s %4s | %5s %10s %4s\n", "model", "batch", "ctx",
+              "splits", "off GB/s", "on GB/s", "on/off", "best on", "dist", "auto", "frac(auto)", "ok");
   for (const Row& r : rows) {
-    std::printf("%-11s %5d %6d %6d |", r.model.c_str(), r.batch, r.ctx, r.splits);
-    for (double g : r.gbps) std::printf(" %11.0f", g);
-    std::printf(" | %9s %10.3f %8.1f%% %4s\n", r.auto_choice.c_str(), r.frac_auto,
-                r.auto_loss_best * 100, r.identical ? "yes" : "NO");
+    std::printf("%-11s %5d %6d %6d | %8.0f %8.0f %7.3f | %8.0f %4d | %5s %10.3f %4s\n", r.model.c_str(),
+                r.batch, r.ctx, r.splits, r.gbps_off, r.gbps_on1, r.gbps_on1 / r.gbps_off,
+                r.gbps_best_on, r.best_d, r.auto_on ? "on" : "off", r.frac_auto,
+                r.identical ? "yes" : "NO");
   }
   if (json) std::fclose(json);
   CK(cudaStreamDestroy(st));

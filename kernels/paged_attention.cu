@@ -26,7 +26,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -127,287 +126,16 @@ __device__ __forceinline__ Elem<kBf16> FromF(float x) {
   }
 }
 
-// ---- Hopper async-copy primitives (sm_90): mbarrier + bulk copy global -> shared -------------
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
-#endif
-}
-
-// Makes initialised mbarriers visible to the async proxy (the bulk copies complete on them).
-__device__ __forceinline__ void FenceMbarInit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
-               : "memory");
-#endif
-}
-
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t addr = SmemAddr(bar);
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  }
-#endif
-}
-
-// 1-D bulk copy (TMA) of `bytes` (multiple of 16, 16-byte-aligned ends) into this CTA's shared
-// memory; completes `bytes` of the mbarrier's transaction count.
-__device__ __forceinline__ void BulkCopyG2S(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          SmemAddr(dst)),
-      "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(SmemAddr(bar))
-      : "memory");
-#endif
-}
-
-// ---- the per-unit math, shared by both kernels ------------------------------------------------
-
-template <bool kBf16, int D>
-struct WarpState {
-  float o[D / 16][4];  // O^T m-tiles (see ConsumeUnit)
-  float m0, m1, l0, l1;  // heads 2c and 2c+1 of this lane
-  __device__ __forceinline__ void Init() {
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    m0 = m1 = -INFINITY;
-    l0 = l1 = 0.f;
-  }
-};
-
-// B operand of S^T = K Q^T for k-steps 2s and 2s+1: Q[head g][32s + 8c .. 32s + 8c + 8), from
-// global memory; heads past the group chunk are zero.
-template <bool kBf16, int D>
-__device__ __forceinline__ void LoadQ(uint4 (&qr)[D / 32], const KernelArgs& a, int seq, int h0, int nh,
-                                      int g, int c) {
-  using T = Elem<kBf16>;
-  const uint4* qg = reinterpret_cast<const uint4*>(
-      static_cast<const T*>(a.q) + (size_t(seq) * a.num_heads + h0 + min(g, nh - 1)) * D);
-#pragma unroll
-  for (int s = 0; s < D / 32; ++s) qr[s] = g < nh ? __ldg(qg + 4 * s + c) : make_uint4(0, 0, 0, 0);
-}
-
-// One 16-token unit of one warp. `kp`/`vp` point at the unit's K and V tiles (16 rows of
-// `kStride` elements, global or shared memory: same addressing); `freed` is called once every
-// K/V fragment sits in registers (the ring kernel refills the stage there). `p_w` is the warp's
-// 8 x kPStride staging tile for P.
-template <bool kBf16, int D, int kStride, bool kGlobal, typename Freed>
-__device__ __forceinline__ void ConsumeUnit(WarpState<kBf16, D>& st, const uint4 (&qr)[D / 32],
-                                            const Elem<kBf16>* kp, const Elem<kBf16>* vp, int tok0,
-                                            int len, float scale_log2, Elem<kBf16>* p_w, int g, int c,
-                                            Freed freed) {
-  using T = Elem<kBf16>;
-  constexpr int kKLoads = D / 32;     // 16-byte K loads per row pair (a 32-dim chunk each)
-  constexpr int kVChunks = D / 64;    // 64-dim chunks of V
-  constexpr int kMTiles = D / 16;     // O^T m-tiles
-  constexpr bool kVEarly = D <= 128;  // load V with K (registers permitting)
-  auto ld = [](const T* p) {
-    if constexpr (kGlobal) {
-      return __ldg(reinterpret_cast<const uint4*>(p));
-    } else {
-      return *reinterpret_cast<const uint4*>(p);
-    }
-  };
-  // K as the A operand (rows = tokens g and g+8). Register kr[s][r] holds
-  // K[token g + 8r][32s + 8c .. +8): words 0,1 feed k-step 2s (k = 2c.., 2c+8..),
-  // words 2,3 k-step 2s+1. The dims are thereby permuted within each k-step; qr uses the
-  // same permutation, so the dot products are unchanged.
-  uint4 kr[kKLoads][2];
-#pragma unroll
-  for (int s = 0; s < kKLoads; ++s) {
-    kr[s][0] = ld(kp + g * kStride + 32 * s + 8 * c);
-    kr[s][1] = ld(kp + (g + 8) * kStride + 32 * s + 8 * c);
-  }
-  // V as the A operand of O^T = V^T P^T (rows = dims, k = tokens). vr[qc][t] holds
-  // V[token tok(t)][64qc + 8g .. +8) with tok = 2c, 2c+1, 2c+8, 2c+9.
-  uint4 vr[kVChunks][4];
-  auto load_v = [&]() {
-#pragma unroll
-    for (int qc = 0; qc < kVChunks; ++qc) {
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int tok = 2 * c + (t & 1) + (t >> 1) * 8;
-        vr[qc][t] = ld(vp + tok * kStride + 64 * qc + 8 * g);
-      }
-    }
-  };
-  if constexpr (kVEarly) {
-    load_v();
-    freed();
-  }
-
-  // Two accumulators halve the chain of dependent mmas (latency, not throughput, matters).
-  float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int s = 0; s < kKLoads; ++s) {
-    Mma16816<kBf16>(sc, Word(kr[s][0], 0), Word(kr[s][1], 0), Word(kr[s][0], 1), Word(kr[s][1], 1),
-                    Word(qr[s], 0), Word(qr[s], 1));
-    Mma16816<kBf16>(sd, Word(kr[s][0], 2), Word(kr[s][1], 2), Word(kr[s][0], 3), Word(kr[s][1], 3),
-                    Word(qr[s], 2), Word(qr[s], 3));
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) sc[i] += sd[i];
-  if constexpr (!kVEarly) {
-    load_v();
-    freed();
-  }
-
-  // sc: [0] = S[token g][head 2c], [1] = S[g][2c+1], [2] = S[g+8][2c], [3] = S[g+8][2c+1].
-  const bool ok_lo = tok0 + g < len, ok_hi = tok0 + g + 8 < len;
-  const float x0 = ok_lo ? sc[0] * scale_log2 : -INFINITY;
-  const float x1 = ok_lo ? sc[1] * scale_log2 : -INFINITY;
-  const float x2 = ok_hi ? sc[2] * scale_log2 : -INFINITY;
-  const float x3 = ok_hi ? sc[3] * scale_log2 : -INFINITY;
-  float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-  }
-  // Token 0 of every processed unit is valid, so mx* is finite.
-  const float mn0 = fmaxf(st.m0, mx0), mn1 = fmaxf(st.m1, mx1);
-  const float al0 = exp2f(st.m0 - mn0), al1 = exp2f(st.m1 - mn1);
-  st.m0 = mn0;
-  st.m1 = mn1;
-  // P rounded to the KV type (the mma's input); l sums the rounded values for consistency.
-  const T p0 = FromF<kBf16>(exp2f(x0 - mn0)), p1 = FromF<kBf16>(exp2f(x1 - mn1));
-  const T p2 = FromF<kBf16>(exp2f(x2 - mn0)), p3 = FromF<kBf16>(exp2f(x3 - mn1));
-  st.l0 = st.l0 * al0 + ToF<kBf16>(p0) + ToF<kBf16>(p2);
-  st.l1 = st.l1 * al1 + ToF<kBf16>(p1) + ToF<kBf16>(p3);
-#pragma unroll
-  for (int j = 0; j < kMTiles; ++j) {
-    st.o[j][0] *= al0;
-    st.o[j][1] *= al1;
-    st.o[j][2] *= al0;
-    st.o[j][3] *= al1;
-  }
-  // P^T as the B operand needs P[head g][tokens 2c, 2c+1 | 2c+8, 2c+9]: transpose through a
-  // per-warp 8 x 16 staging tile.
-  p_w[(2 * c) * kPStride + g] = p0;
-  p_w[(2 * c + 1) * kPStride + g] = p1;
-  p_w[(2 * c) * kPStride + g + 8] = p2;
-  p_w[(2 * c + 1) * kPStride + g + 8] = p3;
-  __syncwarp();
-  const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(&p_w[g * kPStride + 2 * c]);
-  const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(&p_w[g * kPStride + 2 * c + 8]);
-  __syncwarp();
-
-  if (tok0 + kUnitTokens > len) {
-    // Tail unit: slots past the context hold whatever the pool holds (maybe NaN); P is 0 there
-    // but 0 * NaN is not, so zero those V rows.
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int tok = 2 * c + (t & 1) + (t >> 1) * 8;
-      if (tok0 + tok >= len) {
-#pragma unroll
-        for (int qc = 0; qc < kVChunks; ++qc) vr[qc][t] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-  // m-tile j = 4qc + w: row g <-> dim 64qc + 8g + 2w, row g+8 <-> the dim after it, so
-  // a0/a1 are the low/high halves of word w of tokens 2c and 2c+1 (a2/a3: 2c+8, 2c+9).
-#pragma unroll
-  for (int qc = 0; qc < kVChunks; ++qc) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t t0 = Word(vr[qc][0], w), t1 = Word(vr[qc][1], w);
-      const uint32_t t8 = Word(vr[qc][2], w), t9 = Word(vr[qc][3], w);
-      Mma16816<kBf16>(st.o[4 * qc + w], __byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632),
-                      __byte_perm(t8, t9, 0x5410), __byte_perm(t8, t9, 0x7632), pb0, pb1);
-    }
-  }
-}
-
-// End of a CTA: merges its warps' (m, l, O) states through shared memory (o_s: [kWarps][8][D]
-// floats, ml_s: [kWarps][8]) and writes the output (one split) or this split's partial.
-// Starts with a __syncthreads (o_s may alias memory the warps were still reading).
-template <bool kBf16, int D>
-__device__ __forceinline__ void MergeWarpsAndStore(WarpState<kBf16, D>& st, float* o_s, float2* ml_s,
-                                                   const KernelArgs& a, int seq, int split, int h0,
-                                                   int nh) {
-  using T = Elem<kBf16>;
-  constexpr int kVChunks = D / 64;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
-  // l: per-thread partial sums over its tokens -> sum over the 8 groups.
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, off);
-    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, off);
-  }
-  __syncthreads();
-  // o[j]: [0] = O[head 2c][dim], [2] = O[head 2c][dim+1], [1]/[3] the same for head 2c+1,
-  // dim = 64qc + 8g + 2w.
-  float* ow = o_s + size_t(warp) * kHeadsPerCta * D;
-#pragma unroll
-  for (int qc = 0; qc < kVChunks; ++qc) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const int d = 64 * qc + 8 * g + 2 * w;
-      *reinterpret_cast<float2*>(&ow[(2 * c) * D + d]) = make_float2(st.o[4 * qc + w][0], st.o[4 * qc + w][2]);
-      *reinterpret_cast<float2*>(&ow[(2 * c + 1) * D + d]) = make_float2(st.o[4 * qc + w][1], st.o[4 * qc + w][3]);
-    }
-  }
-  if (g == 0) {
-    ml_s[warp * kHeadsPerCta + 2 * c] = make_float2(st.m0, st.l0);
-    ml_s[warp * kHeadsPerCta + 2 * c + 1] = make_float2(st.m1, st.l1);
-  }
-  __syncthreads();
-
-  for (int i = threadIdx.x; i < nh * D; i += kThreads) {
-    const int hh = i / D, d = i % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, ml_s[w * kHeadsPerCta + hh].x);
-    float acc = 0.f, sum = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float2 ml = ml_s[w * kHeadsPerCta + hh];
-        const float f = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
-        acc += f * o_s[(size_t(w) * kHeadsPerCta + hh) * D + d];
-        sum += f * ml.y;
-      }
-    }
-    const float val = sum > 0.f ? acc / sum : 0.f;
-    const int h = h0 + hh;
-    if (a.num_splits == 1) {
-      static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h) * D + d] = FromF<kBf16>(val);
-    } else {
-      const size_t row = (size_t(seq) * a.num_heads + h) * a.num_splits + split;
-      a.ws_o[row * D + d] = val;
-      if (d == 0) a.ws_lse[row] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
-    }
-  }
-}
-
-// ---- kernel 1: register landing (every K/V byte LDG.128 straight into registers) ------------
-
 // 128 registers at head 128 (4 CTAs = 16 warps per SM), both variants alike.
 constexpr int MinCtasPerSm(int d) { return d <= 64 ? 5 : (d <= 128 ? 4 : 1); }
 
 template <bool kBf16, int D, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(const KernelArgs a) {
   using T = Elem<kBf16>;
+  constexpr int kKLoads = D / 32;  // 16-byte K loads per token row-pair (a 32-dim chunk each)
+  constexpr int kVChunks = D / 64;  // 64-dim chunks of V
+  constexpr int kMTiles = D / 16;   // O^T m-tiles
+  constexpr bool kVEarly = D <= 128;  // issue V's loads with K's (registers permitting)
   constexpr uint32_t kTileBytes = kUnitTokens * D * sizeof(T);
 
   __shared__ __align__(16) T p_s[kWarps][kHeadsPerCta][kPStride];
@@ -426,33 +154,50 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   const int h0 = kvh * a.group + chunk * kHeadsPerCta;
   const int nh = min(kHeadsPerCta, a.group - chunk * kHeadsPerCta);
 
-  int len = a.context_lens[seq];
-  len = max(0, min(len, a.max_blocks_per_seq * a.block_size));
-  const int n_units = (len + kUnitTokens - 1) / kUnitTokens;
-  const int u_begin = split * a.units_per_split;
-  const int u_end =
-      split == a.num_splits - 1 ? n_units : min(n_units, u_begin + a.units_per_split);
-
-  uint4 qr[D / 32];
-  LoadQ<kBf16, D>(qr, a, seq, h0, nh, g, c);
-
   const T* kv = static_cast<const T*>(a.kv);
   const int32_t* bt = a.block_tables + size_t(seq) * a.max_blocks_per_seq;
   const int tiles_per_block = a.block_size / kUnitTokens;
+  const int table_units = a.max_blocks_per_seq * tiles_per_block;
+  const int u_begin = split * a.units_per_split;
+
+  // The length, the block id of the warp's first unit (read if it lies inside the table row,
+  // used only if it lies below the length) and q are independent loads, issued together: one
+  // memory latency in front of the first KV loads, not two (length, then block id).
+  const int len_raw = __ldg(a.context_lens + seq);
+  int u = u_begin + warp;
+  int blk = u < table_units ? __ldg(bt + u / tiles_per_block) : 0;
+
+  // B operand of S^T = K Q^T for k-steps 2s and 2s+1: Q[head g][32s + 8c .. 32s + 8c + 8),
+  // straight from global memory (no shared-memory staging, no barrier before the first KV
+  // loads); heads past the group are zero.
+  uint4 qr[kKLoads];
+  {
+    const uint4* qg = reinterpret_cast<const uint4*>(
+        static_cast<const T*>(a.q) + (size_t(seq) * a.num_heads + h0 + min(g, nh - 1)) * D);
+#pragma unroll
+    for (int s = 0; s < kKLoads; ++s) qr[s] = g < nh ? __ldg(qg + 4 * s + c) : make_uint4(0, 0, 0, 0);
+  }
+
+  const int len = max(0, min(len_raw, table_units * kUnitTokens));
+  const int n_units = (len + kUnitTokens - 1) / kUnitTokens;
+  const int u_end =
+      split == a.num_splits - 1 ? n_units : min(n_units, u_begin + a.units_per_split);
+
   const size_t head_stride = size_t(a.block_size) * D;               // one K (or V) tile row set
   const size_t v_offset = size_t(a.num_kv_heads) * head_stride;      // K -> V of the same block
   const size_t block_stride = 2 * v_offset;
-  auto unit_ptr = [&](int blk, int u) {
-    return kv + size_t(blk) * block_stride + size_t(kvh) * head_stride +
-           size_t(u % tiles_per_block) * kUnitTokens * D;
+  auto unit_ptr = [&](int b, int un) {
+    return kv + size_t(b) * block_stride + size_t(kvh) * head_stride +
+           size_t(un % tiles_per_block) * kUnitTokens * D;
   };
-  auto unit_k_ptr = [&](int u) { return unit_ptr(__ldg(bt + u / tiles_per_block), u); };
+  auto unit_k_ptr = [&](int un) { return unit_ptr(__ldg(bt + un / tiles_per_block), un); };
 
-  WarpState<kBf16, D> st;
-  st.Init();
+  float o[kMTiles][4];
+#pragma unroll
+  for (int j = 0; j < kMTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2c and 2c+1
 
   const int stride = kWarps;
-  int u = u_begin + warp;
   if constexpr (kPrefetch) {
     // Prologue for lookahead distances > 1: the units this warp reaches before its first
     // in-loop prefetch lands.
@@ -469,10 +214,10 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   }
   // The block id of the warp's next unit is read one iteration early, so that the table lookup
   // is not a dependent load in front of every unit's KV loads.
-  int blk = u < u_end ? __ldg(bt + u / tiles_per_block) : 0;
   for (; u < u_end; u += stride) {
     const int blk_next = u + stride < u_end ? __ldg(bt + (u + stride) / tiles_per_block) : 0;
     const T* kp = unit_ptr(blk, u);
+    const T* vp = kp + v_offset;
     if constexpr (kPrefetch) {
       // The paper's two lines: the unit this warp processes `distance` iterations from now,
       // K tile and V tile, one lane, guarded at the end of the split.
@@ -483,219 +228,249 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
         PrefetchL2(nkp + v_offset, kTileBytes);
       }
     }
-    ConsumeUnit<kBf16, D, D, true>(st, qr, kp, kp + v_offset, u * kUnitTokens, len, a.scale_log2,
-                                   &p_s[warp][0][0], g, c, [] {});
-    blk = blk_next;
-  }
-  MergeWarpsAndStore<kBf16, D>(st, &o_s[0][0][0], &ml_s[0][0], a, seq, split, h0, nh);
-}
-
-// ---- kernel 2: per-warp ring of shared-memory stages filled by bulk copies (TMA) -------------
-//
-// Each warp owns kRingStages stages; a stage holds one unit's K tile and V tile (each 16 rows,
-// contiguous in the pool, so one bulk copy each) and has an mbarrier that the copies complete.
-// The warp keeps kRingStages - 1 units in flight while it computes one: at the start it issues
-// its first kRingStages units at once (its whole split at batch-1 GQA shapes), and a stage is
-// refilled with the unit kRingStages strides ahead as soon as its fragments sit in registers.
-// The math reads the same 16-byte fragments as kernel 1, from shared memory.
-constexpr int kRingStages = 3;
-constexpr int RingMinCtasPerSm(int d) { return d <= 64 ? 3 : (d <= 128 ? 2 : 1); }
-constexpr size_t RingStageBytes(int d) { return size_t(2) * kUnitTokens * d * 2; }
-constexpr size_t RingBytes(int d) { return size_t(kWarps) * kRingStages * RingStageBytes(d); }
-constexpr size_t RingSmemBytes(int d) {
-  return RingBytes(d) + size_t(kWarps) * kRingStages * 8 +   // mbarriers
-         size_t(kWarps) * kHeadsPerCta * kPStride * 2 +      // P staging
-         size_t(kWarps) * kHeadsPerCta * sizeof(float2);     // (m, l) merge
-}
-static_assert(RingBytes(64) >= size_t(kWarps) * kHeadsPerCta * 64 * sizeof(float),
-              "the warp-merge buffer aliases the ring");
-
-template <bool kBf16, int D, bool kPrefetch>
-__global__ void __launch_bounds__(kThreads, RingMinCtasPerSm(D)) PagedDecodeRingKernel(const KernelArgs a) {
-  using T = Elem<kBf16>;
-  constexpr int S = kRingStages;
-  constexpr uint32_t kTileBytes = kUnitTokens * D * sizeof(T);
-  constexpr int kStageElems = 2 * kUnitTokens * D;
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* ring = reinterpret_cast<T*>(smem);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + RingBytes(D));
-  T* p_s = reinterpret_cast<T*>(smem + RingBytes(D) + size_t(kWarps) * S * 8);
-  float2* ml_s = reinterpret_cast<float2*>(smem + RingBytes(D) + size_t(kWarps) * S * 8 +
-                                           size_t(kWarps) * kHeadsPerCta * kPStride * 2);
-  float* o_s = reinterpret_cast<float*>(smem);  // after the loop only (aliases the ring)
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int g = lane >> 2;
-  const int c = lane & 3;
-  if (a.num_splits > 1) AllowDependentLaunch();
-  const int split = blockIdx.x;
-  const int kvh = blockIdx.y / a.head_chunks;
-  const int chunk = blockIdx.y % a.head_chunks;
-  const int seq = blockIdx.z;
-  const int h0 = kvh * a.group + chunk * kHeadsPerCta;
-  const int nh = min(kHeadsPerCta, a.group - chunk * kHeadsPerCta);
-
-  const T* kv = static_cast<const T*>(a.kv);
-  const int32_t* bt = a.block_tables + size_t(seq) * a.max_blocks_per_seq;
-  const int tiles_per_block = a.block_size / kUnitTokens;
-  const int table_units = a.max_blocks_per_seq * tiles_per_block;
-  const size_t head_stride = size_t(a.block_size) * D;
-  const size_t v_offset = size_t(a.num_kv_heads) * head_stride;
-  const size_t block_stride = 2 * v_offset;
-  const int stride = kWarps;
-  const int u0 = split * a.units_per_split + warp;
-
-  // The length, the block ids of the first S units (in bounds of the table row whatever the
-  // length) and q are independent loads: issued together, one memory latency for all.
-  const int len_raw = __ldg(a.context_lens + seq);
-  int blk0[S];
+    // K as the A operand (rows = tokens g and g+8). Register kr[s][r] holds
+    // K[token g + 8r][32s + 8c .. +8): words 0,1 feed k-step 2s (k = 2c.., 2c+8..),
+    // words 2,3 k-step 2s+1. The dims are thereby permuted within each k-step; qr uses the
+    // same permutation, so the dot products are unchanged.
+    uint4 kr[kKLoads][2];
 #pragma unroll
-  for (int k = 0; k < S; ++k) {
-    const int uk = u0 + k * stride;
-    blk0[k] = uk < table_units ? __ldg(bt + uk / tiles_per_block) : 0;
-  }
-  uint4 qr[D / 32];
-  LoadQ<kBf16, D>(qr, a, seq, h0, nh, g, c);
-
-  T* wring = ring + size_t(warp) * S * kStageElems;
-  uint64_t* wbars = bars + warp * S;
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < S; ++k) MbarInit(&wbars[k], 1);
-    FenceMbarInit();
-  }
-  __syncwarp();
-
-  const int len = max(0, min(len_raw, table_units * kUnitTokens));
-  const int n_units = (len + kUnitTokens - 1) / kUnitTokens;
-  const int u_begin = split * a.units_per_split;
-  const int u_end =
-      split == a.num_splits - 1 ? n_units : min(n_units, u_begin + a.units_per_split);
-
-  auto unit_src = [&](int blk, int u) {
-    return kv + size_t(blk) * block_stride + size_t(kvh) * head_stride +
-           size_t(u % tiles_per_block) * kUnitTokens * D;
-  };
-  // Lane 0 fills stage k with unit u (K tile, then V tile: two bulk copies on one mbarrier).
-  auto issue = [&](int k, int blk, int u) {
-    const T* src = unit_src(blk, u);
-    T* dst = wring + k * kStageElems;
-    MbarArriveExpectTx(&wbars[k], 2 * kTileBytes);
-    BulkCopyG2S(dst, src, kTileBytes, &wbars[k]);
-    BulkCopyG2S(dst + kUnitTokens * D, src + v_offset, kTileBytes, &wbars[k]);
-  };
-  auto prefetch = [&](int u) {
-    const T* src = unit_src(__ldg(bt + u / tiles_per_block), u);
-    PrefetchL2(src, kTileBytes);
-    PrefetchL2(src + v_offset, kTileBytes);
-  };
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < S; ++k) {
-      const int uk = u0 + k * stride;
-      if (uk < u_end) issue(k, blk0[k], uk);
+    for (int s = 0; s < kKLoads; ++s) {
+      kr[s][0] = __ldg(reinterpret_cast<const uint4*>(kp + g * D + 32 * s + 8 * c));
+      kr[s][1] = __ldg(reinterpret_cast<const uint4*>(kp + (g + 8) * D + 32 * s + 8 * c));
     }
-    if constexpr (kPrefetch) {
-      // The L2 prefetch runs `distance` strides ahead of the newest unit in the ring; this
-      // prologue covers the units the loop's first prefetches would skip.
-      for (int k = 1; k < a.prefetch_distance; ++k) {
-        const int un = u0 + (S + k) * stride;
-        if (un < u_end) prefetch(un);
+    // V as the A operand of O^T = V^T P^T (rows = dims, k = tokens). vr[qc][t] holds
+    // V[token tok(t)][64qc + 8g .. +8) with tok = 2c, 2c+1, 2c+8, 2c+9.
+    uint4 vr[kVChunks][4];
+    auto load_v = [&]() {
+#pragma unroll
+      for (int qc = 0; qc < kVChunks; ++qc) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int tok = 2 * c + (t & 1) + (t >> 1) * 8;
+          vr[qc][t] = __ldg(reinterpret_cast<const uint4*>(vp + tok * D + 64 * qc + 8 * g));
+        }
+      }
+    };
+    if constexpr (kVEarly) load_v();
+
+    // Two accumulators halve the chain of dependent mmas (latency, not throughput, matters).
+    float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < kKLoads; ++s) {
+      Mma16816<kBf16>(sc, Word(kr[s][0], 0), Word(kr[s][1], 0), Word(kr[s][0], 1), Word(kr[s][1], 1),
+                      Word(qr[s], 0), Word(qr[s], 1));
+      Mma16816<kBf16>(sd, Word(kr[s][0], 2), Word(kr[s][1], 2), Word(kr[s][0], 3), Word(kr[s][1], 3),
+                      Word(qr[s], 2), Word(qr[s], 3));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[i] += sd[i];
+    if constexpr (!kVEarly) load_v();
+
+    // sc: [0] = S[token g][head 2c], [1] = S[g][2c+1], [2] = S[g+8][2c], [3] = S[g+8][2c+1].
+    const int tok0 = u * kUnitTokens;
+    const bool ok_lo = tok0 + g < len, ok_hi = tok0 + g + 8 < len;
+    float x0 = ok_lo ? sc[0] * a.scale_log2 : -INFINITY;
+    float x1 = ok_lo ? sc[1] * a.scale_log2 : -INFINITY;
+    float x2 = ok_hi ? sc[2] * a.scale_log2 : -INFINITY;
+    float x3 = ok_hi ? sc[3] * a.scale_log2 : -INFINITY;
+    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    // Token 0 of every processed unit is valid, so mx* is finite.
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    // P rounded to the KV type (the mma's input); l sums the rounded values for consistency.
+    const T p0 = FromF<kBf16>(exp2f(x0 - mn0)), p1 = FromF<kBf16>(exp2f(x1 - mn1));
+    const T p2 = FromF<kBf16>(exp2f(x2 - mn0)), p3 = FromF<kBf16>(exp2f(x3 - mn1));
+    l0 = l0 * al0 + ToF<kBf16>(p0) + ToF<kBf16>(p2);
+    l1 = l1 * al1 + ToF<kBf16>(p1) + ToF<kBf16>(p3);
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+      o[j][0] *= al0;
+      o[j][1] *= al1;
+      o[j][2] *= al0;
+      o[j][3] *= al1;
+    }
+    // P^T as the B operand needs P[head g][tokens 2c, 2c+1 | 2c+8, 2c+9]: transpose through a
+    // per-warp 8 x 16 staging tile.
+    p_s[warp][2 * c][g] = p0;
+    p_s[warp][2 * c + 1][g] = p1;
+    p_s[warp][2 * c][g + 8] = p2;
+    p_s[warp][2 * c + 1][g + 8] = p3;
+    __syncwarp();
+    const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(&p_s[warp][g][2 * c]);
+    const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(&p_s[warp][g][2 * c + 8]);
+    __syncwarp();
+
+    if (tok0 + kUnitTokens > len) {
+      // Tail unit: slots past the context hold whatever the pool holds (maybe NaN); P is 0 there
+      // but 0 * NaN is not, so zero those V rows.
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int tok = 2 * c + (t & 1) + (t >> 1) * 8;
+        if (tok0 + tok >= len) {
+#pragma unroll
+          for (int qc = 0; qc < kVChunks; ++qc) vr[qc][t] = make_uint4(0, 0, 0, 0);
+        }
       }
     }
+    // m-tile j = 4qc + w: row g <-> dim 64qc + 8g + 2w, row g+8 <-> the dim after it, so
+    // a0/a1 are the low/high halves of word w of tokens 2c and 2c+1 (a2/a3: 2c+8, 2c+9).
+#pragma unroll
+    for (int qc = 0; qc < kVChunks; ++qc) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t t0 = Word(vr[qc][0], w), t1 = Word(vr[qc][1], w);
+        const uint32_t t8 = Word(vr[qc][2], w), t9 = Word(vr[qc][3], w);
+        Mma16816<kBf16>(o[4 * qc + w], __byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632),
+                        __byte_perm(t8, t9, 0x5410), __byte_perm(t8, t9, 0x7632), pb0, pb1);
+      }
+    }
+    blk = blk_next;
   }
 
-  WarpState<kBf16, D> st;
-  st.Init();
-  int k = 0;
-  uint32_t phase = 0;
-  for (int u = u0; u < u_end; u += stride) {
-    // Block id of the unit that refills this stage, read before the wait (off the critical path).
-    const int ur = u + S * stride;
-    const int blk_r = lane == 0 && ur < u_end ? __ldg(bt + ur / tiles_per_block) : 0;
-    MbarWait(&wbars[k], phase);
-    const T* kp = wring + k * kStageElems;
-    ConsumeUnit<kBf16, D, D, false>(st, qr, kp, kp + kUnitTokens * D, u * kUnitTokens, len,
-                                    a.scale_log2, p_s + warp * kHeadsPerCta * kPStride, g, c, [&] {
-                                      // Every lane's fragments of this stage are in registers.
-                                      __syncwarp();
-                                      if (lane == 0 && ur < u_end) issue(k, blk_r, ur);
-                                    });
-    if constexpr (kPrefetch) {
-      const int un = u + (S + a.prefetch_distance) * stride;
-      if (lane == 0 && un < u_end) prefetch(un);
-    }
-    if (++k == S) {
-      k = 0;
-      phase ^= 1u;
+  // l: per-thread partial sums over its tokens -> sum over the 8 groups.
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+  // o[j]: [0] = O[head 2c][dim], [2] = O[head 2c][dim+1], [1]/[3] the same for head 2c+1,
+  // dim = 64qc + 8g + 2w.
+#pragma unroll
+  for (int qc = 0; qc < kVChunks; ++qc) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int d = 64 * qc + 8 * g + 2 * w;
+      *reinterpret_cast<float2*>(&o_s[warp][2 * c][d]) = make_float2(o[4 * qc + w][0], o[4 * qc + w][2]);
+      *reinterpret_cast<float2*>(&o_s[warp][2 * c + 1][d]) =
+          make_float2(o[4 * qc + w][1], o[4 * qc + w][3]);
     }
   }
-  MergeWarpsAndStore<kBf16, D>(st, o_s, ml_s, a, seq, split, h0, nh);
+  if (g == 0) {
+    ml_s[warp][2 * c] = make_float2(m0, l0);
+    ml_s[warp][2 * c + 1] = make_float2(m1, l1);
+  }
+  __syncthreads();
+
+  // Merge the warps' states; write the output (one split) or this split's partial.
+  for (int i = threadIdx.x; i < nh * D; i += kThreads) {
+    const int hh = i / D, d = i % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, ml_s[w][hh].x);
+    float acc = 0.f, sum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float2 ml = ml_s[w][hh];
+        const float f = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+        acc += f * o_s[w][hh][d];
+        sum += f * ml.y;
+      }
+    }
+    const float val = sum > 0.f ? acc / sum : 0.f;
+    const int h = h0 + hh;
+    if (a.num_splits == 1) {
+      static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h) * D + d] = FromF<kBf16>(val);
+    } else {
+      const size_t row = (size_t(seq) * a.num_heads + h) * a.num_splits + split;
+      a.ws_o[row * D + d] = val;
+      if (d == 0) a.ws_lse[row] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+    }
+  }
 }
 
-// One CTA per (sequence, query head): out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M).
-// Latency-bound (the partials are small): the split weights are computed once in parallel, and
-// the weighted sum runs over float4 columns with the splits spread over thread groups, so that
-// many independent loads are in flight instead of a serial chain per split.
+// Merges the split partials: out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M), one CTA per
+// (sequence, query head, 32-dim slice). The kernel is pure latency (the partials are a few KiB
+// per head and sit in L2, just written), so every load it needs - all splits' lse and this
+// slice of all their partials, at most kCombinePer float4 per thread - is issued at once, before
+// anything that depends on a loaded value: one memory round trip, then block reductions. (The
+// first version loaded the partials in a loop behind the weights, several dependent round
+// trips whose count grew with the split count.)
 constexpr int kCombineThreads = 256;
+constexpr int kCombineDims = 32;                                  // dims per CTA
+constexpr int kCombineCols = kCombineDims / 4;                    // float4 columns per CTA
+constexpr int kCombineGroups = kCombineThreads / kCombineCols;   // split groups (32)
+constexpr int kCombinePer = kMaxSplits / kCombineGroups;          // partials per thread (4)
+static_assert(kMaxSplits <= kCombineThreads, "one lse per thread");
 template <bool kBf16>
 __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out, const float* ws_o,
                                                                        const float* ws_lse,
                                                                        int num_splits, int head_dim) {
   using T = Elem<kBf16>;
+  constexpr int kW = kCombineThreads / 32;
   __shared__ float w_s[kMaxSplits];
-  __shared__ float red_s[kCombineThreads / 32];
-  __shared__ float4 acc_s[kCombineThreads];
+  __shared__ float max_s[kW], sum_s[kW];
+  __shared__ float4 acc_s[kW][kCombineCols];
   WaitPrimaryGrid();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int col = tid % kCombineCols, grp = tid / kCombineCols;
+  const int cols = head_dim / 4;
   const size_t row0 = size_t(blockIdx.x) * num_splits;
+  const float4* o4 =
+      reinterpret_cast<const float4*>(ws_o) + row0 * cols + blockIdx.y * kCombineCols + col;
+  float4 v[kCombinePer];
+#pragma unroll
+  for (int i = 0; i < kCombinePer; ++i) {
+    const int sp = grp + i * kCombineGroups;
+    v[i] = sp < num_splits ? o4[size_t(sp) * cols] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   const float lse = tid < num_splits ? ws_lse[row0 + tid] : -INFINITY;
+
   float mx = lse;
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0) red_s[warp] = mx;
+  if (lane == 0) max_s[warp] = mx;
   __syncthreads();
-  mx = red_s[0];
-  for (int w = 1; w < kCombineThreads / 32; ++w) mx = fmaxf(mx, red_s[w]);
+  mx = max_s[0];
+#pragma unroll
+  for (int w = 1; w < kW; ++w) mx = fmaxf(mx, max_s[w]);
   const float wt = (lse == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse - mx);
-  if (tid < num_splits) w_s[tid] = wt;
+  if (tid < kMaxSplits) w_s[tid] = wt;
   float sum = wt;
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  __syncthreads();  // everyone has read red_s (max) before it is reused for the sums
-  if (lane == 0) red_s[warp] = sum;
+  if (lane == 0) sum_s[warp] = sum;
   __syncthreads();
   sum = 0.f;
-  for (int w = 0; w < kCombineThreads / 32; ++w) sum += red_s[w];
+#pragma unroll
+  for (int w = 0; w < kW; ++w) sum += sum_s[w];
 
-  const int cols = head_dim / 4;
-  const int groups = kCombineThreads / cols;
-  const int col = tid % cols, grp = tid / cols;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (grp < groups) {
-    const float4* o4 = reinterpret_cast<const float4*>(ws_o) + row0 * cols + col;
-#pragma unroll 4
-    for (int s = grp; s < num_splits; s += groups) {
-      const float f = w_s[s];
-      const float4 v = o4[size_t(s) * cols];
-      acc.x += f * v.x;
-      acc.y += f * v.y;
-      acc.z += f * v.z;
-      acc.w += f * v.w;
-    }
+#pragma unroll
+  for (int i = 0; i < kCombinePer; ++i) {
+    const int sp = grp + i * kCombineGroups;
+    const float f = sp < num_splits ? w_s[sp] : 0.f;
+    acc.x += f * v[i].x;
+    acc.y += f * v[i].y;
+    acc.z += f * v[i].z;
+    acc.w += f * v[i].w;
   }
-  acc_s[tid] = acc;
+  // Lanes l, l^8, l^16, l^24 of a warp hold the same column (4 split groups per warp).
+  for (int off = kCombineCols; off < 32; off <<= 1) {
+    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+    acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off);
+    acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
+  }
+  if (lane < kCombineCols) acc_s[warp][lane] = acc;
   __syncthreads();
-  if (tid < cols) {
-    float4 t = acc_s[tid];
-    for (int gidx = 1; gidx < groups; ++gidx) {
-      const float4 v = acc_s[gidx * cols + tid];
-      t.x += v.x;
-      t.y += v.y;
-      t.z += v.z;
-      t.w += v.w;
+  if (tid < kCombineCols) {
+    float4 t = acc_s[0][tid];
+#pragma unroll
+    for (int w = 1; w < kW; ++w) {
+      const float4 x = acc_s[w][tid];
+      t.x += x.x;
+      t.y += x.y;
+      t.z += x.z;
+      t.w += x.w;
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T* o = static_cast<T*>(out) + size_t(blockIdx.x) * head_dim + 4 * tid;
+    T* o = static_cast<T*>(out) + size_t(blockIdx.x) * head_dim + blockIdx.y * kCombineDims + 4 * tid;
     o[0] = FromF<kBf16>(t.x * inv);
     o[1] = FromF<kBf16>(t.y * inv);
     o[2] = FromF<kBf16>(t.z * inv);
@@ -703,44 +478,67 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out
   }
 }
 
+// The same merge for few splits (<= kFewSplits): one thread per output float4 of a (sequence,
+// query head) row, computing that row's weights itself from its <= 8 lse values (read by all
+// threads of the row: L1 broadcasts) - no block reductions, all loads at once, and as many
+// threads as output columns (the 32-dim-slice kernel would launch 32 split groups per slice,
+// nearly all idle, for the many rows of a large batch).
+constexpr int kFewSplits = 8;
+template <bool kBf16>
+__global__ void __launch_bounds__(kCombineThreads) CombineFewSplitsKernel(void* out, const float* ws_o,
+                                                                          const float* ws_lse,
+                                                                          int num_splits, int head_dim,
+                                                                          int rows) {
+  using T = Elem<kBf16>;
+  WaitPrimaryGrid();
+  const int cols = head_dim / 4;
+  const size_t i = size_t(blockIdx.x) * kCombineThreads + threadIdx.x;
+  const size_t row = i / cols;
+  const int col = int(i % cols);
+  if (row >= size_t(rows)) return;
+  const size_t row0 = row * num_splits;
+  const float4* o4 = reinterpret_cast<const float4*>(ws_o) + row0 * cols + col;
+  float lse[kFewSplits];
+  float4 v[kFewSplits];
+#pragma unroll
+  for (int sp = 0; sp < kFewSplits; ++sp) {
+    lse[sp] = sp < num_splits ? ws_lse[row0 + sp] : -INFINITY;
+    v[sp] = sp < num_splits ? o4[size_t(sp) * cols] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float mx = lse[0];
+#pragma unroll
+  for (int sp = 1; sp < kFewSplits; ++sp) mx = fmaxf(mx, lse[sp]);
+  float sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int sp = 0; sp < kFewSplits; ++sp) {
+    const float f = (lse[sp] == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse[sp] - mx);
+    sum += f;
+    acc.x += f * v[sp].x;
+    acc.y += f * v[sp].y;
+    acc.z += f * v[sp].z;
+    acc.w += f * v[sp].w;
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* o = static_cast<T*>(out) + row * head_dim + 4 * col;
+  o[0] = FromF<kBf16>(acc.x * inv);
+  o[1] = FromF<kBf16>(acc.y * inv);
+  o[2] = FromF<kBf16>(acc.z * inv);
+  o[3] = FromF<kBf16>(acc.w * inv);
+}
+
 struct Plan {
-  bool ring = false;  // which kernel: the TMA ring (true) or register landing
   int head_chunks = 1;
   int num_splits = 1;
   int units_per_split = 1;
 };
 
-// The ring kernel needs more than the default 48 KiB of dynamic shared memory: raise the limit
-// once per kernel instantiation and device.
 template <bool kBf16, int D, bool kPrefetch>
-cudaError_t PrepareRing() {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  e = cudaFuncSetAttribute(PagedDecodeRingKernel<kBf16, D, kPrefetch>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(RingSmemBytes(D)));
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
-  return e;
-}
-
-template <bool kBf16, int D, bool kRing>
 int CtasPerSm() {
   static const int n = [] {
     int v = 0;
-    cudaError_t e = cudaSuccess;
-    if constexpr (kRing) {
-      e = PrepareRing<kBf16, D, false>();
-      if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, PagedDecodeRingKernel<kBf16, D, false>,
-                                                          kThreads, RingSmemBytes(D));
-    } else {
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, PagedDecodeKernel<kBf16, D, false>,
-                                                        kThreads, 0);
-    }
-    if (e != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, PagedDecodeKernel<kBf16, D, kPrefetch>,
+                                                      kThreads, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       v = 0;
     }
@@ -749,23 +547,21 @@ int CtasPerSm() {
   return n;
 }
 
-template <bool kRing>
 int CtasPerSmFor(DType dt, int d) {
   // Planned from the prefetch-off variant for both variants, so that both split a context the
   // same way and produce bit-identical outputs.
   const bool bf = dt == DType::kBF16;
   switch (d) {
-    case 64: return bf ? CtasPerSm<true, 64, kRing>() : CtasPerSm<false, 64, kRing>();
-    case 128: return bf ? CtasPerSm<true, 128, kRing>() : CtasPerSm<false, 128, kRing>();
-    default: return bf ? CtasPerSm<true, 256, kRing>() : CtasPerSm<false, 256, kRing>();
+    case 64: return bf ? CtasPerSm<true, 64, false>() : CtasPerSm<false, 64, false>();
+    case 128: return bf ? CtasPerSm<true, 128, false>() : CtasPerSm<false, 128, false>();
+    default: return bf ? CtasPerSm<true, 256, false>() : CtasPerSm<false, 256, false>();
   }
 }
 
 int UnitsFor(int tokens) { return std::max(1, (tokens + kUnitTokens - 1) / kUnitTokens); }
 
-Plan MakePlan(const PagedDecodeParams& p, int sm_count, int ctas_per_sm, bool ring) {
+Plan MakePlan(const PagedDecodeParams& p, int sm_count, int ctas_per_sm) {
   Plan plan;
-  plan.ring = ring;
   const int group = p.num_heads / p.num_kv_heads;
   plan.head_chunks = (group + kHeadsPerCta - 1) / kHeadsPerCta;
   const int units = UnitsFor(p.max_context_len);
@@ -814,11 +610,6 @@ WorkspaceLayout LayoutFor(const PagedDecodeParams& p, const Plan& plan) {
   return w;
 }
 
-bool UseRing(const PagedDecodeParams& p) {
-  return p.kernel == DecodeKernel::kRing ||
-         (p.kernel == DecodeKernel::kAuto && PagedDecodeAutoKernel(p) == DecodeKernel::kRing);
-}
-
 bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -826,22 +617,8 @@ bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
     (void)cudaGetLastError();
     return false;
   }
-  const bool ring = UseRing(p);
-  *plan = MakePlan(p, sms, ring ? CtasPerSmFor<true>(p.dtype, p.head_dim)
-                                : CtasPerSmFor<false>(p.dtype, p.head_dim), ring);
+  *plan = MakePlan(p, sms, CtasPerSmFor(p.dtype, p.head_dim));
   return true;
-}
-
-template <bool kBf16, int D, bool kPrefetch>
-cudaError_t LaunchMain(const Plan& plan, const KernelArgs& a, dim3 grid, cudaStream_t stream) {
-  if (plan.ring) {
-    const cudaError_t e = PrepareRing<kBf16, D, kPrefetch>();
-    if (e != cudaSuccess) return e;
-    PagedDecodeRingKernel<kBf16, D, kPrefetch><<<grid, kThreads, RingSmemBytes(D), stream>>>(a);
-  } else {
-    PagedDecodeKernel<kBf16, D, kPrefetch><<<grid, kThreads, 0, stream>>>(a);
-  }
-  return cudaGetLastError();
 }
 
 template <bool kBf16, int D>
@@ -868,15 +645,17 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.prefetch_distance = p.prefetch_distance > 0 ? p.prefetch_distance : kDefaultPrefetchDistance;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   const dim3 grid(plan.num_splits, p.num_kv_heads * plan.head_chunks, p.num_seqs);
-  cudaError_t err = prefetch ? LaunchMain<kBf16, D, true>(plan, a, grid, stream)
-                             : LaunchMain<kBf16, D, false>(plan, a, grid, stream);
+  if (prefetch) {
+    PagedDecodeKernel<kBf16, D, true><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    PagedDecodeKernel<kBf16, D, false><<<grid, kThreads, 0, stream>>>(a);
+  }
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || plan.num_splits == 1) return err;
 
   // The combine kernel may start launching while the last CTAs of the main kernel drain; it
   // waits (griddepcontrol.wait) for the main grid's memory before reading the partials.
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(p.num_seqs) * unsigned(p.num_heads));
-  cfg.blockDim = dim3(kCombineThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -884,9 +663,20 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16>, p.out,
-                           static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
-                           plan.num_splits, p.head_dim);
+  cfg.blockDim = dim3(kCombineThreads);
+  const unsigned rows = unsigned(p.num_seqs) * unsigned(p.num_heads);
+  if (plan.num_splits <= kFewSplits) {
+    const size_t threads = size_t(rows) * (p.head_dim / 4);
+    cfg.gridDim = dim3(unsigned((threads + kCombineThreads - 1) / kCombineThreads));
+    err = cudaLaunchKernelEx(&cfg, CombineFewSplitsKernel<kBf16>, p.out,
+                             static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
+                             plan.num_splits, p.head_dim, int(rows));
+  } else {
+    cfg.gridDim = dim3(rows, unsigned(p.head_dim / kCombineDims));
+    err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16>, p.out,
+                             static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
+                             plan.num_splits, p.head_dim);
+  }
   if (err != cudaSuccess) (void)cudaGetLastError();
   return err;
 }
@@ -908,12 +698,9 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
   if (p.num_splits < 0 || p.prefetch_distance < 0 || p.prefetch_distance > 16) return false;
   if (p.prefetch != Prefetch::kAuto && p.prefetch != Prefetch::kOff && p.prefetch != Prefetch::kOn)
     return false;
-  if (p.kernel != DecodeKernel::kAuto && p.kernel != DecodeKernel::kRegisters &&
-      p.kernel != DecodeKernel::kRing)
-    return false;
   if (p.num_seqs > 0 && (!p.out || !p.q || !p.kv_layer || !p.block_tables || !p.context_lens))
     return false;
-  // 16-byte vector access to q, out and KV tiles (also the bulk copies' alignment).
+  // 16-byte vector access to q, out and KV tiles.
   auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
   if (!aligned(p.q) || !aligned(p.kv_layer) || !aligned(p.out)) return false;
   return true;
@@ -933,16 +720,14 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p) {
   return plan.num_splits;
 }
 
-DecodeKernel PagedDecodeAutoKernel(const PagedDecodeParams& p) {
-  (void)p;
-  return DecodeKernel::kRing;
-}
-
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   // The variant that measured faster, by (MHA | GQA) x batch class x context class, from
   // bench/decode_attention on an H200 (bench/results/decode_attention_2026-11-29.md, fp16,
-  // head 128, block 16, KV rotated over >= 320 MiB). Columns: batch 1 | 2-8 | 9-32 | > 32;
-  // rows: context < 4096 | < 16384 | longer.
+  // head 128, block 16, KV rotated over >= 320 MiB). Prefetch on (lookahead 1 warp stride) was
+  // slower at every measured shape but one batch-1 point within noise (+0.1 %): 0.78-0.95x at
+  // batch >= 8, lookahead 2 worse still; ncu showed +21 % DRAM bytes with it (prefetched tiles
+  // read twice). So every entry is "off". Columns: batch 1 | 2-8 | 9-32 | > 32; rows: context
+  // < 4096 | < 16384 | longer.
   static constexpr bool kTable[2][3][4] = {
       {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // MHA
       {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // GQA

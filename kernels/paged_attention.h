@@ -25,15 +25,6 @@ namespace kvstream::kernels {
 
 enum class Prefetch : int { kAuto = -1, kOff = 0, kOn = 1 };
 
-// Which kernel computes the attention (both give the same results up to the split plan, which
-// depends on the kernel's occupancy; see docs/kernels.md):
-//   kRegisters: every warp loads its K/V tiles with 16-byte loads straight into registers,
-//               one 16-token unit at a time;
-//   kRing:      every warp streams its units through a ring of shared-memory stages filled by
-//               Hopper bulk copies (TMA, cp.async.bulk + mbarrier), several units in flight;
-//   kAuto:      PagedDecodeAutoKernel(p).
-enum class DecodeKernel : int { kAuto = -1, kRegisters = 0, kRing = 1 };
-
 struct PagedDecodeParams {
   void* out = nullptr;
   const void* q = nullptr;
@@ -56,7 +47,6 @@ struct PagedDecodeParams {
   // Lookahead of the L2 prefetch in the warp's own loop strides (1 = the paper's
   // block_idx + NUM_WARPS); 0 = the default (1). Only used when the prefetch variant runs.
   int prefetch_distance = 0;
-  DecodeKernel kernel = DecodeKernel::kAuto;
 };
 
 // True when the shape is implemented: dtype kF16/kBF16, head_dim 64/128/256, block_size 16/32,
@@ -73,8 +63,6 @@ bool PagedDecodeSupported(const PagedDecodeParams& p);
 size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p);
 // How many CTAs each sequence's context is split over (1: no combine kernel), 0 if unsupported.
 int PagedDecodeNumSplits(const PagedDecodeParams& p);
-// The kernel DecodeKernel::kAuto runs for this shape (never kAuto): see docs/kernels.md.
-DecodeKernel PagedDecodeAutoKernel(const PagedDecodeParams& p);
 // The variant Prefetch::kAuto runs for this shape (true = with the L2 prefetch): a table
 // measured on an H200, see docs/kernels.md.
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);

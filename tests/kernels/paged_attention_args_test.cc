@@ -64,7 +64,6 @@ TEST(PagedDecodeArgs, UnsupportedShapesAreRefused) {
   refused([](auto& p) { p.num_splits = -2; }, "negative splits");
   refused([](auto& p) { p.prefetch = static_cast<Prefetch>(7); }, "bad prefetch");
   refused([](auto& p) { p.prefetch_distance = 99; }, "prefetch distance");
-  refused([](auto& p) { p.kernel = static_cast<DecodeKernel>(5); }, "bad kernel");
   refused([](auto& p) { p.q = nullptr; }, "null q");
   refused([](auto& p) { p.context_lens = nullptr; }, "null lens");
   refused([](auto& p) { p.kv_layer = fake + 2; }, "misaligned kv");
