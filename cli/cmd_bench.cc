@@ -39,6 +39,8 @@
 namespace kvstream::cli {
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
+int RunBenchItl(std::span<const std::string> args);  // cmd_bench_itl.cc
+
 namespace {
 namespace v1 = kvstream::v1;
 using json = nlohmann::ordered_json;
@@ -471,18 +473,20 @@ int RunBench(std::span<const std::string> args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << "usage: kvstream bench <what> [flags]\n\n  ttft         TTFT and inter-token latency "
                  "through the daemons: pipelined, non-pipelined, colocated\n"
+                 "  itl          inter-token latency of steady streams, idle and while KV lands\n"
                  "  make-model   write a dummy-weight checkpoint of a custom llama shape\n";
     return args.empty() ? kExitUsage : kExitOk;
   }
   if (args[0] == "make-model") return RunBenchMakeModel(args.subspan(1));
 #if KVSTREAM_CLI_HAVE_DAEMONS
   if (args[0] == "ttft") return RunBenchTtft(args.subspan(1));
+  if (args[0] == "itl") return RunBenchItl(args.subspan(1));
 #else
-  if (args[0] == "ttft")
+  if (args[0] == "ttft" || args[0] == "itl")
     return ReportError("bench", NotSupported("this kvstream was built without the daemons' client "
                                              "(KVSTREAM_WITH_DAEMONS=OFF)"), false);
 #endif
-  return ReportError("bench", InvalidArgument("unknown benchmark '" + args[0] + "' (have: ttft, make-model)"), true);
+  return ReportError("bench", InvalidArgument("unknown benchmark '" + args[0] + "' (have: ttft, itl, make-model)"), true);
 }
 
 }  // namespace kvstream::cli

@@ -1,5 +1,6 @@
 #include "connector/daemon_config.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -47,6 +48,17 @@ const std::vector<Field>& Fields() {
       KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
       KV_FIELD(pace_bytes_per_s, kU64, "prefill: KV write rate limit, bytes/s (0 = unlimited)"),
       KV_FIELD(pace_burst_bytes, kU64, "prefill: burst the rate limit allows (0 = 2 chunks)"),
+      KV_FIELD(itl_target_ms, kF64,
+               "prefill: pace KV writes so decode's step stays within this ITL, ms (0 = off)"),
+      KV_FIELD(itl_idle_step_ms, kF64, "prefill: decode step time with nothing landing, ms"),
+      KV_FIELD(itl_step_hbm_bytes, kF64,
+               "prefill: decode step HBM bytes (when itl_idle_step_ms is not measured)"),
+      KV_FIELD(itl_device_bw_bytes_per_s, kF64,
+               "prefill: decode GPU copy bandwidth, bytes read+written per s"),
+      KV_FIELD(itl_hbm_bytes_per_byte, kF64,
+               "prefill: decode HBM bytes per landed byte (2 same GPU, 1 peer/host)"),
+      KV_FIELD(prompt_cache_blocks, kInt,
+               "prefill: pool blocks kept for repeated prompts' KV (0 = no prompt cache)"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kBool,
                "decode: first step only after every layer landed (prefill on this GPU)"),
@@ -126,6 +138,35 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     if (t <= 0) return InvalidArgument("timeouts must be > 0 ms");
   if (c.quarantine_ms < 0) return InvalidArgument("quarantine_ms must be >= 0");
   if (c.queue_timeout_ms < 0) return InvalidArgument("queue_timeout_ms must be >= 0");
+  auto finite_nonneg = [](double v) { return std::isfinite(v) && v >= 0; };
+  for (auto [name, v] : {std::pair<const char*, double>{"itl_target_ms", c.itl_target_ms},
+                         {"itl_idle_step_ms", c.itl_idle_step_ms},
+                         {"itl_step_hbm_bytes", c.itl_step_hbm_bytes},
+                         {"itl_device_bw_bytes_per_s", c.itl_device_bw_bytes_per_s}})
+    if (!finite_nonneg(v))
+      return InvalidArgument(std::string(name) + " must be a finite number >= 0, got " +
+                             std::to_string(v));
+  if (!(std::isfinite(c.itl_hbm_bytes_per_byte) && c.itl_hbm_bytes_per_byte > 0))
+    return InvalidArgument("itl_hbm_bytes_per_byte must be > 0 (2 within one GPU, 1 from a peer "
+                           "GPU or the host)");
+  if (c.itl_target_ms > 0 && c.pace_bytes_per_s == 0) {
+    if (c.itl_device_bw_bytes_per_s <= 0)
+      return InvalidArgument("itl_target_ms needs itl_device_bw_bytes_per_s (the decode GPU's "
+                             "measured copy bandwidth)");
+    if (c.itl_idle_step_ms <= 0 && c.itl_step_hbm_bytes <= 0)
+      return InvalidArgument("itl_target_ms needs itl_idle_step_ms (measured) or itl_step_hbm_bytes");
+    const double t0_ms = c.itl_idle_step_ms > 0
+                             ? c.itl_idle_step_ms
+                             : c.itl_step_hbm_bytes / c.itl_device_bw_bytes_per_s * 1e3;
+    if (t0_ms >= c.itl_target_ms)
+      return InvalidArgument("itl_target_ms " + std::to_string(c.itl_target_ms) +
+                             " is not above the idle decode step (" + std::to_string(t0_ms) +
+                             " ms): no transfer rate keeps the step within the target");
+  }
+  if (c.prompt_cache_blocks < 0) return InvalidArgument("prompt_cache_blocks must be >= 0");
+  if (c.prompt_cache_blocks >= c.pool_blocks && c.pool_gpu_fraction == 0)
+    return InvalidArgument("prompt_cache_blocks must be below pool_blocks (" +
+                           std::to_string(c.pool_blocks) + "): requests need blocks of their own");
   if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
 #ifndef KVSTREAM_FAULT_INJECTION
   if (c.fault_layer_delay_ms != 0)

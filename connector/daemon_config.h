@@ -42,12 +42,24 @@ struct DaemonConfig {
   std::string ucx_net_devices;  // e.g. "lo"
   uint64_t pace_bytes_per_s = 0;  // rate limit of KV writes (transport/pacing.h); 0 = unlimited
   uint64_t pace_burst_bytes = 0;  // 0 = default (2 chunks)
+  // A pacing rate from a decode inter-token-latency target (transport::PaceRateForItlTarget;
+  // docs/pacing.md). Used only when pace_bytes_per_s is 0 (an explicit rate wins). With
+  // itl_target_ms > 0: itl_device_bw_bytes_per_s > 0 and one of itl_idle_step_ms (measured) or
+  // itl_step_hbm_bytes must be given, and the idle step must be below the target.
+  double itl_target_ms = 0;              // decode ITL target per step, ms (0 = none)
+  double itl_idle_step_ms = 0;           // decode step time with nothing landing, ms (t0)
+  double itl_step_hbm_bytes = 0;         // or the step's HBM bytes (S), when t0 is not measured
+  double itl_device_bw_bytes_per_s = 0;  // the decode GPU's measured copy bandwidth (B)
+  double itl_hbm_bytes_per_byte = 2;     // HBM bytes per landed byte (k): 2 same GPU, 1 peer/host
   // behaviour
   bool pipelining = true;       // decode's default load mode
   // decode: start the first token's forward only once every layer of the prompt's KV landed
   // (the transfer still overlaps the prefill's compute). For a prefill on the same GPU, whose
   // compute the layer-by-layer first step would otherwise time-slice with.
   bool first_step_after_load = false;
+  // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
+  // token sequence; a repeated prompt is written from them without a forward (0 = off).
+  int prompt_cache_blocks = 0;
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
   int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)

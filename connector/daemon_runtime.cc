@@ -8,6 +8,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "common/log.h"
+#include "transport/pacing.h"
 #ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -101,7 +102,21 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
   to.ucx_net_devices = cfg.ucx_net_devices;
   to.pace_bytes_per_s = double(cfg.pace_bytes_per_s);
   to.pace_burst_bytes = cfg.pace_burst_bytes;
+  to.itl_target_ms = cfg.itl_target_ms;
+  to.itl_idle_step_ms = cfg.itl_idle_step_ms;
+  to.itl_step_hbm_bytes = cfg.itl_step_hbm_bytes;
+  to.itl_device_bw_bytes_per_s = cfg.itl_device_bw_bytes_per_s;
+  to.itl_hbm_bytes_per_byte = cfg.itl_hbm_bytes_per_byte;
   to.device = cfg.backend == "cuda" ? cfg.device : -1;
+  // The rate the writes will be held to, in the log (and refused here, with the key named,
+  // when the ITL budget has none).
+  KV_ASSIGN_OR_RETURN(transport::PacingOptions pacing, transport::ResolvePacing(to));
+  if (pacing.bytes_per_s > 0) {
+    KV_LOG_INFO << "KV writes paced at " << pacing.bytes_per_s / 1e9 << " GB/s (burst "
+                << pacing.burst_bytes << " bytes, chunk " << pacing.chunk_bytes << " bytes"
+                << (cfg.pace_bytes_per_s > 0 ? ", pace_bytes_per_s" : ", from itl_target_ms")
+                << ")";
+  }
   return transport::CreateTransport(to);
 }
 

@@ -189,10 +189,13 @@ void DecodeServer::Emit(Request& r, int32_t token) {
   msg.set_last(last);
   if (!r.load_info_sent) {
     // The prefill's figures come with the end of its call, usually just after the last layer
-    // landed; the first token is not held back for them.
+    // landed; the first token is not held back for them. A request ending with this token
+    // waits a little for them, unless other streams are decoding (this thread is theirs).
     if (r.remote && !r.load.recomputed()) {
+      const bool others_decoding =
+          running_.size() > 1 || (running_.size() == 1 && running_.front().get() != &r);
       auto info = connector_->WaitForLoad(
-          r.id, last ? DeadlineAfterMs(200) : Clock::now());
+          r.id, last && !others_decoding ? DeadlineAfterMs(200) : Clock::now());
       if (info.ok()) {
         r.load.set_prefill_compute_us(info->prefill_compute_us);
         r.load.set_transfer_us(info->transfer_us);
@@ -333,12 +336,28 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   if (!r.complete) running_.push_back(rp);
 }
 
-void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch) {
+bool DecodeServer::LoadLanded(const Request& r) {
+  if (!r.remote || !connector_->tracker().Settled(r.id)) return false;
+  const Deadline now = Clock::now();
+  for (int l = 0; l < pool_->layout().num_layers; ++l)
+    if (!connector_->tracker().WaitForLayer(r.id, l, now).ok()) return false;
+  return true;
+}
+
+void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
+                              std::vector<std::shared_ptr<Request>>& joining) {
   std::vector<model::SeqInput> seqs;
-  seqs.reserve(batch.size());
+  seqs.reserve(batch.size() + joining.size());
   for (auto& r : batch)
     seqs.push_back(model::SeqInput{std::span<const int32_t>(&r->last_token, 1), r->cache_len,
                                    r->blocks->ids()});
+  // A joiner's first step: its last prompt token over the landed KV of the others (what
+  // FirstStep computes once the load settled).
+  for (auto& r : joining) {
+    const int n = static_cast<int>(r->prompt.size());
+    seqs.push_back(model::SeqInput{std::span<const int32_t>(&r->prompt[n - 1], 1), n - 1,
+                                   r->blocks->ids()});
+  }
   model::ForwardOptions fo;
   model::ForwardOutput out;
   Status s = backend_->Forward(*pool_, seqs, nullptr, fo, &out);
@@ -351,6 +370,23 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch) {
     r.cache_len += 1;
     r.last_token = out.next_tokens.at(i);
     Emit(r, r.last_token);
+  }
+  for (size_t j = 0; j < joining.size(); ++j) {
+    Request& r = *joining[j];
+    if (!s.ok()) {
+      Complete(r, s.WithContext("decode step (first token)"));
+      continue;
+    }
+    const int n = static_cast<int>(r.prompt.size());
+    r.load.set_loaded_remotely(true);
+    r.load.set_pipelined(r.pipelined);
+    r.load.set_kv_bytes(uint64_t(model::BlocksForTokens(n - 1, pool_->layout().block_size)) *
+                        pool_->layout().block_bytes() * pool_->layout().num_layers);
+    r.load.set_load_wait_us(0);
+    r.cache_len = n;
+    r.last_token = out.next_tokens.at(batch.size() + j);
+    Emit(r, r.last_token);
+    if (!r.complete) running_.push_back(joining[j]);
   }
 }
 
@@ -389,9 +425,21 @@ void DecodeServer::SchedulerLoop() {
     // nothing running, the first step starts at once and follows the prefill layer by layer;
     // while others decode, a request joins only once its KV has landed, so their inter-token
     // latency never waits on a prefill (the newcomer's TTFT grows by at most one step).
+    const size_t max_batch = static_cast<size_t>(config_.max_batch);
+    std::vector<std::shared_ptr<Request>> joining;
     if (!waiting_.empty()) {
       auto pick = waiting_.begin();
       if (!running_.empty()) {
+        const size_t room = max_batch > running_.size() ? max_batch - running_.size() : 0;
+        for (auto it = waiting_.begin(); it != waiting_.end() && joining.size() < room;) {
+          if (LoadLanded(**it)) {
+            joining.push_back(*it);
+            it = waiting_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        // The others whose first step cannot wait on a prefill: local prompts, failed loads.
         pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
           return !r->remote || connector_->tracker().Settled(r->id);
         });
@@ -402,16 +450,15 @@ void DecodeServer::SchedulerLoop() {
         FirstStep(r);
       }
     }
-    if (!running_.empty()) {
+    if (!running_.empty() || !joining.empty()) {
       std::vector<std::shared_ptr<Request>> batch;
-      const size_t max_batch = static_cast<size_t>(config_.max_batch);
       if (running_.size() <= max_batch) {
         batch = running_;
       } else {
         for (size_t i = 0; i < max_batch; ++i) batch.push_back(running_[(rr_ + i) % running_.size()]);
         rr_ = (rr_ + max_batch) % running_.size();
       }
-      DecodeStep(batch);
+      DecodeStep(batch, joining);
       std::erase_if(running_, [](const std::shared_ptr<Request>& r) { return r->complete; });
     }
   }

@@ -4,7 +4,9 @@
 // KV from the prefill daemon (unless the prompt has one token or LOCAL mode), then a scheduler
 // thread computes the last prompt token itself with wait_for_layer(r, l) before each layer's
 // attention, samples greedily, and decodes every running request together, one token per
-// sequence per Forward. Tokens stream back with timestamps.
+// sequence per Forward. Tokens stream back with timestamps. While others decode, a request
+// whose prompt KV has fully landed takes its first step inside the next decode step (one more
+// sequence of the batch), so landing prompts cost the running streams no extra forward.
 //
 // Guarantees:
 //  - A request's blocks are released however it ends (done, failed, client cancel, deadline,
@@ -51,7 +53,12 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   struct Request;
   void SchedulerLoop();
   void FirstStep(const std::shared_ptr<Request>& r);
-  void DecodeStep(std::vector<std::shared_ptr<Request>>& batch);
+  // One token for every request of `batch`, plus the first token of every request of `joining`
+  // (their prompts' KV has landed: the first step is one more sequence of the batch).
+  void DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
+                  std::vector<std::shared_ptr<Request>>& joining);
+  // Every layer of r's remote load landed (nothing to wait for, nothing failed).
+  bool LoadLanded(const Request& r);
   void Emit(Request& r, int32_t token);
   void Complete(Request& r, Status status);
   bool Done(const Request& r, int32_t token) const;

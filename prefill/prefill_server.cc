@@ -1,6 +1,7 @@
 #include "prefill/prefill_server.h"
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "common/log.h"
@@ -79,7 +80,8 @@ class SaveHooks : public model::LayerHooks {
 PrefillServer::PrefillServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
                              model::KvPool* pool, connector::PrefillConnector* connector)
     : config_(config), backend_(backend), pool_(pool), connector_(connector),
-      instance_id_(connector::NewInstanceId("prefill")) {}
+      instance_id_(connector::NewInstanceId("prefill")),
+      cache_(&pool->allocator(), config.prompt_cache_blocks) {}
 
 grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
                                       v1::HandshakeResponse* resp) {
@@ -141,36 +143,60 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     if (t < 0 || t >= vocab)
       return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary [0, " +
                              std::to_string(vocab) + ")");
+  std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
   std::unique_lock<std::timed_mutex> forward_lock(forward_mu_, std::defer_lock);
-  if (!forward_lock.try_lock_until(deadline))
-    return Timeout("request " + std::to_string(id) + ": prefill busy until the deadline");
-  if (ctx->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
-
-  const int nblocks = model::BlocksForTokens(n, pool_->layout().block_size);
-  auto ids = pool_->allocator().Allocate(nblocks);
-  if (!ids.ok()) return ids.status().WithContext("prefill pool");
   // Declared before `save`: the local blocks outlive every write that reads them.
-  model::BlockLease lease(&pool_->allocator(), *ids);
+  model::BlockLease lease;
+  std::optional<model::BlockLease> cached = cache_.Lookup(tokens, /*count_miss=*/false);
+  if (!cached) {
+    if (!forward_lock.try_lock_until(deadline))
+      return Timeout("request " + std::to_string(id) + ": prefill busy until the deadline");
+    if (ctx->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
+    // A repeat that queued behind the forward of the same prompt finds it cached now.
+    cached = cache_.Lookup(tokens, /*count_miss=*/true);
+    if (cached) forward_lock.unlock();
+  }
+  const bool hit = cached.has_value();
+  if (hit) {
+    lease = std::move(*cached);
+  } else {
+    const int nblocks = model::BlocksForTokens(n, pool_->layout().block_size);
+    auto ids = pool_->allocator().Allocate(nblocks);
+    if (!ids.ok() && cache_.enabled()) {
+      // Cached prompts give way to a request that needs their blocks.
+      cache_.EvictForAllocation(nblocks);
+      ids = pool_->allocator().Allocate(nblocks);
+    }
+    if (!ids.ok()) return ids.status().WithContext("prefill pool");
+    lease = model::BlockLease(&pool_->allocator(), std::move(ids).value());
+  }
   std::vector<int32_t> dest(req.dest_blocks().begin(), req.dest_blocks().end());
   KV_ASSIGN_OR_RETURN(std::shared_ptr<connector::SaveRequest> save,
                       connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
-  KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined();
+  KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined()
+               << (hit ? ", from the prompt cache" : "");
 
-  SaveHooks hooks(ctx, save.get(), req.pipelined(), writer,
+  // From the cache, every layer is complete: each is written at once, in order.
+  const bool pipelined = req.pipelined() || hit;
+  SaveHooks hooks(ctx, save.get(), pipelined, writer,
                   !connector_->transport().capabilities().notifications,
                   config_.fault_layer_delay_ms, pool_->layout().num_layers,
                   pool_->memory().on_device());
-  std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
-  model::SeqInput seq{tokens, 0, lease.ids()};
-  model::ForwardOptions fo;
-  fo.skip_lm_head = true;
-  model::ForwardOutput out;
   auto t0 = Clock::now();
-  Status s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+  Status s;
+  if (hit) {
+    for (int l = 0; l < pool_->layout().num_layers && s.ok(); ++l) s = hooks.AfterLayer(l, nullptr);
+  } else {
+    model::SeqInput seq{tokens, 0, lease.ids()};
+    model::ForwardOptions fo;
+    fo.skip_lm_head = true;
+    model::ForwardOutput out;
+    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+  }
   auto t1 = Clock::now();
-  forward_lock.unlock();
+  if (forward_lock.owns_lock()) forward_lock.unlock();
   if (!s.ok() && hooks.kv_complete()) s = OkStatus();
-  if (s.ok() && !req.pipelined()) {
+  if (s.ok() && !pipelined) {
     for (int l = 0; l < pool_->layout().num_layers && s.ok(); ++l) s = save->SaveLayer(l);
   }
   if (s.ok()) s = save->WaitForSave(deadline);
@@ -183,12 +209,17 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   // could mistake for its own cancel.
   if (!s.ok() && stopping_) return Unavailable("prefill daemon shutting down (" + s.message() + ")");
   if (!s.ok()) return s;
+  // Only a prompt whose KV was computed completely is kept (a cancelled forward stops early).
+  if (!hit && cache_.Insert(tokens, lease.ids())) {
+    KV_LOG_DEBUG << "[req " << id << "] prompt of " << n << " tokens cached";
+  }
   hooks.SendProgress();
   v1::PrefillProgress done;
   done.set_done(true);
   done.set_layer(pool_->layout().num_layers - 1);
   done.set_kv_bytes(save->bytes_posted());
-  done.set_prefill_compute_us(MicrosBetween(t0, t1));
+  done.set_prefill_compute_us(hit ? 0 : MicrosBetween(t0, t1));
+  done.set_prompt_cache_hit(hit);
   done.set_transfer_us(save->transfer_us());
   done.set_transfer_exposed_us(MicrosBetween(t1, t2));
   writer->Write(done);
@@ -219,6 +250,8 @@ grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsReque
   p->set_block_size(pool_->layout().block_size);
   p->set_block_bytes(pool_->layout().block_bytes());
   p->set_num_layers(pool_->layout().num_layers);
+  const PromptCache::Stats pc = cache_.stats();
+  p->set_prompt_cache_blocks(pc.blocks);
   resp->set_requests_in_flight(in_flight_.load());
   auto cs = connector_->stats();
   auto* c = resp->mutable_counters();
@@ -228,6 +261,9 @@ grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsReque
   c->set_requests_cancelled(cancelled_);
   c->set_kv_bytes_moved(cs.bytes_written);
   c->set_handshakes(cs.handshakes);
+  c->set_prompt_cache_hits(pc.hits);
+  c->set_prompt_cache_misses(pc.misses);
+  c->set_prompt_cache_evictions(pc.evictions);
   resp->set_model_name(backend_->config().name);
   resp->set_vocab_size(backend_->config().vocab_size);
   resp->set_model_hash(backend_->config().hash());
@@ -239,6 +275,8 @@ grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsReque
 void PrefillServer::BeginShutdown() {
   stopping_ = true;
   connector_->CancelAll(DeadlineAfterMs(config_.cancel_timeout_ms));
+  // Blocks still read by a cancelled write return when its lease does.
+  cache_.Clear(/*closing=*/true);
 }
 
 }  // namespace kvstream::prefill

@@ -5,6 +5,12 @@
 // for the writes (wait_for_save), then free the local blocks. Whatever the outcome, the call
 // returns only when no write of r can still land (trailer kvstream-writes-quiesced: 1).
 // Forward passes run one at a time (the backend uses every core).
+//
+// Prompt cache (config prompt_cache_blocks > 0, prefill/prompt_cache.h): after a successful
+// prefill the prompt's local blocks stay cached; a request with the same tokens skips the
+// forward and writes every layer from them (layer by layer, each write with its notification,
+// as after a forward), concurrently with other requests. A request that finds the pool full
+// evicts unreferenced cached prompts first. BeginShutdown() drops the cache.
 #pragma once
 
 #include <atomic>
@@ -13,6 +19,7 @@
 #include "connector/daemon_config.h"
 #include "connector/prefill_connector.h"
 #include "model/backend.h"
+#include "prefill/prompt_cache.h"
 #include "proto/kvstream.grpc.pb.h"
 
 namespace kvstream::prefill {
@@ -44,6 +51,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   model::KvPool* pool_;
   connector::PrefillConnector* connector_;
   std::string instance_id_;
+  PromptCache cache_;
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> in_flight_{0};

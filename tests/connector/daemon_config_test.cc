@@ -81,5 +81,69 @@ TEST(DaemonConfig, BadInputIsRefusedNamingIt) {
   EXPECT_EQ(Parse({"--help"}).status().code(), StatusCode::kNotFound);
 }
 
+TEST(DaemonConfig, ItlTargetKeysFromFileAndFlags) {
+  std::string path = ::testing::TempDir() + "/kvstream_cfg_itl_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"itl_target_ms": 12, "itl_idle_step_ms": 10, "itl_device_bw_bytes_per_s": 4.3e12,
+            "itl_hbm_bytes_per_byte": 2.5, "prompt_cache_blocks": 64})";
+  }
+  auto c = Parse({"--config", path, "--itl-idle-step-ms=9.5"});
+  std::remove(path.c_str());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->itl_target_ms, 12);
+  EXPECT_DOUBLE_EQ(c->itl_idle_step_ms, 9.5);  // the flag wins over the file
+  EXPECT_DOUBLE_EQ(c->itl_device_bw_bytes_per_s, 4.3e12);
+  EXPECT_DOUBLE_EQ(c->itl_hbm_bytes_per_byte, 2.5);
+  EXPECT_EQ(c->prompt_cache_blocks, 64);
+  EXPECT_EQ(c->pace_bytes_per_s, 0u);
+  // Defaults: no target, k = 2, no prompt cache.
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->itl_target_ms, 0);
+  EXPECT_EQ(d->itl_hbm_bytes_per_byte, 2);
+  EXPECT_EQ(d->prompt_cache_blocks, 0);
+  // The step's HBM bytes instead of a measured idle step; an explicit rate makes the ITL
+  // fields moot (it wins), so they are not required then.
+  EXPECT_TRUE(Parse({"--itl_target_ms=5", "--itl_step_hbm_bytes=1e10",
+                     "--itl_device_bw_bytes_per_s=4e12"}).ok());
+  EXPECT_TRUE(Parse({"--itl_target_ms=5", "--pace_bytes_per_s=1000000"}).ok());
+  // ToJson carries the new keys (the daemons log their resolved config).
+  EXPECT_NE(c->ToJson().find("\"itl_target_ms\":12"), std::string::npos) << c->ToJson();
+}
+
+TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* key;
+  };
+  const std::vector<Case> cases = {
+      {{"--itl_target_ms=-1"}, "itl_target_ms"},
+      {{"--itl_target_ms=nan"}, "itl_target_ms"},
+      {{"--itl_target_ms=inf"}, "itl_target_ms"},
+      {{"--itl_target_ms=fast"}, "itl_target_ms"},
+      {{"--itl_idle_step_ms=-2"}, "itl_idle_step_ms"},
+      {{"--itl_device_bw_bytes_per_s=-1"}, "itl_device_bw_bytes_per_s"},
+      {{"--itl_hbm_bytes_per_byte=0"}, "itl_hbm_bytes_per_byte"},
+      {{"--itl_hbm_bytes_per_byte=-2"}, "itl_hbm_bytes_per_byte"},
+      // A target without the bandwidth, or without the idle step (nor its bytes).
+      {{"--itl_target_ms=12", "--itl_idle_step_ms=10"}, "itl_device_bw_bytes_per_s"},
+      {{"--itl_target_ms=12", "--itl_device_bw_bytes_per_s=4e12"}, "itl_idle_step_ms"},
+      // A target the idle step already misses: no rate keeps it.
+      {{"--itl_target_ms=10", "--itl_idle_step_ms=10", "--itl_device_bw_bytes_per_s=4e12"},
+       "itl_target_ms"},
+      {{"--itl_target_ms=1", "--itl_step_hbm_bytes=8e9", "--itl_device_bw_bytes_per_s=4e12"},
+       "itl_target_ms"},
+      {{"--prompt_cache_blocks=-1"}, "prompt_cache_blocks"},
+      {{"--pool_blocks=16", "--prompt_cache_blocks=16"}, "prompt_cache_blocks"},
+  };
+  for (const Case& k : cases) {
+    auto c = Parse(k.args);
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << k.args.back();
+    EXPECT_NE(c.status().message().find(k.key), std::string::npos)
+        << k.args.back() << ": " << c.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace kvstream::connector
