@@ -722,12 +722,12 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p) {
 
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   // The variant that measured faster, by (MHA | GQA) x batch class x context class, from
-  // bench/decode_attention on an H200 (bench/results/decode_attention_2026-11-29.md, fp16,
-  // head 128, block 16, KV rotated over >= 320 MiB). Prefetch on (lookahead 1 warp stride) was
-  // slower at every measured shape but one batch-1 point within noise (+0.1 %): 0.78-0.95x at
-  // batch >= 8, lookahead 2 worse still; ncu showed +21 % DRAM bytes with it (prefetched tiles
-  // read twice). So every entry is "off". Columns: batch 1 | 2-8 | 9-32 | > 32; rows: context
-  // < 4096 | < 16384 | longer.
+  // bench/decode_attention on an H200 (bench/results/decode_attention_2026-11-29.md and
+  // decode_attention_2026-11-29_v2.md, fp16, head 128, block 16, KV rotated over >= 320 MiB).
+  // Prefetch on (lookahead 1 warp stride) was slower at every measured shape in both
+  // measurements: 0.79-0.99x (the closest at batch-1 GQA ctx 1k), lookahead 2 worse still; ncu
+  // showed +21 % DRAM bytes with it (prefetched tiles read twice). So every entry is "off".
+  // Columns: batch 1 | 2-8 | 9-32 | > 32; rows: context < 4096 | < 16384 | longer.
   static constexpr bool kTable[2][3][4] = {
       {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // MHA
       {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // GQA
