@@ -1,12 +1,15 @@
 // Causal attention for the new tokens of a batch of sequences (prefill, chunked prefill, or
 // any number of new tokens per sequence), reading every key and value, old and new, from the
-// paged KV pool (model/kv_cache.h). Tiled with an online softmax (FlashAttention style): no
-// score matrix is materialised; the K/V of one tile of keys is read once for the whole group
-// of query heads that shares its KV head (GQA).
+// paged KV pool (model/kv_cache.h). Tiled with an online softmax (FlashAttention-2 style): no
+// score matrix is materialised; both products (Q K^T and P V) run on tensor cores (mma.sync
+// m16n8k16, fp32 accumulation; P is rounded to the KV dtype for the second one); key tiles are
+// gathered through the block table into shared memory with cp.async, double buffered; the K/V
+// of one tile of keys is read once for the whole group of query heads that shares its KV head
+// (GQA: a CTA's 128 rows are (token, query head of the group) pairs).
 //
 // Tensors (row-major, no padding):
-//   q, out:       [num_tokens][num_heads][head_dim] dtype; the rows of sequence s are
-//                 [q_start[s], q_start[s + 1])
+//   q, out:       [num_tokens][num_heads][head_dim] dtype, 16-byte aligned; the rows of
+//                 sequence s are [q_start[s], q_start[s + 1])
 //   kv_layer:     [num_blocks][2 (K, V)][num_kv_heads][block_size][head_dim] dtype (one layer);
 //                 16-byte aligned
 //   block_tables: [num_seqs][max_blocks_per_seq] int32 device

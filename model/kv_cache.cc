@@ -54,8 +54,11 @@ Status BlockAllocator::Release(const std::vector<int32_t>& ids) {
     if (++count[id] > refcount_[id])
       return InvalidArgument("Release: block " + std::to_string(id) + " is already free");
   }
-  for (int32_t id : ids) {
-    if (--refcount_[id] == 0) free_.push_back(id);
+  // Pushed in reverse, so a released run comes back out in the order it was handed out
+  // (ascending): a request's blocks stay contiguous runs that transfers coalesce, also after
+  // many allocate/release cycles (pushed in order, every other reuse came out descending).
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    if (--refcount_[*it] == 0) free_.push_back(*it);
   }
   return OkStatus();
 }

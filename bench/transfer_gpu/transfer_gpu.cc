@@ -313,7 +313,8 @@ void Emit(const Row& r, int tokens) {
     const auto& p = r.profile;
     const double w = double(p.writes);
     j << ",\"profile_writes\":" << p.writes << ",\"plan_us\":" << p.plan_ns / w / 1e3
-      << ",\"submit_us\":" << p.submit_ns / w / 1e3 << ",\"enqueue_us\":" << p.enqueue_ns / w / 1e3
+      << ",\"submit_us\":" << p.submit_ns / w / 1e3 << ",\"copy_call_us\":" << p.copy_ns / w / 1e3
+      << ",\"record_us\":" << p.record_ns / w / 1e3 << ",\"enqueue_us\":" << p.enqueue_ns / w / 1e3
       << ",\"write_total_us\":" << p.total_ns / w / 1e3
       << ",\"kernel_share\":" << p.kernel_writes / w
       << ",\"memcpy_calls_per_write\":" << p.memcpy_calls / w
@@ -624,8 +625,9 @@ void PrintTable() {
     if (r.ucx_host_gbps > 0) std::printf("  %.3f of ucx_host %.1f GB/s", r.gbps / r.ucx_host_gbps, r.ucx_host_gbps);
     if (r.have_profile && r.profile.writes > 0) {
       const double w = double(r.profile.writes);
-      std::printf("  [plan %.2f submit %.2f enqueue %.2f us/write, %.1f notes/batch, %.2f wakes/write]",
+      std::printf("  [plan %.2f submit %.2f (copy %.2f record %.2f) enqueue %.2f us/write, %.1f notes/batch, %.2f wakes/write]",
                   r.profile.plan_ns / w / 1e3, r.profile.submit_ns / w / 1e3,
+                  r.profile.copy_ns / w / 1e3, r.profile.record_ns / w / 1e3,
                   r.profile.enqueue_ns / w / 1e3,
                   r.profile.notify_batches ? double(r.profile.notify_frames) / r.profile.notify_batches : 0.0,
                   r.profile.wakeups / w);

@@ -84,6 +84,132 @@ TEST(CopyPlanner, DisjointIsExact) {
   }
 }
 
+// Paged-pool plans (hundreds of shuffled blocks): the granule bitmap and, for spans too wide for
+// it, the sort must both find a single overlapping block, and only then.
+TEST(CopyPlanner, DisjointIsExactForLargeShuffledPlans) {
+  std::mt19937_64 rng(11);
+  CopyPlanner p;
+  for (uint64_t spread : {uint64_t(1), uint64_t(1) << 12}) {  // pool slots x1 or x4096 apart
+    for (int trial = 0; trial < 40; ++trial) {
+      constexpr uint64_t kBlock = 64 << 10;
+      std::vector<uint64_t> slots(512);
+      for (uint64_t i = 0; i < slots.size(); ++i) slots[i] = i * spread;
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(256);
+      std::vector<CopyOp> ops;
+      for (uint64_t i = 0; i < slots.size(); ++i) ops.push_back({i * 2 * kBlock, slots[i] * kBlock, kBlock});
+      const int kind = trial % 4;  // 0: disjoint, 1: duplicate block, 2: half-block overlap, 3: touching
+      if (kind == 1) ops[200].remote_offset = ops[17].remote_offset;
+      if (kind == 2) ops[200].remote_offset = ops[17].remote_offset + kBlock / 2;
+      if (kind == 3) ops[200].remote_offset = ops[17].remote_offset + kBlock;  // may hit a neighbour
+      const uint64_t remote_len = 512 * spread * kBlock + 2 * kBlock;
+      ASSERT_TRUE(p.Build(ops, kL, 1ull << 40, kR, remote_len).ok());
+      bool overlap = false;
+      std::vector<std::pair<uint64_t, uint64_t>> iv;
+      for (const CopyOp& o : ops) iv.push_back({o.remote_offset, o.remote_offset + o.length});
+      std::sort(iv.begin(), iv.end());
+      for (size_t i = 1; i < iv.size(); ++i) overlap |= iv[i - 1].second > iv[i].first;
+      ASSERT_EQ(p.disjoint(), !overlap) << "spread " << spread << " trial " << trial;
+      if (kind == 1 || kind == 2) {
+        ASSERT_FALSE(p.disjoint());
+      }
+    }
+  }
+}
+
+TEST(PackRuns, RoundTripsChunksAndSplits) {
+  std::mt19937_64 rng(5);
+  std::vector<CopyRun> runs;
+  for (int i = 0; i < 700; ++i) {  // more than two launches' worth
+    runs.push_back({kL + uint64_t(i) * (1 << 20), kR + (rng() % 100000) * 4096, 16 * (1 + rng() % 4096)});
+  }
+  cuda::PackedTable t;
+  ASSERT_TRUE(cuda::PackRuns(runs.data(), runs.size(), 0, &t));
+  ASSERT_EQ(t.runs.size(), runs.size());
+  ASSERT_EQ(t.chunks.size(), 3u);
+  uint64_t bytes = 0;
+  size_t next = 0;
+  for (const auto& c : t.chunks) {
+    EXPECT_EQ(c.first, next);
+    EXPECT_LE(c.count, cuda::kParamTableCapacity);
+    next += c.count;
+    uint64_t longest = 0;
+    for (size_t i = c.first; i < c.first + c.count; ++i) {
+      const cuda::PackedRun& r = t.runs[i];
+      EXPECT_EQ(c.src_base + uint64_t(r.src16) * 16, runs[i].src);
+      EXPECT_EQ(c.dst_base + uint64_t(r.dst16) * 16, runs[i].dst);
+      EXPECT_EQ(uint64_t(r.len16) * 16, runs[i].length);
+      longest = std::max<uint64_t>(longest, r.len16);
+      bytes += runs[i].length;
+    }
+    EXPECT_EQ(c.longest16, longest);
+  }
+  EXPECT_EQ(next, runs.size());
+  EXPECT_EQ(t.bytes, bytes);
+
+  // Splitting: one 1 MiB + 16 B run and a small one, pieces of 256 KiB.
+  std::vector<CopyRun> two = {{kL, kR, (1 << 20) + 16}, {kL + (4 << 20), kR + (8 << 20), 4096}};
+  ASSERT_TRUE(cuda::PackRuns(two.data(), two.size(), 256 << 10, &t));
+  ASSERT_EQ(t.runs.size(), 6u);
+  EXPECT_EQ(t.runs[4].len16, 1u);
+  EXPECT_EQ(t.chunks[0].src_base + uint64_t(t.runs[4].src16) * 16, kL + (1 << 20));
+  EXPECT_EQ(t.chunks[0].longest16, (256u << 10) / 16);
+  EXPECT_EQ(t.bytes, (1u << 20) + 16 + 4096);
+}
+
+TEST(PackRuns, RefusesWhatThePackedFormCannotHold) {
+  cuda::PackedTable t;
+  std::vector<CopyRun> odd = {{kL, kR, 4096}, {kL + 8192, kR + 8, 4096}};  // dst not 16-aligned
+  EXPECT_FALSE(cuda::PackRuns(odd.data(), odd.size(), 0, &t));
+  EXPECT_TRUE(t.runs.empty());
+  odd = {{kL, kR, 100}};  // length not a multiple of 16
+  EXPECT_FALSE(cuda::PackRuns(odd.data(), odd.size(), 0, &t));
+  std::vector<CopyRun> far = {{kL, kR, 4096}, {kL + (64ull << 30), kR + 4096, 16}};  // 64 GiB apart
+  EXPECT_FALSE(cuda::PackRuns(far.data(), far.size(), 0, &t));
+  far[1].src -= 16;  // just inside
+  EXPECT_TRUE(cuda::PackRuns(far.data(), far.size(), 0, &t));
+  EXPECT_FALSE(cuda::PackRuns(far.data(), far.size(), 100, &t));  // split not a multiple of 16
+}
+
+TEST(ParamKernel, PiecesPerRunAndWhenToSplitOnTheHost) {
+  // 256 runs of 64 KiB, 32 KiB pieces: two per run; 256 KiB runs: eight.
+  EXPECT_EQ(cuda::PiecesPerRun(16ull << 20, 256, 32 << 10), 2u);
+  EXPECT_EQ(cuda::PiecesPerRun(64ull << 20, 256, 32 << 10), 8u);
+  EXPECT_EQ(cuda::PiecesPerRun(16ull << 20, 1, 32 << 10), 512u);  // one contiguous layer
+  EXPECT_EQ(cuda::PiecesPerRun(4096, 4, 32 << 10), 1u);            // small runs: never 0
+  EXPECT_EQ(cuda::PiecesPerRun(1ull << 40, 1, 16), 65535u);         // capped
+  cuda::ParamKernelConfig cfg;
+  std::vector<CopyRun> runs(256, CopyRun{kL, kR, 64 << 10});
+  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), runs.size(), cfg), 0u);
+  runs[3].length = 128 << 10;  // a coalesced pair: still even enough
+  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), runs.size(), cfg), 0u);
+  runs[3].length = 16ull << 20;  // one run longer than all the others together: cut it
+  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), runs.size(), cfg),
+            cuda::PlanPieceBytes(255ull * (64 << 10) + (16ull << 20), cfg));
+  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), 0, cfg), 0u);
+}
+
+TEST(ParamKernelConfig, ParsesTheEnvFormAndRefusesUnbuiltShapes) {
+  cuda::ParamKernelConfig c;
+  ASSERT_TRUE(cuda::ParseParamKernelConfig("t512u4p32c528", &c));
+  EXPECT_EQ(c.threads, 512);
+  EXPECT_EQ(c.unroll, 4);
+  EXPECT_EQ(c.piece_bytes, 32u << 10);
+  EXPECT_EQ(c.max_ctas, 528u);
+  cuda::ParamKernelConfig d;
+  EXPECT_FALSE(cuda::ParseParamKernelConfig("t300", &d));
+  EXPECT_FALSE(cuda::ParseParamKernelConfig("x1", &d));
+  EXPECT_FALSE(cuda::ParseParamKernelConfig("t", &d));
+  EXPECT_EQ(d.threads, cuda::ParamKernelConfig{}.threads);  // untouched on failure
+  // Pieces: at least one batch, at most 256 KiB, ~2048 units when the bytes allow.
+  cuda::ParamKernelConfig e;  // 256 x 8 x 16 B = 32 KiB batch
+  EXPECT_EQ(cuda::PlanPieceBytes(16ull << 20, e), 32u << 10);
+  EXPECT_EQ(cuda::PlanPieceBytes(1ull << 30, e), 256u << 10);
+  e.threads = 128;
+  e.unroll = 4;
+  EXPECT_EQ(cuda::PlanPieceBytes(64ull << 20, e), 32u << 10);
+}
+
 TEST(ScatterShape, EnoughCtasForSmallBlocksAndNoWasteForEvenRuns) {
   // llama-3-8b at 4k tokens: 256 blocks of 64 KiB per layer.
   std::vector<CopyRun> runs;

@@ -34,7 +34,13 @@ class CopyPlanner {
 
  private:
   std::vector<cuda::CopyRun> runs_;
+  // Exact overlap check of unsorted runs through a bitmap of destination granules (the largest
+  // power of two dividing every run's offset and length); false when the span or the marked
+  // granules would exceed kMaxGranules (the caller sorts instead).
+  bool CheckDisjointByGranules();
+  static constexpr uint64_t kMaxGranules = 1u << 16;
   std::vector<cuda::CopyRun> sorted_;  // scratch for the overlap check of unsorted plans
+  std::vector<uint64_t> granule_bits_;  // scratch for CheckDisjointByGranules
   uint64_t bytes_ = 0;
   bool disjoint_ = true;
 };

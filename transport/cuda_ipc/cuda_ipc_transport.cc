@@ -89,6 +89,7 @@ struct Shared {
   int device = -1;
   int priority = 0;
   explicit Shared(int dev) : device(dev), events(dev) {}
+  cuda::ParamKernelConfig kernel = cuda::ParamKernelConfigFromEnv();
   cuda::EventPool events;
 
   std::mutex map_mu;
@@ -159,6 +160,7 @@ struct Op {
 struct ProfileCounters {
   std::atomic<bool> on{false};
   std::atomic<uint64_t> writes{0}, plan_ns{0}, submit_ns{0}, enqueue_ns{0}, total_ns{0};
+  std::atomic<uint64_t> copy_ns{0}, record_ns{0};
   std::atomic<uint64_t> kernel_writes{0}, memcpy_writes{0}, memcpy_calls{0};
   std::atomic<uint64_t> notify_batches{0}, notify_frames{0}, wakeups{0};
 };
@@ -347,6 +349,8 @@ class Core : public std::enable_shared_from_this<Core> {
     // Short ppoll timeouts below are meant literally (the default 50 us slack would triple them).
     (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     std::vector<std::pair<std::shared_ptr<Op>, cudaError_t>> completed;
+    constexpr uint64_t kLingerNs = 200 * 1000;
+    uint64_t idle_since = 0;
     while (!stop_.load()) {
       // One in-order stream: the first incomplete op blocks all later ones. The event query
       // runs outside q_mu_ (only this thread pops).
@@ -377,19 +381,30 @@ class Core : public std::enable_shared_from_this<Core> {
         std::lock_guard<std::mutex> lock(q_mu_);
         idle = pending_.empty();
       }
+      // Idle for less than kLingerNs: keep polling without parking, so that a writer posting
+      // layers a few us apart finds this thread awake and pays no eventfd write (a syscall in
+      // Write()) per layer.
+      bool park = false;
       if (idle) {
+        const uint64_t now = NowNs();
+        if (idle_since == 0) idle_since = now;
+        park = now - idle_since >= kLingerNs;
+      } else {
+        idle_since = 0;
+      }
+      if (park) {
         // Park: writers wake this thread only while it is parked (one eventfd write per burst,
         // not per Write()).
         sleeping_.store(true);
         {
           std::lock_guard<std::mutex> lock(q_mu_);
-          idle = pending_.empty();
+          park = pending_.empty();
         }
-        if (!idle) sleeping_.store(false);
+        if (!park) sleeping_.store(false);
       }
       pollfd fds[2] = {{channel_fd_, POLLIN | POLLRDHUP, 0}, {wake_fd, POLLIN, 0}};
-      // Active writes: poll events every ~10 us; idle: watch the socket and the wake fd.
-      timespec ts = idle ? timespec{0, 20 * 1000 * 1000} : timespec{0, 10 * 1000};
+      // Active or lingering: poll events every ~10 us; parked: watch the socket and the wake fd.
+      timespec ts = park ? timespec{0, 20 * 1000 * 1000} : timespec{0, 10 * 1000};
       int rc = ::ppoll(fds, 2, &ts, nullptr);
       sleeping_.store(false);
       if (rc > 0) {
@@ -423,6 +438,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unique_ptr<RunRing> ring_;
   std::mutex submit_mu_;  // one Write() at a time submits (stream order = queue order)
   CopyPlanner planner_;   // under submit_mu_
+  cuda::PackedTable packed_;  // under submit_mu_
   // Completion thread's scratch (no allocation per batch once grown).
   std::vector<Op*> claimed_;
   std::vector<Notification> frames_;
@@ -503,7 +519,11 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
                                     local->region().length, target.addr, target.length));
   const std::vector<CopyRun>& runs = planner_.runs();
   const CopyMode mode = shared->options.copy_mode;
-  const ScatterShape shape = PlanScatter(runs.data(), runs.size());
+  // The launch shape matters only where the kernel may run (it costs a pass over the runs).
+  const bool maybe_kernel = mode != CopyMode::kMemcpy && planner_.disjoint() && !runs.empty() &&
+                            (mode == CopyMode::kKernel ||
+                             runs.size() >= shared->options.kernel_min_runs);
+  const ScatterShape shape = maybe_kernel ? PlanScatter(runs.data(), runs.size()) : ScatterShape{};
   CopyPath path = ChooseCopyPath(runs.size(), planner_.disjoint(), mode == CopyMode::kMemcpy,
                                  mode == CopyMode::kKernel, shared->options.kernel_min_runs, shape);
   const uint64_t t1 = profiling ? NowNs() : 0;
@@ -533,34 +553,45 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
     if (err != cudaSuccess) return fail(CudaStatus(err, "cudaStreamWaitEvent"));
   }
   uint64_t ring_end = 0;
+  const uint64_t tc0 = profiling ? NowNs() : 0;
   if (path != CopyPath::kMemcpy) {
-    // The run table goes straight into the pinned ring the kernel reads through UVA: no
-    // per-write upload, no per-write allocation. Unsplit runs (2-D grid) unless uneven.
-    const size_t entries = path == CopyPath::kKernel
-                               ? runs.size()
-                               : cuda::ScatterTableEntries(runs.data(), runs.size());
-    uint64_t start = 0;
-    bool reserved;
-    {
-      std::lock_guard<std::mutex> lock(ring_mu_);
-      reserved = ring_->Reserve(entries, &start);
-    }
-    if (!reserved) {
-      path = CopyPath::kMemcpy;  // ring full (or table larger than it): the copy engine instead
-    } else {
-      CopyRun* t = static_cast<CopyRun*>(table->data()) + ring_->Index(start);
-      Status ls;
-      if (path == CopyPath::kKernel) {
-        std::memcpy(static_cast<void*>(t), runs.data(), runs.size() * sizeof(CopyRun));
-        ls = cuda::LaunchScatterCopyPieces(t, runs.size(), shape.piece_bytes,
-                                           shape.pieces_per_run, s);
-      } else {
-        cuda::SplitRuns(runs.data(), runs.size(), t);
-        ls = cuda::LaunchScatterCopy(t, entries, s);
-      }
-      // A failed launch enqueued nothing; its ring entries are released with the next op's.
+    // Preferred: the run table rides in the launch parameters (no table memory, no PCIe read
+    // before a CTA's first load). Very uneven runs are cut into pieces on the host first.
+    const uint64_t split = cuda::ParamSplitBytes(runs.data(), runs.size(), shared->kernel);
+    if (cuda::PackRuns(runs.data(), runs.size(), split, &packed_)) {
+      Status ls = cuda::LaunchParamScatterCopy(packed_, shared->kernel, s);
+      // Chunks already launched stay enqueued, but the done event is not recorded, so this op
+      // never completes: report the failure now.
       if (!ls.ok()) return fail(ls);
-      ring_end = start + entries;
+    } else {
+      // Unaligned or far-apart runs: the run table goes into the pinned ring the kernel reads
+      // through UVA. Unsplit runs (2-D grid) unless uneven.
+      const size_t entries = path == CopyPath::kKernel
+                                 ? runs.size()
+                                 : cuda::ScatterTableEntries(runs.data(), runs.size());
+      uint64_t start = 0;
+      bool reserved;
+      {
+        std::lock_guard<std::mutex> lock(ring_mu_);
+        reserved = ring_->Reserve(entries, &start);
+      }
+      if (!reserved) {
+        path = CopyPath::kMemcpy;  // ring full (or table larger than it): the copy engine instead
+      } else {
+        CopyRun* t = static_cast<CopyRun*>(table->data()) + ring_->Index(start);
+        Status ls;
+        if (path == CopyPath::kKernel) {
+          std::memcpy(static_cast<void*>(t), runs.data(), runs.size() * sizeof(CopyRun));
+          ls = cuda::LaunchScatterCopyPieces(t, runs.size(), shape.piece_bytes,
+                                             shape.pieces_per_run, s);
+        } else {
+          cuda::SplitRuns(runs.data(), runs.size(), t);
+          ls = cuda::LaunchScatterCopy(t, entries, s);
+        }
+        // A failed launch enqueued nothing; its ring entries are released with the next op's.
+        if (!ls.ok()) return fail(ls);
+        ring_end = start + entries;
+      }
     }
   }
   if (path == CopyPath::kMemcpy) {
@@ -573,6 +604,7 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
       if (err != cudaSuccess) return fail(CudaStatus(err, "cudaMemcpyAsync (device to device)"));
     }
   }
+  const uint64_t tc1 = profiling ? NowNs() : 0;
   cudaError_t err = cudaEventRecord(done_event, s);
   if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord"));
   const uint64_t t2 = profiling ? NowNs() : 0;
@@ -591,6 +623,8 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
     prof.writes.fetch_add(1, std::memory_order_relaxed);
     prof.plan_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
     prof.submit_ns.fetch_add(t2 - t1, std::memory_order_relaxed);
+    prof.copy_ns.fetch_add(tc1 - tc0, std::memory_order_relaxed);
+    prof.record_ns.fetch_add(t2 - tc1, std::memory_order_relaxed);
     prof.enqueue_ns.fetch_add(t3 - t2, std::memory_order_relaxed);
     prof.total_ns.fetch_add(t3 - t0, std::memory_order_relaxed);
     if (path == CopyPath::kMemcpy) {
@@ -739,6 +773,8 @@ WriteProfile TakeWriteProfile() {
   w.writes = p.writes.exchange(0);
   w.plan_ns = p.plan_ns.exchange(0);
   w.submit_ns = p.submit_ns.exchange(0);
+  w.copy_ns = p.copy_ns.exchange(0);
+  w.record_ns = p.record_ns.exchange(0);
   w.enqueue_ns = p.enqueue_ns.exchange(0);
   w.total_ns = p.total_ns.exchange(0);
   w.kernel_writes = p.kernel_writes.exchange(0);

@@ -13,8 +13,11 @@
 //    priority, so transfers never preempt compute.
 //  - Write(): validates every op, coalesces runs that are contiguous on both sides, optionally
 //    makes the copy stream wait on `after_stream`, then copies with cudaMemcpyAsync per run (few
-//    runs: the copy engines), or, for many scattered runs, with one scatter-copy kernel whose run
-//    table sits in a pinned host ring; an event from a per-transport pool marks completion.
+//    runs: the copy engines), or, for many scattered runs, with the scatter-copy kernel whose run
+//    table travels in its launch parameters (one launch per 336 runs; runs that are not 16-byte
+//    aligned or lie 64 GiB or more apart use a run table in a pinned host ring instead). The
+//    kernel's launch shape comes from KVSTREAM_CUDA_IPC_KERNEL (scatter_copy.h) or its default.
+//    An event from a per-transport pool marks completion.
 //    Once it has completed the notification goes out on the control socket (from Wait()'s
 //    thread or the endpoint's completion thread, whichever sees it first; exactly once; the
 //    completion thread sends the notifications of writes that completed together in one
@@ -67,6 +70,8 @@ struct WriteProfile {
   uint64_t writes = 0;
   uint64_t plan_ns = 0;     // validation, coalescing, copy-path choice
   uint64_t submit_ns = 0;   // CUDA calls: event record/wait, memcpy or kernel launch + table
+  uint64_t copy_ns = 0;     //   of which the copy calls (cudaMemcpyAsync / kernel launches)
+  uint64_t record_ns = 0;   //   of which the completion event record
   uint64_t enqueue_ns = 0;  // op allocation, hand-off to the completion thread, the handle
   uint64_t total_ns = 0;    // the whole Write() after argument checks
   uint64_t kernel_writes = 0, memcpy_writes = 0, memcpy_calls = 0;

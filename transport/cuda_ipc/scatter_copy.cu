@@ -1,5 +1,9 @@
 #include "transport/cuda_ipc/scatter_copy.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
 #include "transport/cuda_ipc/cuda_util.h"
 
 namespace kvstream::transport::cuda {
@@ -116,6 +120,210 @@ Status LaunchScatterCopy(const CopyRun* table, size_t entries, cudaStream_t stre
   if (entries > 0x7fffffffu) return InvalidArgument("scatter copy: too many runs");
   ScatterCopyKernel<<<static_cast<unsigned>(entries), kThreads, 0, stream>>>(table);
   return CudaStatus(cudaGetLastError(), "ScatterCopyKernel launch");
+}
+
+// ---- parameter-table kernel ----------------------------------------------------------------
+namespace {
+
+template <int kCap>
+struct ParamTable {
+  uint64_t src_base;
+  uint64_t dst_base;
+  uint32_t pieces_per_run;  // k: every run is cut into k near-equal pieces (no empty units)
+  uint32_t units;           // runs * k
+  PackedRun run[kCap];
+};
+static_assert(sizeof(ParamTable<kParamTableCapacity>) <= 4096, "CUDA < 12.1 parameter limit");
+
+// One work unit per CTA iteration: piece p of run r, where run r is cut into k pieces of
+// ceil(len / k) 16-byte units (a longer run gets longer pieces rather than idle CTAs). Every
+// thread issues kUnroll predicated 16-byte loads before its stores, so a CTA keeps
+// kThreads * kUnroll * 16 B in flight.
+template <int kThreads, int kUnroll, int kCap>
+__global__ void __launch_bounds__(kThreads)
+ParamScatterKernel(const __grid_constant__ ParamTable<kCap> t) {
+  const uint32_t k = t.pieces_per_run;
+  for (uint32_t u = blockIdx.x; u < t.units; u += gridDim.x) {
+    const uint32_t r = u / k;
+    const uint32_t p = u - r * k;
+    const PackedRun pr = t.run[r];
+    const uint32_t piece = static_cast<uint32_t>((uint64_t(pr.len16) + k - 1) / k);
+    const uint64_t off = uint64_t(p) * piece;
+    if (off >= pr.len16) continue;  // a run shorter than k units
+    const uint64_t left = pr.len16 - off;
+    const uint32_t n = static_cast<uint32_t>(left < piece ? left : piece);
+    const uint4* __restrict__ s =
+        reinterpret_cast<const uint4*>(t.src_base) + (uint64_t(pr.src16) + off);
+    uint4* __restrict__ d = reinterpret_cast<uint4*>(t.dst_base) + (uint64_t(pr.dst16) + off);
+    for (uint32_t base = threadIdx.x; base < n; base += kThreads * kUnroll) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const uint32_t i = base + j * kThreads;
+        if (i < n) v[j] = s[i];
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const uint32_t i = base + j * kThreads;
+        if (i < n) d[i] = v[j];
+      }
+    }
+  }
+}
+
+template <int kThreads, int kUnroll>
+cudaError_t LaunchChunk(const PackedTable& table, const PackedTable::Chunk& c, uint32_t k,
+                        uint32_t max_ctas, cudaStream_t stream) {
+  ParamTable<kParamTableCapacity> t;  // only the used entries are filled
+  t.src_base = c.src_base;
+  t.dst_base = c.dst_base;
+  t.pieces_per_run = k;
+  const uint64_t units = uint64_t(c.count) * k;
+  if (units > 0x7fffffffu) return cudaErrorInvalidValue;
+  t.units = static_cast<uint32_t>(units);
+  std::memcpy(t.run, table.runs.data() + c.first, c.count * sizeof(PackedRun));
+  uint32_t grid = t.units;
+  if (max_ctas != 0 && grid > max_ctas) grid = max_ctas;
+  ParamScatterKernel<kThreads, kUnroll, kParamTableCapacity><<<grid, kThreads, 0, stream>>>(t);
+  return cudaGetLastError();
+}
+
+using ChunkLauncher = cudaError_t (*)(const PackedTable&, const PackedTable::Chunk&, uint32_t,
+                                      uint32_t, cudaStream_t);
+
+ChunkLauncher PickLauncher(int threads, int unroll) {
+  if (unroll == 4) {
+    if (threads == 128) return &LaunchChunk<128, 4>;
+    if (threads == 256) return &LaunchChunk<256, 4>;
+    if (threads == 512) return &LaunchChunk<512, 4>;
+  } else if (unroll == 8) {
+    if (threads == 128) return &LaunchChunk<128, 8>;
+    if (threads == 256) return &LaunchChunk<256, 8>;
+    if (threads == 512) return &LaunchChunk<512, 8>;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool PackRuns(const CopyRun* runs, size_t n, uint64_t split_bytes, PackedTable* out) {
+  out->clear();
+  constexpr uint64_t kMaxUnits = 0xffffffffull;
+  if (split_bytes % 16 != 0) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (((runs[i].src | runs[i].dst | runs[i].length) & 15u) != 0) return false;
+  }
+  // Runs as they are, or first cut into pieces of at most split_bytes.
+  const CopyRun* pieces = runs;
+  size_t count_all = n;
+  if (split_bytes != 0) {
+    out->pieces.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const CopyRun& r = runs[i];
+      for (uint64_t off = 0; off < r.length; off += split_bytes) {
+        out->pieces.push_back({r.src + off, r.dst + off, std::min(split_bytes, r.length - off)});
+      }
+    }
+    pieces = out->pieces.data();
+    count_all = out->pieces.size();
+  }
+  out->runs.resize(count_all);
+  for (size_t first = 0; first < count_all; first += kParamTableCapacity) {
+    const size_t count = std::min(kParamTableCapacity, count_all - first);
+    PackedTable::Chunk c;
+    c.first = first;
+    c.count = count;
+    c.src_base = pieces[first].src;
+    c.dst_base = pieces[first].dst;
+    for (size_t i = first; i < first + count; ++i) {
+      c.src_base = std::min(c.src_base, pieces[i].src);
+      c.dst_base = std::min(c.dst_base, pieces[i].dst);
+    }
+    for (size_t i = first; i < first + count; ++i) {
+      const CopyRun& r = pieces[i];
+      const uint64_t s16 = (r.src - c.src_base) / 16, d16 = (r.dst - c.dst_base) / 16;
+      const uint64_t l16 = r.length / 16;
+      if (s16 > kMaxUnits || d16 > kMaxUnits || l16 > kMaxUnits) {
+        out->clear();
+        return false;
+      }
+      out->runs[i] = {static_cast<uint32_t>(s16), static_cast<uint32_t>(d16),
+                      static_cast<uint32_t>(l16)};
+      c.longest16 = std::max(c.longest16, l16);
+      c.bytes += r.length;
+      out->bytes += r.length;
+    }
+    out->chunks.push_back(c);
+  }
+  return true;
+}
+
+uint64_t PlanPieceBytes(uint64_t total, const ParamKernelConfig& cfg) {
+  const uint64_t batch = uint64_t(cfg.threads) * cfg.unroll * 16;
+  uint64_t piece = kScatterPieceBytes;
+  while (piece > 16 * 1024 && total / piece < 2048) piece /= 2;
+  return std::max(piece, batch);
+}
+
+uint32_t PiecesPerRun(uint64_t chunk_bytes, size_t runs, uint64_t piece_bytes) {
+  if (runs == 0 || piece_bytes == 0) return 1;
+  const uint64_t mean = chunk_bytes / runs;
+  const uint64_t k = (mean + piece_bytes / 2) / piece_bytes;  // nearest, at least 1
+  return static_cast<uint32_t>(std::min<uint64_t>(std::max<uint64_t>(k, 1), 65535));
+}
+
+uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig& cfg) {
+  if (n == 0) return 0;
+  uint64_t total = 0, longest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    total += runs[i].length;
+    longest = std::max(longest, runs[i].length);
+  }
+  const uint64_t piece = cfg.piece_bytes != 0 ? cfg.piece_bytes : PlanPieceBytes(total, cfg);
+  // Even enough: the longest run's pieces are at most ~4x the mean run's. Else cut on the host.
+  return longest > 4 * (total / n) + piece ? piece : 0;
+}
+
+Status LaunchParamScatterCopy(const PackedTable& table, const ParamKernelConfig& cfg,
+                              cudaStream_t stream) {
+  ChunkLauncher launch = PickLauncher(cfg.threads, cfg.unroll);
+  if (launch == nullptr) return InvalidArgument("scatter copy: unsupported threads/unroll");
+  const uint64_t piece = cfg.piece_bytes != 0 ? cfg.piece_bytes : PlanPieceBytes(table.bytes, cfg);
+  if (piece % 16 != 0) return InvalidArgument("scatter copy: piece_bytes must be a multiple of 16");
+  for (const PackedTable::Chunk& c : table.chunks) {
+    cudaError_t err = launch(table, c, PiecesPerRun(c.bytes, c.count, piece), cfg.max_ctas, stream);
+    if (err != cudaSuccess) return CudaStatus(err, "ParamScatterKernel launch");
+  }
+  return OkStatus();
+}
+
+bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out) {
+  ParamKernelConfig c = *out;
+  const char* p = text;
+  while (*p != 0) {
+    const char key = *p++;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(p, &end, 10);
+    if (end == p) return false;
+    p = end;
+    switch (key) {
+      case 't': c.threads = static_cast<int>(v); break;
+      case 'u': c.unroll = static_cast<int>(v); break;
+      case 'p': c.piece_bytes = v * 1024; break;
+      case 'c': c.max_ctas = static_cast<uint32_t>(v); break;
+      default: return false;
+    }
+  }
+  if (PickLauncher(c.threads, c.unroll) == nullptr) return false;
+  *out = c;
+  return true;
+}
+
+ParamKernelConfig ParamKernelConfigFromEnv() {
+  ParamKernelConfig c;
+  const char* v = std::getenv("KVSTREAM_CUDA_IPC_KERNEL");
+  if (v != nullptr && !ParseParamKernelConfig(v, &c)) c = ParamKernelConfig{};
+  return c;
 }
 
 }  // namespace kvstream::transport::cuda

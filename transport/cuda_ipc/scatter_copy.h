@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
 
@@ -42,5 +43,85 @@ Status LaunchScatterCopy(const CopyRun* table, size_t entries, cudaStream_t stre
 // pieces_per_run <= 65535.
 Status LaunchScatterCopyPieces(const CopyRun* table, size_t runs, uint64_t piece_bytes,
                                uint32_t pieces_per_run, cudaStream_t stream);
+
+// ---- Parameter-table scatter copy ---------------------------------------------------------
+// The run table travels in the kernel's launch parameters (constant bank), not in memory: no
+// per-CTA read of a pinned host table across PCIe before the first load, no table ring to
+// reserve, one launch per write. Runs are packed as 32-bit offsets and lengths in 16-byte units
+// from two bases, so one launch carries up to kParamTableCapacity runs (longer tables go out as
+// several launches on the same stream).
+
+struct PackedRun {
+  uint32_t src16 = 0;  // (src - src_base) / 16
+  uint32_t dst16 = 0;  // (dst - dst_base) / 16
+  uint32_t len16 = 0;  // length / 16
+};
+
+// Runs per launch: the 4 KiB kernel-parameter limit of CUDA < 12.1 (header + 12 B per run).
+inline constexpr size_t kParamTableCapacity = 336;
+
+// A write's runs packed for the parameter-table kernel: each chunk of at most
+// kParamTableCapacity runs has its own bases.
+struct PackedTable {
+  struct Chunk {
+    uint64_t src_base = 0, dst_base = 0;
+    size_t first = 0, count = 0;   // into runs
+    uint64_t longest16 = 0;        // longest run of the chunk, 16-byte units
+    uint64_t bytes = 0;            // of the chunk
+  };
+  std::vector<PackedRun> runs;
+  std::vector<Chunk> chunks;
+  uint64_t bytes = 0;
+  std::vector<CopyRun> pieces;  // PackRuns' scratch
+  void clear() {
+    runs.clear();
+    chunks.clear();
+    bytes = 0;
+  }
+};
+
+// Packs `runs` (optionally cut into pieces of at most `split_bytes`, 0 = uncut) into `out`.
+// Returns false, leaving `out` cleared, when the runs do not fit the packed form: an address or
+// length that is not a multiple of 16, or a run whose offset from its chunk's smallest source or
+// destination address reaches 64 GiB (2^32 units). The caller then uses the memory-table kernel.
+// Reuses out's storage (no allocation once grown).
+bool PackRuns(const CopyRun* runs, size_t n, uint64_t split_bytes, PackedTable* out);
+
+// How the parameter-table kernel is launched. threads x unroll x 16 B is one "batch": every
+// thread keeps `unroll` 16-byte loads in flight before its stores.
+// Work units: every run of a launch is cut into the same number k of near-equal pieces, k =
+// the mean run length / piece_bytes (rounded, >= 1), so a run twice as long as the others gets
+// pieces twice as long instead of idle CTAs; runs far longer than the mean are cut on the host
+// first (ParamSplitBytes). Defaults from the H200 sweep in
+// bench/results/transfer_gpu_2026-11-29_v2.md (256 x 8 within noise of the best shapes).
+struct ParamKernelConfig {
+  int threads = 256;           // 128, 256 or 512
+  int unroll = 8;              // 4 or 8
+  uint64_t piece_bytes = 0;    // target bytes per work unit (multiple of 16); 0 = PlanPieceBytes
+  uint32_t max_ctas = 0;       // 0: one CTA per work unit; else a grid-stride grid of this many
+};
+
+// Piece size for `total` bytes in runs of at most `longest` bytes: the largest power of two in
+// [16 KiB, 256 KiB] that still gives at least ~2048 work units (every SM several CTAs), never
+// smaller than one batch of `cfg`.
+uint64_t PlanPieceBytes(uint64_t total, const ParamKernelConfig& cfg);
+
+// k for a chunk of `runs` runs and `chunk_bytes` bytes (see ParamKernelConfig), in [1, 65535].
+uint32_t PiecesPerRun(uint64_t chunk_bytes, size_t runs, uint64_t piece_bytes);
+
+// The split_bytes to pass to PackRuns for `runs` under `cfg`: 0 when the runs are even enough
+// for k pieces per run (the longest at most ~4x the mean), else the target piece size.
+uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig& cfg);
+
+// Launches the copy of every chunk of `table` on `stream`: per chunk a grid of runs x k work
+// units, unit (r, p) copies piece p of run r. kInvalidArgument for a bad config; the launch
+// error otherwise. Never blocks the host.
+Status LaunchParamScatterCopy(const PackedTable& table, const ParamKernelConfig& cfg,
+                              cudaStream_t stream);
+
+// Process default for cuda_ipc: ParamKernelConfig{} unless KVSTREAM_CUDA_IPC_KERNEL is set
+// ("t<threads>u<unroll>p<piece KiB>c<max ctas>", any part optional, e.g. "t512u4p32").
+ParamKernelConfig ParamKernelConfigFromEnv();
+bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out);
 
 }  // namespace kvstream::transport::cuda
