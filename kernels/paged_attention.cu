@@ -154,12 +154,18 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   const int h0 = kvh * a.group + chunk * kHeadsPerCta;
   const int nh = min(kHeadsPerCta, a.group - chunk * kHeadsPerCta);
 
-  int len = a.context_lens[seq];
-  len = max(0, min(len, a.max_blocks_per_seq * a.block_size));
-  const int n_units = (len + kUnitTokens - 1) / kUnitTokens;
+  const T* kv = static_cast<const T*>(a.kv);
+  const int32_t* bt = a.block_tables + size_t(seq) * a.max_blocks_per_seq;
+  const int tiles_per_block = a.block_size / kUnitTokens;
+  const int table_units = a.max_blocks_per_seq * tiles_per_block;
   const int u_begin = split * a.units_per_split;
-  const int u_end =
-      split == a.num_splits - 1 ? n_units : min(n_units, u_begin + a.units_per_split);
+
+  // The length, the block id of the warp's first unit (read if it lies inside the table row,
+  // used only if it lies below the length) and q are independent loads, issued together: one
+  // memory latency in front of the first KV loads, not two (length, then block id).
+  const int len_raw = __ldg(a.context_lens + seq);
+  int u = u_begin + warp;
+  int blk = u < table_units ? __ldg(bt + u / tiles_per_block) : 0;
 
   // B operand of S^T = K Q^T for k-steps 2s and 2s+1: Q[head g][32s + 8c .. 32s + 8c + 8),
   // straight from global memory (no shared-memory staging, no barrier before the first KV
@@ -172,17 +178,19 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
     for (int s = 0; s < kKLoads; ++s) qr[s] = g < nh ? __ldg(qg + 4 * s + c) : make_uint4(0, 0, 0, 0);
   }
 
-  const T* kv = static_cast<const T*>(a.kv);
-  const int32_t* bt = a.block_tables + size_t(seq) * a.max_blocks_per_seq;
-  const int tiles_per_block = a.block_size / kUnitTokens;
+  const int len = max(0, min(len_raw, table_units * kUnitTokens));
+  const int n_units = (len + kUnitTokens - 1) / kUnitTokens;
+  const int u_end =
+      split == a.num_splits - 1 ? n_units : min(n_units, u_begin + a.units_per_split);
+
   const size_t head_stride = size_t(a.block_size) * D;               // one K (or V) tile row set
   const size_t v_offset = size_t(a.num_kv_heads) * head_stride;      // K -> V of the same block
   const size_t block_stride = 2 * v_offset;
-  auto unit_ptr = [&](int blk, int u) {
-    return kv + size_t(blk) * block_stride + size_t(kvh) * head_stride +
-           size_t(u % tiles_per_block) * kUnitTokens * D;
+  auto unit_ptr = [&](int b, int un) {
+    return kv + size_t(b) * block_stride + size_t(kvh) * head_stride +
+           size_t(un % tiles_per_block) * kUnitTokens * D;
   };
-  auto unit_k_ptr = [&](int u) { return unit_ptr(__ldg(bt + u / tiles_per_block), u); };
+  auto unit_k_ptr = [&](int un) { return unit_ptr(__ldg(bt + un / tiles_per_block), un); };
 
   float o[kMTiles][4];
 #pragma unroll
@@ -190,7 +198,6 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2c and 2c+1
 
   const int stride = kWarps;
-  int u = u_begin + warp;
   if constexpr (kPrefetch) {
     // Prologue for lookahead distances > 1: the units this warp reaches before its first
     // in-loop prefetch lands.
@@ -207,7 +214,6 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   }
   // The block id of the warp's next unit is read one iteration early, so that the table lookup
   // is not a dependent load in front of every unit's KV loads.
-  int blk = u < u_end ? __ldg(bt + u / tiles_per_block) : 0;
   for (; u < u_end; u += stride) {
     const int blk_next = u + stride < u_end ? __ldg(bt + (u + stride) / tiles_per_block) : 0;
     const T* kp = unit_ptr(blk, u);
@@ -380,73 +386,145 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   }
 }
 
-// One CTA per (sequence, query head): out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M).
-// Latency-bound (the partials are small): the split weights are computed once in parallel, and
-// the weighted sum runs over float4 columns with the splits spread over thread groups, so that
-// many independent loads are in flight instead of a serial chain per split.
+// Merges the split partials: out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M), one CTA per
+// (sequence, query head, 32-dim slice). The kernel is pure latency (the partials are a few KiB
+// per head and sit in L2, just written), so every load it needs - all splits' lse and this
+// slice of all their partials, at most kCombinePer float4 per thread - is issued at once, before
+// anything that depends on a loaded value: one memory round trip, then block reductions. (The
+// previous version loaded the partials in a loop behind the weights: several dependent round
+// trips, more with more splits; 2.5x this one's time at 114 splits.)
 constexpr int kCombineThreads = 256;
+constexpr int kCombineDims = 32;                                  // dims per CTA
+constexpr int kCombineCols = kCombineDims / 4;                    // float4 columns per CTA
+constexpr int kCombineGroups = kCombineThreads / kCombineCols;   // split groups (32)
+constexpr int kCombinePer = kMaxSplits / kCombineGroups;          // partials per thread (4)
+static_assert(kMaxSplits <= kCombineThreads, "one lse per thread");
 template <bool kBf16>
 __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out, const float* ws_o,
                                                                        const float* ws_lse,
                                                                        int num_splits, int head_dim) {
   using T = Elem<kBf16>;
+  constexpr int kW = kCombineThreads / 32;
   __shared__ float w_s[kMaxSplits];
-  __shared__ float red_s[kCombineThreads / 32];
-  __shared__ float4 acc_s[kCombineThreads];
+  __shared__ float max_s[kW], sum_s[kW];
+  __shared__ float4 acc_s[kW][kCombineCols];
   WaitPrimaryGrid();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int col = tid % kCombineCols, grp = tid / kCombineCols;
+  const int cols = head_dim / 4;
   const size_t row0 = size_t(blockIdx.x) * num_splits;
+  const float4* o4 =
+      reinterpret_cast<const float4*>(ws_o) + row0 * cols + blockIdx.y * kCombineCols + col;
+  float4 v[kCombinePer];
+#pragma unroll
+  for (int i = 0; i < kCombinePer; ++i) {
+    const int sp = grp + i * kCombineGroups;
+    v[i] = sp < num_splits ? o4[size_t(sp) * cols] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   const float lse = tid < num_splits ? ws_lse[row0 + tid] : -INFINITY;
+
   float mx = lse;
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0) red_s[warp] = mx;
+  if (lane == 0) max_s[warp] = mx;
   __syncthreads();
-  mx = red_s[0];
-  for (int w = 1; w < kCombineThreads / 32; ++w) mx = fmaxf(mx, red_s[w]);
+  mx = max_s[0];
+#pragma unroll
+  for (int w = 1; w < kW; ++w) mx = fmaxf(mx, max_s[w]);
   const float wt = (lse == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse - mx);
-  if (tid < num_splits) w_s[tid] = wt;
+  if (tid < kMaxSplits) w_s[tid] = wt;
   float sum = wt;
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  __syncthreads();  // everyone has read red_s (max) before it is reused for the sums
-  if (lane == 0) red_s[warp] = sum;
+  if (lane == 0) sum_s[warp] = sum;
   __syncthreads();
   sum = 0.f;
-  for (int w = 0; w < kCombineThreads / 32; ++w) sum += red_s[w];
+#pragma unroll
+  for (int w = 0; w < kW; ++w) sum += sum_s[w];
 
-  const int cols = head_dim / 4;
-  const int groups = kCombineThreads / cols;
-  const int col = tid % cols, grp = tid / cols;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (grp < groups) {
-    const float4* o4 = reinterpret_cast<const float4*>(ws_o) + row0 * cols + col;
-#pragma unroll 4
-    for (int s = grp; s < num_splits; s += groups) {
-      const float f = w_s[s];
-      const float4 v = o4[size_t(s) * cols];
-      acc.x += f * v.x;
-      acc.y += f * v.y;
-      acc.z += f * v.z;
-      acc.w += f * v.w;
-    }
+#pragma unroll
+  for (int i = 0; i < kCombinePer; ++i) {
+    const int sp = grp + i * kCombineGroups;
+    const float f = sp < num_splits ? w_s[sp] : 0.f;
+    acc.x += f * v[i].x;
+    acc.y += f * v[i].y;
+    acc.z += f * v[i].z;
+    acc.w += f * v[i].w;
   }
-  acc_s[tid] = acc;
+  // Lanes l, l^8, l^16, l^24 of a warp hold the same column (4 split groups per warp).
+  for (int off = kCombineCols; off < 32; off <<= 1) {
+    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+    acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off);
+    acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
+  }
+  if (lane < kCombineCols) acc_s[warp][lane] = acc;
   __syncthreads();
-  if (tid < cols) {
-    float4 t = acc_s[tid];
-    for (int gidx = 1; gidx < groups; ++gidx) {
-      const float4 v = acc_s[gidx * cols + tid];
-      t.x += v.x;
-      t.y += v.y;
-      t.z += v.z;
-      t.w += v.w;
+  if (tid < kCombineCols) {
+    float4 t = acc_s[0][tid];
+#pragma unroll
+    for (int w = 1; w < kW; ++w) {
+      const float4 x = acc_s[w][tid];
+      t.x += x.x;
+      t.y += x.y;
+      t.z += x.z;
+      t.w += x.w;
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T* o = static_cast<T*>(out) + size_t(blockIdx.x) * head_dim + 4 * tid;
+    T* o = static_cast<T*>(out) + size_t(blockIdx.x) * head_dim + blockIdx.y * kCombineDims + 4 * tid;
     o[0] = FromF<kBf16>(t.x * inv);
     o[1] = FromF<kBf16>(t.y * inv);
     o[2] = FromF<kBf16>(t.z * inv);
     o[3] = FromF<kBf16>(t.w * inv);
   }
+}
+
+// The same merge for few splits (<= kFewSplits): one thread per output float4 of a (sequence,
+// query head) row, computing that row's weights itself from its <= 8 lse values (read by all
+// threads of the row: L1 broadcasts) - no block reductions, all loads at once, and as many
+// threads as output columns (the 32-dim-slice kernel would launch 32 split groups per slice,
+// nearly all idle, for the many rows of a large batch).
+constexpr int kFewSplits = 8;
+template <bool kBf16>
+__global__ void __launch_bounds__(kCombineThreads) CombineFewSplitsKernel(void* out, const float* ws_o,
+                                                                          const float* ws_lse,
+                                                                          int num_splits, int head_dim,
+                                                                          int rows) {
+  using T = Elem<kBf16>;
+  WaitPrimaryGrid();
+  const int cols = head_dim / 4;
+  const size_t i = size_t(blockIdx.x) * kCombineThreads + threadIdx.x;
+  const size_t row = i / cols;
+  const int col = int(i % cols);
+  if (row >= size_t(rows)) return;
+  const size_t row0 = row * num_splits;
+  const float4* o4 = reinterpret_cast<const float4*>(ws_o) + row0 * cols + col;
+  float lse[kFewSplits];
+  float4 v[kFewSplits];
+#pragma unroll
+  for (int sp = 0; sp < kFewSplits; ++sp) {
+    lse[sp] = sp < num_splits ? ws_lse[row0 + sp] : -INFINITY;
+    v[sp] = sp < num_splits ? o4[size_t(sp) * cols] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float mx = lse[0];
+#pragma unroll
+  for (int sp = 1; sp < kFewSplits; ++sp) mx = fmaxf(mx, lse[sp]);
+  float sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int sp = 0; sp < kFewSplits; ++sp) {
+    const float f = (lse[sp] == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse[sp] - mx);
+    sum += f;
+    acc.x += f * v[sp].x;
+    acc.y += f * v[sp].y;
+    acc.z += f * v[sp].z;
+    acc.w += f * v[sp].w;
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* o = static_cast<T*>(out) + row * head_dim + 4 * col;
+  o[0] = FromF<kBf16>(acc.x * inv);
+  o[1] = FromF<kBf16>(acc.y * inv);
+  o[2] = FromF<kBf16>(acc.z * inv);
+  o[3] = FromF<kBf16>(acc.w * inv);
 }
 
 struct Plan {
@@ -578,8 +656,6 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   // The combine kernel may start launching while the last CTAs of the main kernel drain; it
   // waits (griddepcontrol.wait) for the main grid's memory before reading the partials.
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(p.num_seqs) * unsigned(p.num_heads));
-  cfg.blockDim = dim3(kCombineThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -587,9 +663,20 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16>, p.out,
-                           static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
-                           plan.num_splits, p.head_dim);
+  cfg.blockDim = dim3(kCombineThreads);
+  const unsigned rows = unsigned(p.num_seqs) * unsigned(p.num_heads);
+  if (plan.num_splits <= kFewSplits) {
+    const size_t threads = size_t(rows) * (p.head_dim / 4);
+    cfg.gridDim = dim3(unsigned((threads + kCombineThreads - 1) / kCombineThreads));
+    err = cudaLaunchKernelEx(&cfg, CombineFewSplitsKernel<kBf16>, p.out,
+                             static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
+                             plan.num_splits, p.head_dim, int(rows));
+  } else {
+    cfg.gridDim = dim3(rows, unsigned(p.head_dim / kCombineDims));
+    err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16>, p.out,
+                             static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
+                             plan.num_splits, p.head_dim);
+  }
   if (err != cudaSuccess) (void)cudaGetLastError();
   return err;
 }
@@ -635,12 +722,12 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p) {
 
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   // The variant that measured faster, by (MHA | GQA) x batch class x context class, from
-  // bench/decode_attention on an H200 (bench/results/decode_attention_2026-11-29.md, fp16,
-  // head 128, block 16, KV rotated over >= 320 MiB). Prefetch on (lookahead 1 warp stride) was
-  // slower at every measured shape but one batch-1 point within noise (+0.1 %): 0.78-0.95x at
-  // batch >= 8, lookahead 2 worse still; ncu showed +21 % DRAM bytes with it (prefetched tiles
-  // read twice). So every entry is "off". Columns: batch 1 | 2-8 | 9-32 | > 32; rows: context
-  // < 4096 | < 16384 | longer.
+  // bench/decode_attention on an H200 (bench/results/decode_attention_2026-11-29.md and
+  // decode_attention_2026-11-29_v2.md, fp16, head 128, block 16, KV rotated over >= 320 MiB).
+  // Prefetch on (lookahead 1 warp stride) was slower at every measured shape in both
+  // measurements: 0.79-0.99x (the closest at batch-1 GQA ctx 1k), lookahead 2 worse still; ncu
+  // showed +21 % DRAM bytes with it (prefetched tiles read twice). So every entry is "off".
+  // Columns: batch 1 | 2-8 | 9-32 | > 32; rows: context < 4096 | < 16384 | longer.
   static constexpr bool kTable[2][3][4] = {
       {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // MHA
       {{false, false, false, false}, {false, false, false, false}, {false, false, false, false}},  // GQA

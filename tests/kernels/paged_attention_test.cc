@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,12 +54,12 @@ struct Shape {
 };
 
 std::string Describe(const Shape& s) {
-  std::string r = std::string(DTypeName(s.dtype)) + " d" + std::to_string(s.head_dim) + " bs" +
-                  std::to_string(s.block_size) + " h" + std::to_string(s.num_heads) + "/" +
-                  std::to_string(s.num_kv_heads) + " splits" + std::to_string(s.num_splits) +
-                  " lens";
-  for (int l : s.context_lens) r += " " + std::to_string(l);
-  return r;
+  // (an ostringstream: GCC 12's -Wrestrict misfires on chains of string operator+)
+  std::ostringstream o;
+  o << DTypeName(s.dtype) << " d" << s.head_dim << " bs" << s.block_size << " h" << s.num_heads
+    << "/" << s.num_kv_heads << " splits" << s.num_splits << " lens";
+  for (int l : s.context_lens) o << " " << l;
+  return o.str();
 }
 
 // Runs both prefetch variants (and kAuto) on one random instance and checks them against the
@@ -229,6 +230,11 @@ TEST(SmallCase, F16Head128Gqa4) {
 
 TEST(SmallCase, Bf16Head64Block32Split) {
   RunCase({DType::kBF16, 64, 32, 4, 1, {1, 250}, 5}, 2);
+}
+
+// More than 8 splits: the sliced combine kernel (<= 8 take the per-row one above).
+TEST(SmallCase, F16Head256ManySplits) {
+  RunCase({DType::kF16, 256, 16, 8, 2, {700, 5}, 40}, 3);
 }
 
 // Every dtype x head size x block size x group (1, 4, 7, 8, 16) on lengths 1, not multiples of
