@@ -18,7 +18,7 @@
 #   Output under $OUT (default ./out): machine.txt, bench.log (the tables), itl_gpu.jsonl (every
 #   JSON line, labelled pacing=off / pacing=itl / pacing=rate), daemons.log (log tails),
 #   summary.txt (what ran, the paced rates, the tables).
-#   Knobs (env): MODEL, TRANSPORT, DEVICE, BACKEND (cuda; cpu to try the script without a GPU),
+#   Knobs (env): MODEL, TRANSPORT, DEVICE (or PREFILL_DEVICE and DECODE_DEVICE), BACKEND (cuda; cpu to try the script without a GPU),
 #     STREAMS, STREAM_LEN, STREAM_MAX, LANDING_CLIENTS, LANDING_LEN, ROUNDS, PHASE_S, WARMUP_S,
 #     SETTLE_MS, MAX_POSITION, ITL_SLOWDOWN, DEVICE_BW, ITL_K, PACE_BYTES_PER_S, PACE_FRACTION,
 #     STEP_TIMEOUT (s per bench run), TOTAL_BUDGET (s for the whole script), EXTRA_DAEMON_FLAGS.
@@ -31,6 +31,8 @@ OUT=$(cd "$OUT" && pwd)
 MODEL=${MODEL:-llama-3-8b}
 TRANSPORT=${TRANSPORT:-cuda_ipc}
 DEVICE=${DEVICE:-0}
+PREFILL_DEVICE=${PREFILL_DEVICE:-$DEVICE}   # two GPUs: prefill on one, decode on the other
+DECODE_DEVICE=${DECODE_DEVICE:-$DEVICE}
 BACKEND=${BACKEND:-cuda}
 STREAMS=${STREAMS:-32}
 STREAM_LEN=${STREAM_LEN:-4096}
@@ -98,7 +100,7 @@ spawn_prefill() {  # tag, extra flags...
   local tag=$1
   shift
   rm -f "$TMP/prefill.port"
-  "$B/kvstream-prefill" "${common[@]}" --pool_blocks "$PREFILL_POOL" \
+  "$B/kvstream-prefill" "${common[@]}" --device "$PREFILL_DEVICE" --pool_blocks "$PREFILL_POOL" \
     --prompt_cache_blocks "$CACHE_BLOCKS" --log_level info "$@" \
     --listen "127.0.0.1:$PORT" --port_file "$TMP/prefill.port" > "$TMP/prefill_$tag.log" 2>&1 &
   PID_P=$!
@@ -152,7 +154,7 @@ log "$MODEL/$TRANSPORT: $STREAMS streams x $STREAM_LEN (+$STREAM_MAX), $LANDING_
 " pools decode $DECODE_POOL, prefill $PREFILL_POOL (cache $CACHE_BLOCKS) blocks; max_batch $MAX_BATCH"
 spawn_prefill A
 rm -f "$TMP/decode.port"
-"$B/kvstream-decode" "${common[@]}" --pool_blocks "$DECODE_POOL" --max_batch "$MAX_BATCH" \
+"$B/kvstream-decode" "${common[@]}" --device "$DECODE_DEVICE" --pool_blocks "$DECODE_POOL" --max_batch "$MAX_BATCH" \
   --log_level warn --listen 127.0.0.1:0 --peer "127.0.0.1:$PORT" --port_file "$TMP/decode.port" \
   > "$TMP/decode.log" 2>&1 &
 PID_D=$!

@@ -10,7 +10,8 @@
 #     machine.txt, gpu_test.log, bench.log (the tables), ttft_gpu.jsonl (every JSON line, one
 #     bench run after another), daemons.log (tails of the daemon logs), summary.txt.
 #   Knobs (env): MODELS, TRANSPORTS, REQUESTS, WARMUP, MAX_NEW, LENS_<model with _ for ->,
-#     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE, UCX_TLS (for ucx_staged),
+#     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE (or PREFILL_DEVICE and
+#     DECODE_DEVICE for two GPUs), UCX_TLS (for ucx_staged),
 #     BACKEND (cuda; cpu only to try the script on a machine without a GPU),
 #     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=false"; the default auto waits for the
 #     whole load when both daemons share the GPU),
@@ -28,6 +29,9 @@ REQUESTS=${REQUESTS:-3}
 WARMUP=${WARMUP:-1}
 MAX_NEW=${MAX_NEW:-4}
 DEVICE=${DEVICE:-0}
+# Prefill and decode on different GPUs of the host (the bench's colocated model uses DECODE_DEVICE).
+PREFILL_DEVICE=${PREFILL_DEVICE:-$DEVICE}
+DECODE_DEVICE=${DECODE_DEVICE:-$DEVICE}
 BACKEND=${BACKEND:-cuda}
 STEP_TIMEOUT=${STEP_TIMEOUT:-100}
 TEST_TIMEOUT=${TEST_TIMEOUT:-100}
@@ -101,11 +105,11 @@ for model in $MODELS; do
     common+=("${model_extra[@]}")
     [[ $tr == ucx_staged && -n "${UCX_TLS:-}" ]] && common+=(--ucx_tls "$UCX_TLS")
     log "$tag: starting daemons (pool $blocks blocks each, prompts $lens)"
-    "$B/kvstream-prefill" "${common[@]}" --listen "127.0.0.1:$port" \
+    "$B/kvstream-prefill" "${common[@]}" --device "$PREFILL_DEVICE" --listen "127.0.0.1:$port" \
       --port_file "$TMP/prefill.port" > "$TMP/prefill.log" 2>&1 &
     PID_P=$!
     # shellcheck disable=SC2086
-    "$B/kvstream-decode" "${common[@]}" ${EXTRA_DECODE_FLAGS:-} --listen 127.0.0.1:0 --peer "127.0.0.1:$port" \
+    "$B/kvstream-decode" "${common[@]}" --device "$DECODE_DEVICE" ${EXTRA_DECODE_FLAGS:-} --listen 127.0.0.1:0 --peer "127.0.0.1:$port" \
       --port_file "$TMP/decode.port" > "$TMP/decode.log" 2>&1 &
     PID_D=$!
     ok=0
@@ -121,7 +125,7 @@ for model in $MODELS; do
       log "$tag: serving (prefill :$port, decode :$dport); bench ttft (timeout ${step_timeout}s)"
       echo "=== $tag ===" >> "$OUT/bench.log"
       timeout -k 5 "$step_timeout" "$B/kvstream" bench ttft --decode "127.0.0.1:$dport" \
-        --prefill "127.0.0.1:$port" --model "$model" "${model_extra[@]}" --backend "$BACKEND" --device "$DEVICE" \
+        --prefill "127.0.0.1:$port" --model "$model" "${model_extra[@]}" --backend "$BACKEND" --device "$DECODE_DEVICE" \
         --prompt-lens "$lens" --requests "$REQUESTS" --warmup "$WARMUP" \
         --max-new-tokens "$MAX_NEW" --modes pipelined,non-pipelined,colocated \
         --deadline-ms 60000 --json-out "$TMP/run.jsonl" >> "$OUT/bench.log" 2> "$TMP/bench.err"
