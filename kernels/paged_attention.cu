@@ -560,6 +560,51 @@ int CtasPerSmFor(DType dt, int d) {
 
 int UnitsFor(int tokens) { return std::max(1, (tokens + kUnitTokens - 1) / kUnitTokens); }
 
+// A batch whose longest context is far above the mean: the wave-filling plan above, made for
+// max_context_len as if every sequence were that long, gives the long sequences a few CTAs that
+// each run many times longer than everyone else's (one landed 16k prompt among 4k streams: 2
+// CTAs of 512 units per head while the others hold 128-256). Choose instead the split count
+// that minimises an estimate of the kernel's time: waves of real CTAs x (units per CTA + a
+// CTA's fixed cost), plus the CTAs that find their sequence already covered and exit at once.
+// Costs are in units (one unit ~ 1 us of a CTA's time at full-device bandwidth).
+int UnevenBatchSplits(const PagedDecodeParams& p, int units, long ctas_per_seq_split, long slots,
+                      int even_plan) {
+  constexpr double kCtaCost = 5.0, kEmptyCtaCost = 1.0;
+  long sum_units = 0;
+  int max_units = 0;
+  for (int i = 0; i < p.num_seqs; ++i) {
+    const int len = std::clamp(p.host_context_lens[i], 0, p.max_context_len);
+    const int u = (len + kUnitTokens - 1) / kUnitTokens;
+    sum_units += u;
+    max_units = std::max(max_units, u);
+  }
+  if (sum_units == 0 || 2 * long(max_units) * p.num_seqs <= 3 * sum_units) return even_plan;
+  const int max_splits = std::clamp(units / kMinUnitsPerSplit, 1, kMaxSplits);
+  int best = even_plan;
+  double best_cost = 1e300;
+  // Candidates grow geometrically (~25 of them up to 128 splits): this runs on the host at
+  // every launch, O(candidates x num_seqs).
+  for (int s = 1; s <= max_splits; s = std::max(s + 1, s * 9 / 8)) {
+    const int ups = (units + s - 1) / s;
+    long real = 0;
+    for (int i = 0; i < p.num_seqs; ++i) {
+      const int len = std::clamp(p.host_context_lens[i], 0, p.max_context_len);
+      const int u = (len + kUnitTokens - 1) / kUnitTokens;
+      real += std::max(1, (u + ups - 1) / ups);
+    }
+    const int launched_splits = (units + ups - 1) / ups;
+    const long empty = (long(launched_splits) * p.num_seqs - real) * ctas_per_seq_split;
+    real *= ctas_per_seq_split;
+    const long waves = (real + slots - 1) / slots;
+    const double cost = double(waves) * (ups + kCtaCost) + kEmptyCtaCost * double(empty) / slots;
+    if (cost < best_cost - 1e-9) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
 Plan MakePlan(const PagedDecodeParams& p, int sm_count, int ctas_per_sm) {
   Plan plan;
   const int group = p.num_heads / p.num_kv_heads;
@@ -588,6 +633,11 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count, int ctas_per_sm) {
         splits = s;
       }
     }
+  }
+  if (p.num_splits <= 0 && p.host_context_lens != nullptr && p.num_seqs > 1 &&
+      p.num_seqs <= 1024) {
+    splits = UnevenBatchSplits(p, units, base / p.num_seqs,
+                               long(std::max(sm_count, 1)) * ctas_per_sm, splits);
   }
   plan.units_per_split = (units + splits - 1) / splits;
   plan.num_splits = (units + plan.units_per_split - 1) / plan.units_per_split;

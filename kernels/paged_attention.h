@@ -38,6 +38,12 @@ struct PagedDecodeParams {
   int block_size = 16;
   int max_blocks_per_seq = 0;
   int max_context_len = 0;      // upper bound of context_lens (host-known), for split planning
+  // Optional: the same lengths as context_lens, on the host ([num_seqs], read during the call
+  // only). With it, a batch of uneven lengths (the longest > 1.5x the mean: e.g. a landed
+  // 16k-token prompt joining 4k-token streams) is split so that the long sequences do not
+  // leave one straggling CTA per head; without it (or for an even batch) the plan depends on
+  // max_context_len alone.
+  const int32_t* host_context_lens = nullptr;
   float scale = 0.f;            // softmax scale, usually 1/sqrt(head_dim)
   DType dtype = DType::kF16;    // kF16 or kBF16
   Prefetch prefetch = Prefetch::kAuto;

@@ -552,6 +552,7 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
     dp.block_size = bs;
     dp.max_blocks_per_seq = max_blocks;
     dp.max_context_len = max_ctx;
+    dp.host_context_lens = h + mo.ctx_lens;  // uneven batches: split the long ones finer
     dp.scale = scale;
     dp.dtype = kd;
     dp.kv_layer = pool.layer_base(0);

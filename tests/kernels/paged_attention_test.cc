@@ -51,6 +51,7 @@ struct Shape {
   int num_kv_heads;
   std::vector<int> context_lens;
   int num_splits = 0;  // 0 = planned
+  bool host_lens = false;  // pass the lengths on the host too (uneven-batch planning)
 };
 
 std::string Describe(const Shape& s) {
@@ -164,6 +165,13 @@ void RunCase(const Shape& s, uint32_t seed) {
   p.scale = scale;
   p.dtype = s.dtype;
   p.num_splits = s.num_splits;
+  if (s.host_lens) {
+    // The planner sees the lengths: an uneven batch gets more (shorter) splits than the plan
+    // made for max_context_len alone, and the result is still exact.
+    const int even = PagedDecodeNumSplits(p);
+    p.host_context_lens = s.context_lens.data();
+    EXPECT_GT(PagedDecodeNumSplits(p), even);
+  }
   ASSERT_TRUE(PagedDecodeSupported(p));
   const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
   DeviceBuf<char> ws(ws_bytes);
@@ -262,6 +270,21 @@ TEST(PagedDecode, LongSplitContexts) {
     }
   RunCase({DType::kF16, 256, 16, 8, 1, {6000, 300}}, seed++);
   RunCase({DType::kBF16, 64, 32, 32, 32, {20000}}, seed++);
+}
+
+// A batch of short streams plus one long prompt (a landed prefill joining the decode step),
+// planned from the host lengths.
+TEST(PagedDecode, UnevenBatchPlannedFromHostLengths) {
+  std::vector<int> lens(16, 1000);
+  lens.push_back(8000);
+  lens[3] = 0;
+  lens[5] = 1;
+  Shape s{DType::kF16, 128, 16, 32, 8, lens};
+  s.host_lens = true;
+  RunCase(s, 77);
+  s.dtype = DType::kBF16;
+  s.num_heads = 8;  // MHA
+  RunCase(s, 78);
 }
 
 // Many sequences, random lengths: the many-waves plan (one split per sequence).
