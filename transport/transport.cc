@@ -11,6 +11,9 @@
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX_STAGED
 #include "transport/staged/staged_transport.h"
 #endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_NCCL
+#include "transport/nccl/nccl_transport.h"
+#endif
 
 namespace kvstream::transport {
 namespace {
@@ -31,6 +34,9 @@ constexpr Backend kBackends[] = {
 #endif
 #ifdef KVSTREAM_TRANSPORT_HAVE_UCX_STAGED
     {"ucx_staged", &staged::CreateStagedTransport},
+#endif
+#ifdef KVSTREAM_TRANSPORT_HAVE_NCCL
+    {"nccl", &nccl::CreateNcclTransport},
 #endif
     {"fake", &testing::CreateFakeTransport},
 };

@@ -1,0 +1,395 @@
+// transfer_nccl: GB/s of the GPU transports across two GPUs (writer process on --writer-device,
+// receiver process on --receiver-device), against cudaMemcpyPeer of the same bytes measured in
+// the same run:
+//   transfer_nccl [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=10]
+//                 [--backends=nccl,nccl_pack,nccl_direct,cuda_ipc] [--json=FILE]
+//                 [--writer-device=0] [--receiver-device=1]
+// Cases per model (KV blocks of 16 tokens, paged pool twice the prompt per layer):
+//   layer_contig   one layer's KV, one contiguous op
+//   layer_scatter  one layer's KV as one op per block, to random pool blocks
+//   prompt_contig  every layer, one write per layer (contiguous), posted back to back
+//   prompt_scatter every layer, one scattered write per layer
+// Every write asks for a notification; the time is from the first Write() to the last handle
+// done (for nccl: acked, i.e. landed and notified), median over --iters after 2 warm-ups.
+// Baselines (in-process, same bytes): cudaMemcpyPeerAsync of the contiguous bytes (per layer),
+// and, for scattered cases, one cudaMemcpyPeerAsync per block.
+// nccl = auto mode (KVSTREAM_NCCL_COPY unset), nccl_pack / nccl_direct force the mode.
+// The receiver is this binary re-executed with --role=receiver.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "tests/transport_gpu/gpu_peer.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/nccl/nccl_transport.h"
+#include "transport/transport.h"
+
+namespace kvstream::bench {
+namespace {
+
+using kvstream::testing::FromHex;
+using kvstream::testing::PeerProcess;
+using kvstream::testing::ToHex;
+using transport::CopyOp;
+using transport::MemoryKind;
+using transport::PeerDescriptor;
+using transport::Transport;
+using transport::WriteHandle;
+using transport::WriteRequest;
+
+#define CHECK_CUDA(expr)                                                                \
+  do {                                                                                  \
+    cudaError_t e_ = (expr);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "transfer_nccl: %s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "transfer_nccl: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
+  std::map<std::string, std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) != 0) continue;
+    size_t eq = s.find('=');
+    if (eq == std::string::npos) out[s.substr(2)] = "1";
+    else out[s.substr(2, eq - 2)] = s.substr(eq + 1);
+  }
+  return out;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
+  if (name == "cuda_ipc") {
+    transport::cuda_ipc::CudaIpcOptions o;
+    o.device = device;
+    return transport::cuda_ipc::CreateCudaIpcTransport(o);
+  }
+  if (name.rfind("nccl", 0) == 0) {
+    transport::nccl::NcclOptions o;
+    o.device = device;
+    if (name == "nccl_pack") o.copy_mode = transport::nccl::CopyMode::kPack;
+    else if (name == "nccl_direct") o.copy_mode = transport::nccl::CopyMode::kDirect;
+    else if (name != "nccl") return NotSupported("unknown backend " + name);
+    return transport::nccl::CreateNcclTransport(o);
+  }
+  return NotSupported("backend " + name + " is not built into transfer_nccl");
+}
+
+int RunReceiver(const std::map<std::string, std::string>& args) {
+  const std::string backend = args.at("backend");
+  const int device = std::stoi(args.at("device"));
+  const int regions = std::stoi(args.at("regions"));
+  const uint64_t region_bytes = std::stoull(args.at("region-bytes"));
+  CHECK_CUDA(cudaSetDevice(device));
+  auto t = MakeBackend(backend, device);
+  if (!t.ok()) {
+    std::printf("ERROR %s\n", t.status().ToString().c_str());
+    return 1;
+  }
+  void* pool = nullptr;
+  CHECK_CUDA(cudaMalloc(&pool, region_bytes * regions));
+  std::vector<std::unique_ptr<transport::Registration>> regs;
+  for (int r = 0; r < regions; ++r) {
+    auto reg = t.value()->Register(
+        {static_cast<char*>(pool) + r * region_bytes, region_bytes, MemoryKind::kCuda, device});
+    if (!reg.ok()) {
+      std::printf("ERROR %s\n", reg.status().ToString().c_str());
+      return 1;
+    }
+    regs.push_back(std::move(reg).value());
+  }
+  std::atomic<uint64_t> notes{0};
+  t.value()->SetNotificationSink([&](const transport::Notification&) { notes++; });
+  std::printf("READY %s %d", ToHex(t.value()->LocalAddress()).c_str(), regions);
+  for (auto& reg : regs) {
+    std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
+                (unsigned long long)reinterpret_cast<uint64_t>(reg->region().addr),
+                (unsigned long long)reg->region().length);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "COUNT") {
+      std::printf("COUNT %llu\n", (unsigned long long)notes.load());
+      std::fflush(stdout);
+    }
+  }
+  t.value()->SetNotificationSink(nullptr);
+  t.value().reset();
+  regs.clear();
+  cudaFree(pool);
+  return 0;
+}
+
+struct Row {
+  std::string model, backend, kase;
+  uint64_t bytes = 0;
+  size_t writes = 0, runs = 0;
+  double gbps = 0, vs_peer = 0;
+};
+std::vector<Row> g_rows;
+std::ofstream g_json;
+
+void Emit(const Row& r, int tokens) {
+  std::ostringstream o;
+  o << "{\"bench\":\"transfer_nccl\",\"model\":\"" << r.model << "\",\"tokens\":" << tokens
+    << ",\"backend\":\"" << r.backend << "\",\"case\":\"" << r.kase << "\",\"bytes\":" << r.bytes
+    << ",\"writes\":" << r.writes << ",\"runs\":" << r.runs << ",\"gbps\":" << r.gbps
+    << ",\"vs_memcpy_peer\":" << r.vs_peer << "}";
+  std::printf("%s\n", o.str().c_str());
+  std::fflush(stdout);
+  if (g_json.is_open()) g_json << o.str() << "\n" << std::flush;
+  g_rows.push_back(r);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename Fn>
+double TimeIt(int iters, Fn fn) {
+  for (int i = 0; i < 2; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(SecondsSince(t0));
+  }
+  return Median(t);
+}
+
+void RunModel(const std::string& model_name, int tokens, int iters, int wdev, int rdev,
+              const std::vector<std::string>& backends) {
+  auto cfg = model::PresetConfig(model_name);
+  if (!cfg.ok()) Die(cfg.status().ToString());
+  model::KvLayout layout{cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, 16, cfg->kv_dtype};
+  const int layers = layout.num_layers;
+  const uint64_t bb = layout.block_bytes();
+  const uint64_t blocks = static_cast<uint64_t>((tokens + 15) / 16);
+  const uint64_t layer_bytes = blocks * bb;
+  const uint64_t prompt_bytes = layer_bytes * layers;
+  const uint64_t pool_blocks = 2 * blocks;
+  const uint64_t region_bytes = pool_blocks * bb;
+  std::fprintf(stderr, "[%s] %d layers, block %llu B, %llu blocks, %.1f MiB/layer, %.1f MiB/prompt\n",
+               model_name.c_str(), layers, (unsigned long long)bb, (unsigned long long)blocks,
+               layer_bytes / 1048576.0, prompt_bytes / 1048576.0);
+
+  std::mt19937_64 rng(42);
+  std::vector<uint64_t> ids(pool_blocks);
+  for (uint64_t i = 0; i < pool_blocks; ++i) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(blocks);
+
+  CHECK_CUDA(cudaSetDevice(wdev));
+  void* src = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, prompt_bytes));
+  CHECK_CUDA(cudaMemset(src, 0x3C, prompt_bytes));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  // ---- cudaMemcpyPeer baselines (this process, writer GPU -> receiver GPU) ----
+  std::map<std::string, double> peer_gbps;
+  {
+    CHECK_CUDA(cudaSetDevice(rdev));
+    void* dst = nullptr;
+    CHECK_CUDA(cudaMalloc(&dst, region_bytes * layers));
+    CHECK_CUDA(cudaSetDevice(wdev));
+    cudaStream_t s;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    auto contig = [&](int n) {
+      for (int l = 0; l < n; ++l) {
+        CHECK_CUDA(cudaMemcpyPeerAsync(static_cast<char*>(dst) + l * region_bytes, rdev,
+                                       static_cast<char*>(src) + l * layer_bytes, wdev, layer_bytes, s));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(s));
+    };
+    auto scatter = [&](int n) {
+      for (int l = 0; l < n; ++l) {
+        for (uint64_t b = 0; b < blocks; ++b) {
+          CHECK_CUDA(cudaMemcpyPeerAsync(static_cast<char*>(dst) + l * region_bytes + ids[b] * bb, rdev,
+                                         static_cast<char*>(src) + l * layer_bytes + b * bb, wdev, bb, s));
+        }
+      }
+      CHECK_CUDA(cudaStreamSynchronize(s));
+    };
+    peer_gbps["layer_contig"] = layer_bytes / TimeIt(iters, [&] { contig(1); }) / 1e9;
+    peer_gbps["prompt_contig"] = prompt_bytes / TimeIt(std::max(3, iters / 2), [&] { contig(layers); }) / 1e9;
+    const double layer_scatter = layer_bytes / TimeIt(iters, [&] { scatter(1); }) / 1e9;
+    const double prompt_scatter =
+        prompt_bytes / TimeIt(std::max(3, iters / 2), [&] { scatter(layers); }) / 1e9;
+    auto base = [&](const std::string& name, const std::string& kase, uint64_t bytes, size_t writes,
+                    size_t runs, double gbps) {
+      Row r{model_name, name, kase, bytes, writes, runs, gbps, gbps / peer_gbps[kase.find("layer") == 0 ? "layer_contig" : "prompt_contig"]};
+      Emit(r, tokens);
+    };
+    base("cudaMemcpyPeer", "layer_contig", layer_bytes, 1, 1, peer_gbps["layer_contig"]);
+    base("cudaMemcpyPeer", "prompt_contig", prompt_bytes, layers, layers, peer_gbps["prompt_contig"]);
+    base("cudaMemcpyPeer_per_block", "layer_scatter", layer_bytes, 1, blocks, layer_scatter);
+    base("cudaMemcpyPeer_per_block", "prompt_scatter", prompt_bytes, layers, blocks * layers, prompt_scatter);
+    CHECK_CUDA(cudaStreamDestroy(s));
+    CHECK_CUDA(cudaFree(dst));
+    CHECK_CUDA(cudaSetDevice(wdev));
+  }
+
+  for (const std::string& backend : backends) {
+    PeerProcess rx;
+    if (!rx.Start({"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rdev),
+                   "--regions=" + std::to_string(layers), "--region-bytes=" + std::to_string(region_bytes)})) {
+      Die("fork receiver");
+    }
+    std::string line = rx.ReadLine(DeadlineAfterMs(60000));
+    std::istringstream in(line);
+    std::string tag, addr;
+    int n = 0;
+    in >> tag >> addr >> n;
+    if (tag != "READY" || n != layers) {
+      std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), line.c_str());
+      continue;
+    }
+    PeerDescriptor peer;
+    peer.address = FromHex(addr);
+    for (int i = 0; i < n; ++i) {
+      std::string key;
+      transport::RemoteRegion rr;
+      in >> key >> rr.addr >> rr.length;
+      rr.key = FromHex(key);
+      peer.regions.push_back(rr);
+    }
+    auto t = MakeBackend(backend, wdev);
+    if (!t.ok()) Die(backend + ": " + t.status().ToString());
+    const auto t_connect = Clock::now();
+    auto ep = t.value()->Connect(peer);
+    if (!ep.ok()) {
+      std::fprintf(stderr, "[%s] connect: %s\n", backend.c_str(), ep.status().ToString().c_str());
+      continue;
+    }
+    std::fprintf(stderr, "[%s] connected in %.0f ms\n", backend.c_str(), SecondsSince(t_connect) * 1e3);
+    auto reg = t.value()->Register({src, prompt_bytes, MemoryKind::kCuda, wdev});
+    if (!reg.ok()) Die(backend + " register: " + reg.status().ToString());
+    uint64_t request = 1;
+    auto run_case = [&](const std::string& kase, int nlayers, bool scattered) {
+      std::vector<WriteRequest> reqs(nlayers);
+      size_t runs = 0;
+      for (int l = 0; l < nlayers; ++l) {
+        WriteRequest& wr = reqs[l];
+        wr.local = reg.value().get();
+        wr.remote_region = l;
+        wr.notify = true;
+        if (scattered) {
+          for (uint64_t b = 0; b < blocks; ++b) wr.ops.push_back({l * layer_bytes + b * bb, ids[b] * bb, bb});
+        } else {
+          wr.ops.push_back({l * layer_bytes, 0, layer_bytes});
+        }
+      }
+      const double sec = TimeIt(nlayers == 1 ? iters : std::max(3, iters / 2), [&] {
+        std::vector<std::unique_ptr<WriteHandle>> hs;
+        for (int l = 0; l < nlayers; ++l) {
+          reqs[l].notification = {request++, l, 0};
+          auto h = ep.value()->Write(reqs[l]);
+          if (!h.ok()) Die(backend + " write: " + h.status().ToString());
+          hs.push_back(std::move(h).value());
+        }
+        for (auto& h : hs) {
+          Status st = h->Wait(DeadlineAfterMs(60000));
+          if (!st.ok()) Die(backend + " wait: " + st.ToString());
+          runs = h->transfers();
+        }
+      });
+      const uint64_t bytes = layer_bytes * nlayers;
+      Row r{model_name, backend, kase, bytes, static_cast<size_t>(nlayers), runs * nlayers,
+            bytes / sec / 1e9, 0};
+      r.vs_peer = r.gbps / peer_gbps[nlayers == 1 ? "layer_contig" : "prompt_contig"];
+      Emit(r, tokens);
+    };
+    run_case("layer_contig", 1, false);
+    run_case("layer_scatter", 1, true);
+    run_case("prompt_contig", layers, false);
+    run_case("prompt_scatter", layers, true);
+    ep.value().reset();
+    rx.Send("COUNT");
+    std::string count = rx.ReadLine(DeadlineAfterMs(10000));
+    std::fprintf(stderr, "[%s] receiver: %s (writes posted: %llu)\n", backend.c_str(), count.c_str(),
+                 (unsigned long long)(request - 1));
+    reg.value().reset();
+    t.value().reset();
+    rx.Finish(DeadlineAfterMs(20000));
+  }
+  CHECK_CUDA(cudaFree(src));
+}
+
+void PrintTable() {
+  std::printf("\n%-12s %-26s %-15s %10s %7s %9s %14s\n", "model", "backend", "case", "MiB", "runs",
+              "GB/s", "x memcpyPeer");
+  for (const Row& r : g_rows) {
+    std::printf("%-12s %-26s %-15s %10.1f %7zu %9.1f %14.3f\n", r.model.c_str(), r.backend.c_str(),
+                r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.gbps, r.vs_peer);
+  }
+}
+
+}  // namespace
+}  // namespace kvstream::bench
+
+int main(int argc, char** argv) {
+  using namespace kvstream::bench;
+  auto args = ParseArgs(argc, argv);
+  if (args["role"] == "receiver") return RunReceiver(args);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
+    std::printf("SKIP transfer_nccl: needs 2 GPUs (%d visible)\n", count);
+    return 77;
+  }
+  const int wdev = args.count("writer-device") ? std::stoi(args["writer-device"]) : 0;
+  const int rdev = args.count("receiver-device") ? std::stoi(args["receiver-device"]) : 1;
+  const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
+  const int iters = args.count("iters") ? std::stoi(args["iters"]) : 10;
+  std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
+  std::string backends = args.count("backends") ? args["backends"] : "nccl,nccl_pack,nccl_direct,cuda_ipc";
+  if (args.count("json")) g_json.open(args["json"], std::ios::app);
+  int access = 0;
+  cudaDeviceCanAccessPeer(&access, wdev, rdev);
+  std::fprintf(stderr, "transfer_nccl: writer GPU %d, receiver GPU %d, peer access %d, %s\n", wdev, rdev,
+               access, kvstream::transport::nccl::NcclVersionString().c_str());
+  if (access) {
+    CHECK_CUDA(cudaSetDevice(wdev));
+    cudaError_t e = cudaDeviceEnablePeerAccess(rdev, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(e);
+    (void)cudaGetLastError();
+  }
+  for (const auto& m : Split(models)) RunModel(m, tokens, iters, wdev, rdev, Split(backends));
+  PrintTable();
+  return 0;
+}

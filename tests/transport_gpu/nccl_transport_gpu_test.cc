@@ -1,0 +1,599 @@
+// The nccl transport between real processes on two GPUs: the writer (this process) on GPU 0, the
+// receiver (this binary re-executed with --helper=receiver) on GPU 1. Scattered block writes
+// land byte-exact before their notification (the receiver checks its pool inside the sink), in
+// pack and in direct mode; after_stream is honoured; a killed peer surfaces as kRemoteDisconnect
+// without a hang; destroying an endpoint finishes every handle; bad input is refused; and on
+// one GPU Connect fails at once with kFailedPrecondition (NCCL cannot put two ranks on a GPU).
+//
+// No usable GPU: prints why and exits 77 (CTest: skipped). One GPU: only the one-GPU checks run,
+// the two-GPU tests print why they are skipped.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "tests/transport_gpu/gpu_peer.h"
+#include "transport/nccl/nccl_transport.h"
+#include "transport/transport.h"
+
+namespace kvstream::transport {
+namespace {
+
+using kvstream::testing::FillPattern;
+using kvstream::testing::FromHex;
+using kvstream::testing::PeerProcess;
+using kvstream::testing::PlanBlocks;
+using kvstream::testing::ToHex;
+
+constexpr uint64_t kBlock = 64 * 1024;
+constexpr uint64_t kPoolBytes = 64ull << 20;
+constexpr int kRegions = 2;
+constexpr uint64_t kRegionBytes = kPoolBytes / kRegions;
+constexpr uint64_t kRegionBlocks = kRegionBytes / kBlock;
+constexpr int32_t kFlagCheckUntouched = 1;
+constexpr uint64_t kPhases = 3;
+uint64_t Phase(int layer) { return static_cast<uint64_t>(layer / kRegions) % kPhases; }
+
+int g_devices = 0;
+
+Result<std::unique_ptr<Transport>> MakeNccl(int device, nccl::CopyMode mode = nccl::CopyMode::kAuto,
+                                            uint64_t chunk_bytes = 0) {
+  nccl::NcclOptions o;
+  o.device = device;
+  o.copy_mode = mode;
+  if (chunk_bytes) o.chunk_bytes = chunk_bytes;
+  o.connect_timeout_ms = 30000;
+  return nccl::CreateNcclTransport(o);
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#define ASSERT_OK(expr)                        \
+  do {                                         \
+    ::kvstream::Status s_ = (expr);            \
+    ASSERT_TRUE(s_.ok()) << s_.ToString();     \
+  } while (0)
+#define NEED_TWO_GPUS()                                                                   \
+  do {                                                                                    \
+    if (g_devices < 2) GTEST_SKIP() << "needs 2 GPUs, " << g_devices << " visible";       \
+  } while (0)
+
+// ---- receiver helper process (GPU 1) ------------------------------------------------------
+
+int RunReceiver(int device) {
+  if (cudaSetDevice(device) != cudaSuccess) {
+    std::printf("ERROR cudaSetDevice %d\n", device);
+    return 1;
+  }
+  // Small staging chunks so that the test's 6 MiB writes cross several chunks.
+  auto t = MakeNccl(device, nccl::CopyMode::kAuto, 1 << 20);
+  if (!t.ok()) {
+    std::printf("ERROR %s\n", t.status().ToString().c_str());
+    return 1;
+  }
+  Transport& transport = *t.value();
+  void* pool = nullptr;
+  if (cudaMalloc(&pool, kPoolBytes) != cudaSuccess || cudaMemset(pool, 0, kPoolBytes) != cudaSuccess ||
+      cudaDeviceSynchronize() != cudaSuccess) {
+    std::printf("ERROR cudaMalloc\n");
+    return 1;
+  }
+  std::vector<std::unique_ptr<Registration>> regs;
+  for (int r = 0; r < kRegions; ++r) {
+    MemoryRegion m{static_cast<char*>(pool) + r * kRegionBytes, kRegionBytes, MemoryKind::kCuda, device};
+    auto reg = transport.Register(m);
+    if (!reg.ok()) {
+      std::printf("ERROR %s\n", reg.status().ToString().c_str());
+      return 1;
+    }
+    regs.push_back(std::move(reg).value());
+  }
+  std::mutex out_mu;
+  std::vector<uint64_t> host(kRegionBytes / 8);
+  transport.SetNotificationSink([&](const Notification& n) {
+    const int region = n.layer % kRegions;
+    const size_t count = static_cast<size_t>(n.request_id >> 48);
+    std::string verdict = "OK";
+    cudaSetDevice(device);
+    if (cudaMemcpy(host.data(), static_cast<char*>(pool) + region * kRegionBytes, kRegionBytes,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+      verdict = "BAD cudaMemcpy";
+    } else {
+      std::vector<uint64_t> plan =
+          PlanBlocks(n.request_id, n.layer, kRegionBlocks, count, kPhases, Phase(n.layer));
+      std::vector<char> touched(kRegionBlocks, 0);
+      std::vector<uint64_t> expect(kBlock / 8);
+      for (uint64_t b : plan) {
+        touched[b] = 1;
+        FillPattern(n.request_id, n.layer, b, expect.data(), expect.size());
+        if (std::memcmp(expect.data(), host.data() + b * kBlock / 8, kBlock) != 0) {
+          verdict = "BAD block " + std::to_string(b) + " differs";
+          break;
+        }
+      }
+      if (verdict == "OK" && (n.flags & kFlagCheckUntouched)) {
+        for (uint64_t b = 0; b < kRegionBlocks && verdict == "OK"; ++b) {
+          if (touched[b] || kvstream::testing::BlockClass(b, kPhases) != Phase(n.layer)) continue;
+          for (uint64_t w = 0; w < kBlock / 8; ++w) {
+            if (host[b * kBlock / 8 + w] != 0) {
+              verdict = "BAD untouched block " + std::to_string(b) + " written";
+              break;
+            }
+          }
+        }
+      }
+    }
+    std::lock_guard<std::mutex> lock(out_mu);
+    std::printf("NOTE %llu %d %s\n", static_cast<unsigned long long>(n.request_id), n.layer,
+                verdict.c_str());
+    std::fflush(stdout);
+  });
+  {
+    std::lock_guard<std::mutex> lock(out_mu);
+    std::printf("READY %s %d", ToHex(transport.LocalAddress()).c_str(), kRegions);
+    for (auto& reg : regs) {
+      std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
+                  static_cast<unsigned long long>(reinterpret_cast<uint64_t>(reg->region().addr)),
+                  static_cast<unsigned long long>(reg->region().length));
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "HASH") {
+      std::vector<uint64_t> all(kPoolBytes / 8);
+      uint64_t h = 0;
+      if (cudaMemcpy(all.data(), pool, kPoolBytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (uint64_t w : all) h = kvstream::testing::SplitMix64(h ^ w);
+      }
+      std::lock_guard<std::mutex> lock(out_mu);
+      std::printf("HASH %llu\n", static_cast<unsigned long long>(h));
+      std::fflush(stdout);
+    }
+  }
+  transport.SetNotificationSink(nullptr);
+  t.value().reset();
+  regs.clear();
+  cudaFree(pool);
+  return 0;
+}
+
+// ---- writer side --------------------------------------------------------------------------
+
+struct Receiver {
+  PeerProcess proc;
+  PeerDescriptor peer;
+};
+
+::testing::AssertionResult StartReceiver(Receiver* r) {
+  if (!r->proc.Start({"--helper=receiver", "--device=1"})) {
+    return ::testing::AssertionFailure() << "fork/exec failed";
+  }
+  std::string line = r->proc.ReadLine(DeadlineAfterMs(30000));
+  std::istringstream in(line);
+  std::string tag, addr;
+  int n = 0;
+  in >> tag >> addr >> n;
+  if (tag != "READY" || n != kRegions) {
+    return ::testing::AssertionFailure() << "receiver did not start: '" << line << "'";
+  }
+  r->peer.address = FromHex(addr);
+  for (int i = 0; i < n; ++i) {
+    std::string key;
+    RemoteRegion rr;
+    in >> key >> rr.addr >> rr.length;
+    rr.key = FromHex(key);
+    r->peer.regions.push_back(rr);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct SourceWrite {
+  std::vector<uint64_t> plan;
+  std::vector<uint64_t> host;
+  std::vector<CopyOp> ops;
+};
+
+SourceWrite MakeSource(uint64_t request, int layer, size_t count) {
+  SourceWrite w;
+  w.plan = PlanBlocks(request, layer, kRegionBlocks, count, kPhases, Phase(layer));
+  w.host.resize(count * kBlock / 8);
+  for (size_t i = 0; i < w.plan.size(); ++i) {
+    FillPattern(request, layer, w.plan[i], w.host.data() + i * kBlock / 8, kBlock / 8);
+    w.ops.push_back({i * kBlock, w.plan[i] * kBlock, kBlock});
+  }
+  return w;
+}
+
+uint64_t RequestId(uint64_t serial, size_t count) { return (uint64_t(count) << 48) | serial; }
+
+::testing::AssertionResult ExpectNotes(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
+                                       int64_t timeout_ms) {
+  auto deadline = DeadlineAfterMs(timeout_ms);
+  while (!want.empty()) {
+    std::string line = proc.ReadLine(deadline);
+    if (line.empty()) return ::testing::AssertionFailure() << want.size() << " notifications missing";
+    std::istringstream in(line);
+    std::string tag, verdict;
+    unsigned long long req = 0;
+    int layer = 0;
+    in >> tag >> req >> layer >> verdict;
+    if (tag != "NOTE") continue;
+    if (verdict != "OK") return ::testing::AssertionFailure() << "receiver: " << line;
+    if (want.erase({req, layer}) == 0) {
+      return ::testing::AssertionFailure() << "unexpected notification: " << line;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class NcclTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override { CUDA_OK(cudaSetDevice(0)); }
+};
+
+TEST_F(NcclTransportTest, ScatteredWritesLandByteExactOnAnotherGpu) {
+  NEED_TWO_GPUS();
+  for (auto mode : {nccl::CopyMode::kPack, nccl::CopyMode::kDirect, nccl::CopyMode::kAuto}) {
+    Receiver rx;
+    ASSERT_TRUE(StartReceiver(&rx));
+    auto t = MakeNccl(0, mode);
+    ASSERT_OK(t.status());
+    const auto t0 = Clock::now();
+    auto ep = t.value()->Connect(rx.peer);
+    ASSERT_OK(ep.status());
+    std::printf("[mode %d] connect (communicator init) took %.0f ms\n", static_cast<int>(mode),
+                SecondsSince(t0) * 1e3);
+    constexpr int kLayers = 6;
+    constexpr size_t kCount = 96;  // 6 MiB per write: several 1 MiB chunks in pack mode
+    void* src = nullptr;
+    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kBlock));
+    auto reg = t.value()->Register({src, kLayers * kCount * kBlock, MemoryKind::kCuda, 0});
+    ASSERT_OK(reg.status());
+    std::vector<std::unique_ptr<WriteHandle>> handles;
+    std::map<std::pair<uint64_t, int>, bool> want;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      uint64_t req = RequestId(1000 + static_cast<uint64_t>(mode), kCount);
+      SourceWrite w = MakeSource(req, layer, kCount);
+      char* base = static_cast<char*>(src) + layer * kCount * kBlock;
+      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaDeviceSynchronize());
+      WriteRequest wr;
+      wr.local = reg.value().get();
+      wr.remote_region = layer % kRegions;
+      for (CopyOp op : w.ops) {
+        op.local_offset += layer * kCount * kBlock;
+        wr.ops.push_back(op);
+      }
+      wr.notify = true;
+      wr.notification = {req, layer, layer < kRegions ? kFlagCheckUntouched : 0};
+      auto h = ep.value()->Write(wr);
+      ASSERT_OK(h.status());
+      EXPECT_EQ(h.value()->bytes(), kCount * kBlock);
+      EXPECT_GT(h.value()->transfers(), 1u);
+      handles.push_back(std::move(h).value());
+      want[{req, layer}] = true;
+    }
+    for (auto& h : handles) ASSERT_OK(h->Wait(DeadlineAfterMs(20000)));
+    EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
+    ASSERT_OK(ep.value()->status());
+    ep.value().reset();
+    EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(15000)), 0);
+    reg.value().reset();
+    CUDA_OK(cudaFree(src));
+  }
+}
+
+TEST_F(NcclTransportTest, NotificationOnlyAfterDataProducedOnAnotherStream) {
+  NEED_TWO_GPUS();
+  for (auto mode : {nccl::CopyMode::kPack, nccl::CopyMode::kDirect}) {
+    Receiver rx;
+    ASSERT_TRUE(StartReceiver(&rx));
+    auto t = MakeNccl(0, mode);
+    ASSERT_OK(t.status());
+    auto ep = t.value()->Connect(rx.peer);
+    ASSERT_OK(ep.status());
+    constexpr size_t kCount = 128;
+    uint64_t req = RequestId(2000 + static_cast<uint64_t>(mode), kCount);
+    SourceWrite w = MakeSource(req, 1, kCount);
+    void* src = nullptr;
+    void* scratch = nullptr;
+    void* pinned = nullptr;
+    const size_t kScratch = 1ull << 30;
+    CUDA_OK(cudaMalloc(&src, kCount * kBlock));
+    CUDA_OK(cudaMalloc(&scratch, kScratch));
+    CUDA_OK(cudaMallocHost(&pinned, kCount * kBlock));
+    std::memcpy(pinned, w.host.data(), kCount * kBlock);
+    CUDA_OK(cudaMemset(src, 0xAB, kCount * kBlock));
+    CUDA_OK(cudaDeviceSynchronize());
+    auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+    ASSERT_OK(reg.status());
+    cudaStream_t producer;
+    CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+    for (int i = 0; i < 40; ++i) CUDA_OK(cudaMemsetAsync(scratch, i, kScratch, producer));
+    CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kBlock, cudaMemcpyHostToDevice, producer));
+    WriteRequest wr;
+    wr.local = reg.value().get();
+    wr.remote_region = 1;
+    wr.ops = w.ops;
+    wr.notify = true;
+    wr.notification = {req, 1, 0};
+    wr.after_stream = producer;
+    auto h = ep.value()->Write(wr);
+    ASSERT_OK(h.status());
+    EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "producer finished too early to test";
+    ASSERT_OK(h.value()->Wait(DeadlineAfterMs(20000)));
+    EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 1}, true}}, 20000));
+    CUDA_OK(cudaStreamSynchronize(producer));
+    ep.value().reset();
+    EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(15000)), 0);
+    CUDA_OK(cudaStreamDestroy(producer));
+    reg.value().reset();
+    cudaFree(src);
+    cudaFree(scratch);
+    cudaFreeHost(pinned);
+  }
+}
+
+TEST_F(NcclTransportTest, EndpointDestructionFinishesEveryHandle) {
+  NEED_TWO_GPUS();
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(&rx));
+  auto t = MakeNccl(0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, kRegionBytes));
+  CUDA_OK(cudaMemset(src, 0x5A, kRegionBytes));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto reg = t.value()->Register({src, kRegionBytes, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  std::vector<std::unique_ptr<WriteHandle>> handles;
+  for (int i = 0; i < 64; ++i) {
+    WriteRequest wr;
+    wr.local = reg.value().get();
+    wr.remote_region = i % kRegions;
+    wr.ops = {{0, 0, kRegionBytes}};
+    auto h = ep.value()->Write(wr);
+    ASSERT_OK(h.status());
+    handles.push_back(std::move(h).value());
+  }
+  const auto t0 = Clock::now();
+  ep.value().reset();
+  EXPECT_LT(SecondsSince(t0), 10.0) << "closing must be bounded";
+  int ok = 0, canceled = 0;
+  for (auto& h : handles) {
+    EXPECT_TRUE(h->Done());
+    Status s = h->Wait(DeadlineAfterMs(1000));
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCanceled) << s.ToString();
+    (s.ok() ? ok : canceled)++;
+  }
+  std::printf("after close: %d writes complete, %d cancelled\n", ok, canceled);
+  ASSERT_TRUE(rx.proc.Send("HASH"));
+  std::string a = rx.proc.ReadLine(DeadlineAfterMs(10000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(rx.proc.Send("HASH"));
+  std::string b = rx.proc.ReadLine(DeadlineAfterMs(10000));
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(15000)), 0);
+  reg.value().reset();
+  cudaFree(src);
+}
+
+TEST_F(NcclTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
+  NEED_TWO_GPUS();
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(&rx));
+  auto t = MakeNccl(0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  constexpr size_t kCount = 16;
+  uint64_t req = RequestId(3000, kCount);
+  SourceWrite w = MakeSource(req, 0, kCount);
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, kCount * kBlock));
+  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+  auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  WriteRequest wr;
+  wr.local = reg.value().get();
+  wr.remote_region = 0;
+  wr.ops = w.ops;
+  wr.notify = true;
+  wr.notification = {req, 0, 0};
+  auto h = ep.value()->Write(wr);
+  ASSERT_OK(h.status());
+  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(20000)));
+  EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 0}, true}}, 20000));
+
+  // A write in flight when the peer dies (posted right before the kill) must fail, not hang.
+  auto pending = ep.value()->Write(wr);
+  rx.proc.Kill();
+  const auto killed = Clock::now();
+  while (ep.value()->status().ok() && SecondsSince(killed) < 10.0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double seconds = SecondsSince(killed);
+  ASSERT_EQ(ep.value()->status().code(), StatusCode::kRemoteDisconnect)
+      << ep.value()->status().ToString();
+  std::printf("peer loss surfaced after %.1f ms\n", seconds * 1e3);
+  EXPECT_LT(seconds, 1.0);
+  if (pending.ok()) {
+    Status s = pending.value()->Wait(DeadlineAfterMs(10000));
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kRemoteDisconnect) << s.ToString();
+  }
+  auto later = ep.value()->Write(wr);
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.status().code(), StatusCode::kRemoteDisconnect) << later.status().ToString();
+  const auto t_close = Clock::now();
+  ep.value().reset();
+  EXPECT_LT(SecondsSince(t_close), 12.0);
+  reg.value().reset();
+  cudaFree(src);
+}
+
+TEST_F(NcclTransportTest, RefusesBadInput) {
+  NEED_TWO_GPUS();
+  auto rxt = MakeNccl(1);
+  ASSERT_OK(rxt.status());
+  auto t = MakeNccl(0);
+  ASSERT_OK(t.status());
+  Transport& tx = *t.value();
+  void* dev = nullptr;
+  CUDA_OK(cudaSetDevice(0));
+  CUDA_OK(cudaMalloc(&dev, 1 << 20));
+  void* dev1 = nullptr;
+  CUDA_OK(cudaSetDevice(1));
+  CUDA_OK(cudaMalloc(&dev1, 1 << 20));
+  CUDA_OK(cudaSetDevice(0));
+  std::vector<char> host(1 << 20);
+
+  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kHost, -1}).status().code(),
+            StatusCode::kNotSupported);
+  EXPECT_EQ(tx.Register({nullptr, 4096, MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({dev, 0, MemoryKind::kCuda, 0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({dev, 64 << 20, MemoryKind::kCuda, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx.Register({dev1, 4096, MemoryKind::kCuda, 1}).status().code(),
+            StatusCode::kInvalidArgument);  // another device's memory
+
+  auto local = tx.Register({dev, 1 << 19, MemoryKind::kCuda, 0});
+  ASSERT_OK(local.status());
+  auto remote = rxt.value()->Register({dev1, 1 << 19, MemoryKind::kCuda, 1});
+  ASSERT_OK(remote.status());
+  auto foreign = rxt.value()->Register({static_cast<char*>(dev1) + (1 << 19), 1 << 19, MemoryKind::kCuda, 1});
+  ASSERT_OK(foreign.status());
+
+  PeerDescriptor bad;
+  bad.address = rxt.value()->LocalAddress();
+  bad.regions.push_back({0, 16, "not a key"});
+  EXPECT_EQ(tx.Connect(bad).status().code(), StatusCode::kInvalidArgument);
+  PeerDescriptor too_long;
+  too_long.address = rxt.value()->LocalAddress();
+  too_long.regions.push_back({0, 1 << 20, remote.value()->RemoteKey()});
+  EXPECT_EQ(tx.Connect(too_long).status().code(), StatusCode::kInvalidArgument);
+  PeerDescriptor garbage_addr;
+  garbage_addr.address = "tcp://1.2.3.4:5";
+  EXPECT_EQ(tx.Connect(garbage_addr).status().code(), StatusCode::kInvalidArgument);
+
+  PeerDescriptor good;
+  good.address = rxt.value()->LocalAddress();
+  good.regions.push_back({reinterpret_cast<uint64_t>(remote.value()->region().addr), 1 << 19,
+                          remote.value()->RemoteKey()});
+  auto ep = tx.Connect(good);
+  ASSERT_OK(ep.status());
+  WriteRequest wr;
+  wr.local = nullptr;
+  wr.ops = {{0, 0, 4096}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.local = foreign.value().get();  // another transport's registration
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.local = local.value().get();
+  wr.remote_region = 1;
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.remote_region = -1;
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.remote_region = 0;
+  wr.ops = {{(1 << 19) - 100, 0, 4096}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.ops = {{0, (1 << 19) - 100, 4096}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  wr.ops = {{0, 0, ~0ull}};
+  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  // A good write still works after the refusals (in-process peer on GPU 1).
+  CUDA_OK(cudaMemset(dev, 7, 4096));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::atomic<int> notes{0};
+  rxt.value()->SetNotificationSink([&](const Notification& n) {
+    if (n.request_id == 77 && n.layer == 3) notes++;
+  });
+  wr.ops = {{0, 0, 2048}, {2048, 2048, 2048}};
+  wr.notify = true;
+  wr.notification = {77, 3, 0};
+  auto h = ep.value()->Write(wr);
+  ASSERT_OK(h.status());
+  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(20000)));
+  EXPECT_EQ(notes.load(), 1) << "the handle completes only after the notification was delivered";
+  std::vector<char> back(4096);
+  CUDA_OK(cudaMemcpy(back.data(), dev1, 4096, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, std::vector<char>(4096, 7));
+  ep.value().reset();
+  rxt.value()->SetNotificationSink(nullptr);
+  local.value().reset();
+  remote.value().reset();
+  foreign.value().reset();
+  cudaFree(dev);
+  cudaFree(dev1);
+}
+
+// Runs on one GPU too: both ends on GPU 0 must be refused before NCCL is asked (it would fail
+// with "duplicate GPU" or hang waiting for a second rank).
+TEST_F(NcclTransportTest, SameGpuConnectFailsAtOnce) {
+  auto rxt = MakeNccl(0);
+  ASSERT_OK(rxt.status());
+  auto t = MakeNccl(0);
+  ASSERT_OK(t.status());
+  void* dev = nullptr;
+  CUDA_OK(cudaMalloc(&dev, 1 << 20));
+  auto remote = rxt.value()->Register({dev, 1 << 20, MemoryKind::kCuda, 0});
+  ASSERT_OK(remote.status());
+  PeerDescriptor peer;
+  peer.address = rxt.value()->LocalAddress();
+  peer.regions.push_back({reinterpret_cast<uint64_t>(dev), 1 << 20, remote.value()->RemoteKey()});
+  const auto t0 = Clock::now();
+  auto ep = t.value()->Connect(peer);
+  EXPECT_LT(SecondsSince(t0), 2.0);
+  ASSERT_FALSE(ep.ok());
+  EXPECT_EQ(ep.status().code(), StatusCode::kFailedPrecondition) << ep.status().ToString();
+  EXPECT_NE(ep.status().message().find("different GPUs"), std::string::npos)
+      << ep.status().ToString();
+  // With no regions the receiver's own check refuses it (over the control socket).
+  peer.regions.clear();
+  auto ep2 = t.value()->Connect(peer);
+  ASSERT_FALSE(ep2.ok());
+  EXPECT_EQ(ep2.status().code(), StatusCode::kFailedPrecondition) << ep2.status().ToString();
+  remote.value().reset();
+  cudaFree(dev);
+}
+
+}  // namespace
+}  // namespace kvstream::transport
+
+int main(int argc, char** argv) {
+  std::string helper;
+  int device = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--helper=", 0) == 0) helper = a.substr(9);
+    if (a.rfind("--device=", 0) == 0) device = std::stoi(a.substr(9));
+  }
+  if (helper == "receiver") return kvstream::transport::RunReceiver(device);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("SKIP nccl_transport_gpu_test: no usable CUDA device (%s)\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+    return 77;
+  }
+  kvstream::transport::g_devices = count;
+  std::printf("%d GPU(s), %s%s\n", count, kvstream::transport::nccl::NcclVersionString().c_str(),
+              count < 2 ? ": the two-GPU tests are skipped" : "");
+  return RUN_ALL_TESTS();
+}

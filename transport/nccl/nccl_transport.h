@@ -1,0 +1,75 @@
+// NCCL transport: moves CUDA device memory between two GPUs (same host over NVLink/PCIe, or across
+// hosts over NCCL's network) through a two-rank NCCL communicator per writer endpoint. Registered
+// as "nccl" only when CUDA and NCCL are built in.
+//
+// How it maps onto transport.h (two-sided underneath, one-sided to the caller):
+//  - LocalAddress(): "nccl:tcp:<host>:<port>:<hex ncclUniqueId>": this transport's control socket
+//    (TCP; <host> from NcclOptions::advertise_host, default 127.0.0.1) and a unique id made by
+//    ncclGetUniqueId. The handshake carries LocalAddress() over gRPC, so the first writer joins
+//    the communicator whose id came over gRPC; a later writer of the same receiver gets a fresh
+//    id in the control socket's hello ack (an NCCL unique id serves one communicator).
+//  - Register(kCuda region on this transport's device): RemoteKey = registration id, length,
+//    device PCI id and host identity. kHost: kNotSupported.
+//  - Connect(): TCP to the peer's control socket, hello / hello ack, then both ends
+//    ncclCommInitRankConfig (2 ranks, writer rank 0, receiver rank 1) NON-BLOCKING, polled with
+//    a deadline (connect_timeout_ms) while watching the socket. Both ends on one GPU (same host,
+//    same PCI id): kFailedPrecondition before NCCL is touched (NCCL refuses two ranks on a GPU).
+//  - Write(): validates and coalesces ops (cuda_ipc's CopyPlanner), records an event on
+//    `after_stream`, hands the write to the endpoint's thread, which sends a header (runs,
+//    bytes, notification) on the control socket and then, on its own lowest-priority streams:
+//      direct mode (few or long runs): one ncclSend per run, grouped, straight from the source;
+//      pack mode (many scattered runs): a gather kernel packs runs into one of two staging
+//      buffers of chunk_bytes, one ncclSend per chunk (packing chunk i+1 overlaps sending i).
+//    The receiver's thread posts the matching ncclRecv (into the pool, or into staging followed
+//    by the scatter kernel), and once that has completed on its GPU it hands the notification to
+//    the sink and acks. The WriteHandle completes on the ack AND the sender's streams being done
+//    with the source: so "notified only after every byte landed" holds, and Done() means the
+//    source may be reused.
+//  - Cancel(): a write not yet handed to NCCL is dropped (kCanceled, no bytes, no notification);
+//    one already posted runs to its end.
+//  - Peer death: EOF on the control socket (either side) -> ncclCommAbort -> pending and later
+//    writes kRemoteDisconnect. NCCL async errors likewise abort the communicator. Every wait
+//    (init, group end, close) has a deadline.
+//  - ~Endpoint: drops writes not yet posted (kCanceled), lets posted ones finish for at most
+//    close_timeout_ms, then aborts the communicator (nothing more can land) and fails the rest
+//    with kCanceled.
+//  - A write for a receiver registration that was destroyed meanwhile makes the receiver drop
+//    the connection (the writer sees kRemoteDisconnect): the byte stream cannot be re-synced.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace kvstream::transport::nccl {
+
+enum class CopyMode {
+  kAuto,    // ChooseMode: direct for few / long runs, pack for many scattered ones
+  kDirect,  // always one ncclSend/ncclRecv per coalesced run
+  kPack,    // always gather -> one send per chunk -> scatter
+};
+
+struct NcclOptions {
+  int device = -1;                        // device of registrations and streams; -1 = current
+  CopyMode copy_mode = CopyMode::kAuto;
+  uint64_t chunk_bytes = 64ull << 20;     // staging chunk (two per endpoint and per connection)
+  std::string advertise_host = "127.0.0.1";  // host put into LocalAddress(); 127.0.0.1 binds lo
+  int64_t connect_timeout_ms = 60000;     // TCP connect + hello + communicator init
+  int64_t close_timeout_ms = 5000;        // ~Endpoint: how long posted writes may still finish
+};
+
+// kUnavailable when no CUDA device is usable (message says why).
+Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options);
+// For the registry: device from options.device; copy mode from KVSTREAM_NCCL_COPY
+// (auto | direct | pack); advertise host from KVSTREAM_NCCL_HOST.
+Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
+
+CopyMode CopyModeFromEnv();
+// "NCCL <major>.<minor>.<patch>" of the library loaded at run time.
+std::string NcclVersionString();
+
+}  // namespace kvstream::transport::nccl
