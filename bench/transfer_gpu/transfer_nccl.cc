@@ -2,8 +2,8 @@
 // receiver process on --receiver-device), against cudaMemcpyPeer of the same bytes measured in
 // the same run:
 //   transfer_nccl [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=10]
-//                 [--backends=nccl,nccl_pack,nccl_direct,cuda_ipc] [--json=FILE]
-//                 [--writer-device=0] [--receiver-device=1]
+//                 [--backends=cuda_ipc,nccl,nccl_pack,nccl_direct] [--json=FILE]
+//                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N]
 // Cases per model (KV blocks of 16 tokens, paged pool twice the prompt per layer):
 //   layer_contig   one layer's KV, one contiguous op
 //   layer_scatter  one layer's KV as one op per block, to random pool blocks
@@ -91,6 +91,8 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
+uint64_t g_chunk_bytes = 0;  // --chunk-mb: nccl staging chunk (0 = the backend's default)
+
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
   if (name == "cuda_ipc") {
     transport::cuda_ipc::CudaIpcOptions o;
@@ -100,6 +102,8 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
   if (name.rfind("nccl", 0) == 0) {
     transport::nccl::NcclOptions o;
     o.device = device;
+    o.connect_timeout_ms = 20000;
+    if (g_chunk_bytes) o.chunk_bytes = g_chunk_bytes;
     if (name == "nccl_pack") o.copy_mode = transport::nccl::CopyMode::kPack;
     else if (name == "nccl_direct") o.copy_mode = transport::nccl::CopyMode::kDirect;
     else if (name != "nccl") return NotSupported("unknown backend " + name);
@@ -268,6 +272,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
   for (const std::string& backend : backends) {
     PeerProcess rx;
     if (!rx.Start({"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rdev),
+                   "--chunk-mb=" + std::to_string(g_chunk_bytes >> 20),
                    "--regions=" + std::to_string(layers), "--region-bytes=" + std::to_string(region_bytes)})) {
       Die("fork receiver");
     }
@@ -301,7 +306,9 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
     auto reg = t.value()->Register({src, prompt_bytes, MemoryKind::kCuda, wdev});
     if (!reg.ok()) Die(backend + " register: " + reg.status().ToString());
     uint64_t request = 1;
+    bool failed = false;  // a backend that fails is reported and skipped; the others still run
     auto run_case = [&](const std::string& kase, int nlayers, bool scattered) {
+      if (failed) return;
       std::vector<WriteRequest> reqs(nlayers);
       size_t runs = 0;
       for (int l = 0; l < nlayers; ++l) {
@@ -319,16 +326,26 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
         std::vector<std::unique_ptr<WriteHandle>> hs;
         for (int l = 0; l < nlayers; ++l) {
           reqs[l].notification = {request++, l, 0};
+          if (failed) return;
           auto h = ep.value()->Write(reqs[l]);
-          if (!h.ok()) Die(backend + " write: " + h.status().ToString());
+          if (!h.ok()) {
+            std::fprintf(stderr, "[%s] %s write: %s\n", backend.c_str(), kase.c_str(),
+                         h.status().ToString().c_str());
+            failed = true;
+            return;
+          }
           hs.push_back(std::move(h).value());
         }
         for (auto& h : hs) {
-          Status st = h->Wait(DeadlineAfterMs(60000));
-          if (!st.ok()) Die(backend + " wait: " + st.ToString());
+          Status st = h->Wait(DeadlineAfterMs(20000));
+          if (!st.ok()) {
+            std::fprintf(stderr, "[%s] %s wait: %s\n", backend.c_str(), kase.c_str(), st.ToString().c_str());
+            failed = true;
+          }
           runs = h->transfers();
         }
       });
+      if (failed) return;
       const uint64_t bytes = layer_bytes * nlayers;
       Row r{model_name, backend, kase, bytes, static_cast<size_t>(nlayers), runs * nlayers,
             bytes / sec / 1e9, 0};
@@ -352,7 +369,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
 }
 
 void PrintTable() {
-  std::printf("\n%-12s %-26s %-15s %10s %7s %9s %14s\n", "model", "backend", "case", "MiB", "runs",
+  std::printf("\nnccl chunk: %s\n", g_chunk_bytes ? (std::to_string(g_chunk_bytes >> 20) + " MiB").c_str() : "default");
+  std::printf("%-12s %-26s %-15s %10s %7s %9s %14s\n", "model", "backend", "case", "MiB", "runs",
               "GB/s", "x memcpyPeer");
   for (const Row& r : g_rows) {
     std::printf("%-12s %-26s %-15s %10.1f %7zu %9.1f %14.3f\n", r.model.c_str(), r.backend.c_str(),
@@ -366,6 +384,7 @@ void PrintTable() {
 int main(int argc, char** argv) {
   using namespace kvstream::bench;
   auto args = ParseArgs(argc, argv);
+  if (args.count("chunk-mb")) g_chunk_bytes = std::stoull(args["chunk-mb"]) << 20;
   if (args["role"] == "receiver") return RunReceiver(args);
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
@@ -377,7 +396,7 @@ int main(int argc, char** argv) {
   const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
   const int iters = args.count("iters") ? std::stoi(args["iters"]) : 10;
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
-  std::string backends = args.count("backends") ? args["backends"] : "nccl,nccl_pack,nccl_direct,cuda_ipc";
+  std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl,nccl_pack,nccl_direct";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
   int access = 0;
   cudaDeviceCanAccessPeer(&access, wdev, rdev);

@@ -51,7 +51,7 @@ Result<std::unique_ptr<Transport>> MakeNccl(int device, nccl::CopyMode mode = nc
   o.device = device;
   o.copy_mode = mode;
   if (chunk_bytes) o.chunk_bytes = chunk_bytes;
-  o.connect_timeout_ms = 30000;
+  o.connect_timeout_ms = 15000;
   return nccl::CreateNcclTransport(o);
 }
 

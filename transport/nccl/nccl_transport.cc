@@ -162,6 +162,14 @@ Result<int> ConnectTcp(const std::string& host, uint16_t port, Deadline deadline
 
 // ---- communicator -------------------------------------------------------------------------
 
+// An asynchronous error of a two-rank communicator means the transfer path to the one peer
+// failed (its process died, or the link or network did): kRemoteDisconnect, as transport.h asks,
+// with NCCL's own words.
+Status CommFailed(ncclResult_t st, ncclComm_t comm, const std::string& what) {
+  return RemoteDisconnect("nccl: communicator failed (peer or link lost?): " +
+                          NcclStatus(st, comm, what).message());
+}
+
 // Polls a non-blocking communicator until its last call completed. `alive` is asked between
 // polls (socket EOF, shutdown); its error ends the wait.
 Status WaitComm(ncclComm_t comm, Deadline deadline, const std::function<Status()>& alive,
@@ -171,7 +179,7 @@ Status WaitComm(ncclComm_t comm, Deadline deadline, const std::function<Status()
     ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     if (r != ncclSuccess) return NcclStatus(r, comm, "ncclCommGetAsyncError");
     if (st == ncclSuccess) return OkStatus();
-    if (st != ncclInProgress) return NcclStatus(st, comm, what);
+    if (st != ncclInProgress) return CommFailed(st, comm, what);
     if ((i & 15) == 0 && alive) KV_RETURN_IF_ERROR(alive());
     if (Expired(deadline)) return Timeout("nccl: " + what + " did not complete before the deadline");
     std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 500));
@@ -428,9 +436,16 @@ class Writer {
     // Thread never started (Connect failed half way): nothing posted, just free.
     AbortComm();
     FailAll(Canceled("nccl: endpoint destroyed before the write was complete"));
-    if (comm_stream) (void)cuda::WaitStreamIdle(comm_stream->get(), DeadlineAfterMs(2000));
-    if (pack_stream) (void)cuda::WaitStreamIdle(pack_stream->get(), DeadlineAfterMs(2000));
-    shared->ReleaseStaging(&staging);
+    bool idle = true;
+    if (comm_stream) idle &= cuda::WaitStreamIdle(comm_stream->get(), DeadlineAfterMs(2000)).ok();
+    if (pack_stream) idle &= cuda::WaitStreamIdle(pack_stream->get(), DeadlineAfterMs(2000)).ok();
+    if (idle) {
+      shared->ReleaseStaging(&staging);
+    } else {
+      // Freeing memory a stuck kernel may still touch would block (cudaFree syncs): leak it.
+      KV_LOG_ERROR << "nccl: endpoint streams still busy after abort; leaking the staging buffer";
+      (void)staging.buffer.release();
+    }
   }
 
  private:
@@ -632,7 +647,7 @@ class Writer {
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st != ncclSuccess &&
             st != ncclInProgress) {
-          Fail(NcclStatus(st, comm, "asynchronous error"));
+          Fail(CommFailed(st, comm, "asynchronous error"));
         }
       }
       if (closing && (inflight_.empty() || Expired(close_deadline))) break;
@@ -884,7 +899,7 @@ class Receiver {
         ncclResult_t st = ncclSuccess;
         if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess &&
             st != ncclInProgress) {
-          return NcclStatus(st, comm_, "asynchronous error");
+          return CommFailed(st, comm_, "asynchronous error");
         }
       }
     }
@@ -1169,6 +1184,9 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   o.device = options.device;
   o.copy_mode = CopyModeFromEnv();
   if (const char* h = std::getenv("KVSTREAM_NCCL_HOST"); h != nullptr && *h) o.advertise_host = h;
+  if (const char* c = std::getenv("KVSTREAM_NCCL_CHUNK_MB"); c != nullptr && *c) {
+    o.chunk_bytes = std::strtoull(c, nullptr, 10) << 20;
+  }
   return CreateNcclTransport(o);
 }
 

@@ -65,7 +65,8 @@ struct NcclOptions {
 // kUnavailable when no CUDA device is usable (message says why).
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options);
 // For the registry: device from options.device; copy mode from KVSTREAM_NCCL_COPY
-// (auto | direct | pack); advertise host from KVSTREAM_NCCL_HOST.
+// (auto | direct | pack); advertise host from KVSTREAM_NCCL_HOST; staging chunk from
+// KVSTREAM_NCCL_CHUNK_MB.
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
 
 CopyMode CopyModeFromEnv();
