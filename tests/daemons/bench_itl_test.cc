@@ -14,21 +14,6 @@
 namespace kvstream::testing {
 namespace {
 
-std::string RunCapture(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) {
-    *rc = -1;
-    return out;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
-
 TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
   DaemonPair pair;
   pair.common = {"--model=tiny"};
@@ -43,7 +28,7 @@ TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
           " --streams 4 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 2"
           " --landing-prompt-len 200 --rounds 2 --phase-s 0.6 --settle-ms 100 --warmup-s 0.2"
           " --label cpu-test --json-out " + json_path,
-      &rc);
+      &rc, /*with_stderr=*/true);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ITL p50"), std::string::npos) << out;
   std::ifstream in(json_path);
@@ -89,13 +74,13 @@ TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
 TEST_F(DisaggTest, BenchItlRefusesBadFlags) {
   int rc = 0;
   std::string out = RunCapture(std::string(KVSTREAM_CLI_BIN) +
-                                   " bench itl --decode 127.0.0.1:1 --phases idle,busy", &rc);
+                                   " bench itl --decode 127.0.0.1:1 --phases idle,busy", &rc, /*with_stderr=*/true);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("busy"), std::string::npos) << out;
-  out = RunCapture(std::string(KVSTREAM_CLI_BIN) + " bench itl --decode 127.0.0.1:1 --phase-s -1", &rc);
+  out = RunCapture(std::string(KVSTREAM_CLI_BIN) + " bench itl --decode 127.0.0.1:1 --phase-s -1", &rc, /*with_stderr=*/true);
   EXPECT_EQ(rc, 2) << out;
   out = RunCapture(std::string(KVSTREAM_CLI_BIN) +
-                       " bench itl --decode 127.0.0.1:1 --landing-clients 0", &rc);
+                       " bench itl --decode 127.0.0.1:1 --landing-clients 0", &rc, /*with_stderr=*/true);
   EXPECT_EQ(rc, 2) << out;
 }
 

@@ -1,5 +1,8 @@
 #include "tests/daemons/disagg_fixture.h"
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 namespace kvstream::testing {
@@ -15,6 +18,21 @@ std::string DaemonBin(const char* env, const char* built) {
 
 std::string PrefillBin() { return DaemonBin("KVSTREAM_PREFILL_BIN", KVSTREAM_PREFILL_BIN); }
 std::string DecodeBin() { return DaemonBin("KVSTREAM_DECODE_BIN", KVSTREAM_DECODE_BIN); }
+
+std::string RunCapture(const std::string& cmd, int* rc, bool with_stderr) {
+  std::string out;
+  FILE* p = popen((cmd + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  if (!p) {
+    *rc = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
 
 std::vector<std::string> DefaultDaemonFlags() {
   const char* tls = std::getenv("KVSTREAM_TEST_UCX_TLS");

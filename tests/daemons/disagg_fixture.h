@@ -31,6 +31,10 @@ std::string DecodeBin();
 // otherwise, one compute thread each (two daemons share CI's two cores).
 std::vector<std::string> DefaultDaemonFlags();
 
+// Runs `cmd` through the shell and returns its standard output (and its standard error too when
+// `with_stderr`); *rc = the exit code, -1 if it did not exit normally or could not start.
+std::string RunCapture(const std::string& cmd, int* rc, bool with_stderr = false);
+
 class DisaggTest : public ::testing::Test {
  protected:
   void TearDown() override;

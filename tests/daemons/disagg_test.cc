@@ -172,21 +172,6 @@ TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
 namespace kvstream::testing {
 namespace {
 
-std::string RunCapture(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
-  if (!p) {
-    *rc = -1;
-    return out;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
-
 TEST_F(DisaggTest, CliGenerateThroughDaemonsAndBenchTtft) {
   DaemonPair pair;
   pair.common = {"--model=tiny"};

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -59,6 +60,53 @@ TEST_P(TwoProcesses, LayersLandAndAreNotifiedInTheOtherProcess) {
     seen[layer] = true;
   }
   for (size_t l = 0; l < kLayers; ++l) EXPECT_TRUE(seen[l]) << l;
+}
+
+// Same-host writes of many MiB are copied by several threads (KVSTREAM_UCX_COPY_LANES forces
+// 4 here, whatever this machine's core count): 64 KiB blocks in reverse order, each layer cut
+// into lanes mid-run, must still land byte-exact before their notification.
+TEST_P(TwoProcesses, LargeLayersLandThroughSeveralCopyLanes) {
+  constexpr size_t kChunk = 12 << 20, kLayers = 3, kBlock = 64 << 10;
+  ASSERT_EQ(setenv("KVSTREAM_UCX_COPY_LANES", "4", 1), 0);
+  auto peer = test::StartPeer(GetParam(), kChunk * kLayers, kChunk);
+  ASSERT_NE(peer, nullptr);
+  auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<uint8_t> src(kChunk * kLayers);
+  const uint64_t seed = 2000;
+  for (size_t l = 0; l < kLayers; ++l) test::FillPattern(src.data() + l * kChunk, kChunk, seed + l);
+  auto reg = (*t)->Register(MemoryRegion{src.data(), src.size()});
+  ASSERT_TRUE(reg.ok());
+  auto ep = (*t)->Connect(peer->descriptor);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  std::vector<std::unique_ptr<WriteHandle>> hs;
+  for (size_t l = 0; l < kLayers; ++l) {
+    WriteRequest r;
+    r.local = reg->get();
+    for (size_t b = kChunk / kBlock; b-- > 0;) {
+      const uint64_t off = l * kChunk + b * kBlock;
+      r.ops.push_back(CopyOp{off, off, kBlock});
+    }
+    r.notify = true;
+    r.notification = Notification{seed, static_cast<int32_t>(l), 0};
+    auto h = (*ep)->Write(r);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    hs.push_back(std::move(h).value());
+  }
+  for (auto& h : hs) EXPECT_TRUE(h->Wait(DeadlineAfterMs(20000)).ok());
+  unsetenv("KVSTREAM_UCX_COPY_LANES");
+  for (size_t i = 0; i < kLayers; ++i) {
+    std::string line;
+    ASSERT_TRUE(peer->process.ReadLine(&line, DeadlineAfterMs(10000))) << "note " << i;
+    std::istringstream in(line);
+    std::string tag, verdict;
+    uint64_t rid;
+    int layer;
+    in >> tag >> rid >> layer >> verdict;
+    ASSERT_EQ(tag, "NOTE");
+    EXPECT_EQ(rid, seed);
+    EXPECT_EQ(verdict, "OK") << "layer " << layer << " was notified before its data was complete";
+  }
 }
 
 std::string TlsName(const ::testing::TestParamInfo<std::string>& info) {
