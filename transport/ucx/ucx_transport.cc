@@ -21,6 +21,7 @@
 #include <sstream>
 #include <deque>
 #include <functional>
+#include <latch>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -216,6 +217,10 @@ class Worker {
   const HostIdentity& identity() const { return identity_; }
   bool cma_allowed() const { return cma_allowed_; }
   TaskThread& copier() { return *copier_; }
+  // Same-host copies run on up to max_copy_lanes() threads: the copier is lane 0, lanes 1.. are
+  // extra threads made on first use (a daemon that never copies on its host never starts them).
+  int max_copy_lanes() const { return max_copy_lanes_; }
+  TaskThread& copy_lane(int i);
   bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
   // Runs fn on the progress thread, in order of posting.
@@ -247,6 +252,9 @@ class Worker {
   HostIdentity identity_;
   bool cma_allowed_ = false;
   std::unique_ptr<TaskThread> copier_;
+  int max_copy_lanes_ = 1;
+  std::mutex lanes_mu_;
+  std::vector<std::unique_ptr<TaskThread>> lanes_;  // lanes 1.. (index i - 1)
   int worker_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -328,6 +336,15 @@ Result<std::shared_ptr<Worker>> Worker::Create(const TransportOptions& options) 
   if (w->wake_fd_ < 0) return Internal("ucx: eventfd: " + std::string(std::strerror(errno)));
 
   w->copier_ = std::make_unique<TaskThread>();
+  // One kernel copy (process_vm_writev or memcpy) runs at about one core's memory bandwidth
+  // (4-7 GB/s measured on the H200 host); lanes split a write's bytes over several threads.
+  // KVSTREAM_UCX_COPY_LANES overrides (1 = the copier alone).
+  w->max_copy_lanes_ =
+      static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
+  if (const char* e = std::getenv("KVSTREAM_UCX_COPY_LANES")) {
+    const int v = std::atoi(e);
+    if (v >= 1) w->max_copy_lanes_ = std::min(v, 32);
+  }
   w->thread_ = std::thread([raw = w.get()] { raw->Loop(); });
   return w;
 }
@@ -339,11 +356,19 @@ Worker::~Worker() {
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
     thread_.join();
   }
-  // Reverse order of creation.
+  // Reverse order of creation. A copier task waits for its lanes, so once the copier is
+  // drained no lane has work left.
   copier_.reset();
+  lanes_.clear();
   if (wake_fd_ >= 0) close(wake_fd_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+TaskThread& Worker::copy_lane(int i) {
+  std::lock_guard<std::mutex> lock(lanes_mu_);
+  while (static_cast<int>(lanes_.size()) < i) lanes_.push_back(std::make_unique<TaskThread>());
+  return *lanes_[i - 1];
 }
 
 void Worker::Post(std::function<void()> fn) {
@@ -704,17 +729,10 @@ Status CopyLane(WriteOp* op, const std::vector<Run>& runs) {
   return OkStatus();
 }
 
-// How many threads copy one large same-host write. One kernel copy (process_vm_writev or
-// memcpy) runs at one core's memory bandwidth (~4-7 GB/s measured on the H200 host), far below
-// what the host's memory system (and a PCIe leg behind it) sustains; lanes split the write's
-// bytes. KVSTREAM_UCX_COPY_LANES overrides (1 = one thread, as before).
-int CopyLanesFor(uint64_t bytes) {
-  constexpr uint64_t kMinLaneBytes = 4 << 20;
-  int max_lanes = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
-  if (const char* e = std::getenv("KVSTREAM_UCX_COPY_LANES")) {
-    const int v = std::atoi(e);
-    if (v >= 1) max_lanes = std::min(v, 32);
-  }
+// How many threads copy one same-host write: one per MiB, up to the worker's lanes (the
+// host-staged path's 8 MiB chunks get 8).
+int CopyLanesFor(uint64_t bytes, int max_lanes) {
+  constexpr uint64_t kMinLaneBytes = 1 << 20;
   return static_cast<int>(std::clamp<uint64_t>(bytes / kMinLaneBytes, 1, max_lanes));
 }
 
@@ -746,20 +764,22 @@ void CmaCopy(WriteOp* op) {
   EpState* ep = op->ep.get();
   uint64_t total = 0;
   for (const Run& r : op->runs) total += r.length;
-  const int lanes = CopyLanesFor(total);
+  const int lanes = CopyLanesFor(total, ep->worker->max_copy_lanes());
   Status st;
   if (lanes <= 1) {
     st = CopyLane(op, op->runs);
   } else {
     std::vector<std::vector<Run>> parts = SplitRuns(op->runs, total, lanes);
     std::vector<Status> results(lanes);
-    std::vector<std::thread> threads;
-    threads.reserve(lanes - 1);
+    std::latch done(lanes - 1);
     for (int i = 1; i < lanes; ++i) {
-      threads.emplace_back([&, i] { results[i] = CopyLane(op, parts[i]); });
+      ep->worker->copy_lane(i).Post([&, i] {
+        results[i] = CopyLane(op, parts[i]);
+        done.count_down();
+      });
     }
     results[0] = CopyLane(op, parts[0]);
-    for (std::thread& t : threads) t.join();
+    done.wait();
     // The most telling failure: a lost peer or a real error over a cancel another lane saw.
     for (Status& r : results) {
       if (r.ok()) continue;
