@@ -269,7 +269,9 @@ TEST_P(Paced, AchievesTheSetRateWithExactDataAndOneNotification) {
     EXPECT_EQ(n.layer, 0);
     EXPECT_EQ(early_.load(), 0) << "notification before all chunks landed";
     EXPECT_FALSE(notes_.Pop(&n, DeadlineAfterMs(100))) << "one write, one notification";
-    return Off("achieved rate / set rate", paced / elapsed, 0.9, 1.01);
+    // Pacing must never exceed the set rate; below it, a loaded machine may simply not deliver
+    // (UCX over loopback TCP shares CI's two cores with the pacer), so the floor is loose.
+    return Off("achieved rate / set rate", paced / elapsed, 0.8, 1.01);
   });
 }
 
@@ -386,7 +388,7 @@ TEST_P(Paced, ConcurrentWritersShareOneBudget) {
     Notification n;
     for (int i = 0; i < 3; ++i) EXPECT_TRUE(notes_.Pop(&n, Soon()));
     EXPECT_EQ(early_.load(), 0);
-    std::string why = Off("achieved rate / set rate", paced / elapsed, 0.9, 1.01);
+    std::string why = Off("achieved rate / set rate", paced / elapsed, 0.8, 1.01);
     if (why.empty()) why = Off("A's share (done at / total)", done_at[0] / elapsed, 0.42, 1);
     if (why.empty()) why = Off("C's share (done at / total)", done_at[2] / elapsed, 0.42, 1);
     return why;
