@@ -729,10 +729,11 @@ Status CopyLane(WriteOp* op, const std::vector<Run>& runs) {
   return OkStatus();
 }
 
-// How many threads copy one same-host write: one per MiB, up to the worker's lanes (the
-// host-staged path's 8 MiB chunks get 8).
+// How many threads copy one same-host write: one per 4 MiB, up to the worker's lanes (as
+// measured in bench/results/transfer_staged_lanes_2026-11-29.md; the host-staged path's 8 MiB
+// chunks get 2 — finer lanes for it are not measured yet).
 int CopyLanesFor(uint64_t bytes, int max_lanes) {
-  constexpr uint64_t kMinLaneBytes = 1 << 20;
+  constexpr uint64_t kMinLaneBytes = 4 << 20;
   return static_cast<int>(std::clamp<uint64_t>(bytes / kMinLaneBytes, 1, max_lanes));
 }
 
