@@ -41,7 +41,7 @@ const std::vector<Field>& Fields() {
                "cuda: pool = this fraction of free device memory after weights (0 = pool_blocks)"),
       KV_FIELD(listen, kStr, "gRPC listen address host:port (port 0 = pick one)"),
       KV_FIELD(port_file, kStr, "write the bound port here once serving"),
-      KV_FIELD(peer, kStr, "decode: prefill daemon address host:port"),
+      KV_FIELD(peer, kStr, "decode: prefill daemon address(es) host:port[,host:port...]"),
       KV_FIELD(transport, kStr,
                "data plane: ucx | ucx_staged | cuda_ipc (GPU pools: ucx = direct or staged)"),
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
@@ -137,6 +137,13 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     return InvalidArgument("on_load_failure must be fail or recompute");
   if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");
   if (role == "decode" && c.peer.empty()) return InvalidArgument("decode needs --peer (the prefill address)");
+  if (role == "decode") {
+    for (const std::string& p : SplitPeers(c.peer)) {
+      const size_t colon = p.rfind(':');
+      if (p.empty() || colon == std::string::npos || colon == 0 || colon + 1 == p.size())
+        return InvalidArgument("peer: '" + p + "' is not host:port (in --peer " + c.peer + ")");
+    }
+  }
   for (int64_t t : {c.request_timeout_ms, c.handshake_timeout_ms, c.load_timeout_ms,
                     c.cancel_timeout_ms})
     if (t <= 0) return InvalidArgument("timeouts must be > 0 ms");
@@ -247,6 +254,18 @@ bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& lo
   if (setting == "true") return true;
   if (setting != "auto") return false;
   return !local_device_id.empty() && local_device_id == peer_device_id;
+}
+
+std::vector<std::string> SplitPeers(const std::string& peers) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = peers.find(',', start);
+    out.push_back(peers.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace kvstream::connector

@@ -34,7 +34,7 @@ struct DaemonConfig {
   // network
   std::string listen = "127.0.0.1:0";
   std::string port_file;        // written with the bound port once serving
-  std::string peer;             // decode: the prefill daemon's address
+  std::string peer;             // decode: the prefill daemon address(es), comma-separated
   // ucx | ucx_staged | cuda_ipc. With GPU pools (backend cuda) "ucx" means the UCX path this
   // host's UCX supports: UCX direct on CUDA memory where UCX reports it, else ucx_staged.
   std::string transport = "ucx";
@@ -84,5 +84,9 @@ std::string DaemonUsage(const std::string& role);
 // both device ids are known (non-empty) and equal, i.e. prefill and decode compute on one GPU.
 bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& local_device_id,
                                const std::string& peer_device_id);
+
+// DaemonConfig::peer split at commas: the decode daemon's prefill daemons, in order (one
+// element when there is no comma; empty elements are kept, and refused by the config check).
+std::vector<std::string> SplitPeers(const std::string& peers);
 
 }  // namespace kvstream::connector

@@ -86,6 +86,9 @@ class DecodeConnector {
   // The prefill's compute device id from the last successful handshake (empty before one, or
   // for a CPU prefill).
   std::string peer_device_id() const;
+  // True while the last handshake is valid (false before one and after the peer was lost,
+  // until a handshake succeeds again).
+  bool peer_ready() const { return handshake_epoch_.load() != 0; }
 
   Status StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                    std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,

@@ -30,6 +30,8 @@ struct DecodeServer::Request {
   int max_tokens = 1;
   std::vector<int32_t> stop;
   bool remote = false;     // KV of prompt[0, n-1) comes from the prefill
+  // The prefill that loads it (remote only); set before the request is shared, never changed.
+  connector::DecodeConnector* conn = nullptr;
   bool pipelined = true;
   Deadline deadline;
   Deadline load_deadline;
@@ -51,18 +53,53 @@ struct DecodeServer::Request {
 };
 
 DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
-                           model::KvPool* pool, connector::DecodeConnector* connector)
+                           model::KvPool* pool,
+                           std::vector<connector::DecodeConnector*> connectors)
     : config_(config),
       device_id_(connector::ComputeDeviceId(config)),
       backend_(backend),
       pool_(pool),
-      connector_(connector) {
+      connectors_(std::move(connectors)) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
+  if (connectors_.size() > 1) {
+    prober_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stopping_) {
+        cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
+        if (stopping_) break;
+        lock.unlock();
+        for (connector::DecodeConnector* c : connectors_) {
+          if (c->peer_ready()) continue;
+          Status s = c->Handshake(DeadlineAfterMs(std::min<int64_t>(config_.handshake_timeout_ms, 1000)));
+          if (s.ok()) KV_LOG_INFO << "prefill back: handshake done, taking loads again";
+        }
+        lock.lock();
+      }
+    });
+  }
 }
 
-bool DecodeServer::FirstStepAfterLoad() const {
+bool DecodeServer::FirstStepAfterLoad(const Request& r) const {
   return connector::ResolveFirstStepAfterLoad(config_.first_step_after_load, device_id_,
-                                              connector_->peer_device_id());
+                                              r.conn->peer_device_id());
+}
+
+connector::DecodeConnector* DecodeServer::PickConnector() {
+  const size_t n = connectors_.size();
+  const uint64_t start = next_connector_.fetch_add(1);
+  if (n == 1) return connectors_[0];
+  connector::DecodeConnector* best = nullptr;
+  int best_loads = 0;
+  for (size_t k = 0; k < n; ++k) {  // from a rotating start: ties go round robin
+    connector::DecodeConnector* c = connectors_[(start + k) % n];
+    if (!c->peer_ready()) continue;
+    const int loads = c->stats().loads_in_flight;
+    if (best == nullptr || loads < best_loads) {
+      best = c;
+      best_loads = loads;
+    }
+  }
+  return best != nullptr ? best : connectors_[start % n];
 }
 
 DecodeServer::~DecodeServer() {
@@ -142,14 +179,15 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
   if (r->remote) {
     r->load_deadline = std::min(r->deadline, DeadlineAfterMs(config_.load_timeout_ms));
     std::vector<int32_t> prefix(r->prompt.begin(), r->prompt.end() - 1);
-    Status s = connector_->StartLoad(r->id, std::move(prefix), r->blocks->ids(), r->pipelined,
-                                     r->load_deadline, r->blocks);
+    r->conn = PickConnector();
+    Status s = r->conn->StartLoad(r->id, std::move(prefix), r->blocks->ids(), r->pipelined,
+                                  r->load_deadline, r->blocks);
     if (!s.ok()) return reject(s.WithContext("start_load"));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {
-      connector_->Finished(r->id);
+      if (r->conn) r->conn->Finished(r->id);
       return reject(Unavailable("decode daemon shutting down"));
     }
     active_ids_.insert(r->id);
@@ -168,14 +206,14 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
       lock.lock();
       if (!written) {
         r->client_gone = true;
-        connector_->tracker().Fail(r->id, Canceled("client went away"));
+        if (r->conn) r->conn->tracker().Fail(r->id, Canceled("client went away"));
         cv_.notify_all();
       }
     }
     if (r->complete) return ToGrpc(r->final);
     if (ctx->IsCancelled() && !r->client_gone) {
       r->client_gone = true;
-      connector_->tracker().Fail(r->id, Canceled("client cancelled the request"));
+      if (r->conn) r->conn->tracker().Fail(r->id, Canceled("client cancelled the request"));
       cv_.notify_all();
     }
     r->cv.wait_for(lock, std::chrono::milliseconds(20));
@@ -204,7 +242,7 @@ void DecodeServer::Emit(Request& r, int32_t token) {
     if (r.remote && !r.load.recomputed()) {
       const bool others_decoding =
           running_.size() > 1 || (running_.size() == 1 && running_.front().get() != &r);
-      auto info = connector_->WaitForLoad(
+      auto info = r.conn->WaitForLoad(
           r.id, last && !others_decoding ? DeadlineAfterMs(200) : Clock::now());
       if (info.ok()) {
         r.load.set_prefill_compute_us(info->prefill_compute_us);
@@ -237,7 +275,7 @@ void DecodeServer::Complete(Request& r, Status status) {
     r.complete = true;
     r.final = status;
   }
-  if (r.remote) connector_->Finished(r.id);
+  if (r.remote) r.conn->Finished(r.id);
   // Our reference; blocks that received a load stay with the connector until it is safe.
   r.blocks.reset();
   {
@@ -294,8 +332,8 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   model::ForwardOutput out;
   Status s;
   if (r.remote) {
-    LoadHooks hooks(connector_, r.id, r.load_deadline, pool_->layout().num_layers,
-                    FirstStepAfterLoad());
+    LoadHooks hooks(r.conn, r.id, r.load_deadline, pool_->layout().num_layers,
+                    FirstStepAfterLoad(r));
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     r.load.set_loaded_remotely(true);
@@ -317,7 +355,7 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
                   << "); recomputing the prompt locally";
       // The old blocks stay with the connector until the writer is confirmed stopped; the
       // recompute uses fresh ones.
-      connector_->Finished(r.id);
+      r.conn->Finished(r.id);
       r.remote = false;
       r.blocks.reset();
       auto ids = pool_->allocator().Allocate(
@@ -347,10 +385,10 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
 }
 
 bool DecodeServer::LoadLanded(const Request& r) {
-  if (!r.remote || !connector_->tracker().Settled(r.id)) return false;
+  if (!r.remote || !r.conn->tracker().Settled(r.id)) return false;
   const Deadline now = Clock::now();
   for (int l = 0; l < pool_->layout().num_layers; ++l)
-    if (!connector_->tracker().WaitForLayer(r.id, l, now).ok()) return false;
+    if (!r.conn->tracker().WaitForLayer(r.id, l, now).ok()) return false;
   return true;
 }
 
@@ -451,7 +489,7 @@ void DecodeServer::SchedulerLoop() {
         }
         // The others whose first step cannot wait on a prefill: local prompts, failed loads.
         pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
-          return !r->remote || connector_->tracker().Settled(r->id);
+          return !r->remote || r->conn->tracker().Settled(r->id);
         });
       }
       if (pick != waiting_.end()) {
@@ -483,17 +521,20 @@ void DecodeServer::BeginShutdown() {
     ids.assign(active_ids_.begin(), active_ids_.end());
   }
   // Wake first steps blocked in wait_for_layer.
-  for (uint64_t id : ids) connector_->tracker().Fail(id, Unavailable("decode daemon shutting down"));
+  for (connector::DecodeConnector* c : connectors_) {
+    for (uint64_t id : ids) c->tracker().Fail(id, Unavailable("decode daemon shutting down"));
+  }
   cv_.notify_all();
 }
 
 void DecodeServer::Stop() {
   if (scheduler_.joinable()) scheduler_.join();
+  if (prober_.joinable()) prober_.join();
 }
 
 grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                                  v1::StatsResponse* resp) {
-  resp->set_instance_id(connector_->instance_id());
+  resp->set_instance_id(connectors_.front()->instance_id());
   resp->set_role("decode");
   auto* p = resp->mutable_pool();
   p->set_num_blocks(pool_->num_blocks());
@@ -505,7 +546,14 @@ grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsReques
     std::lock_guard<std::mutex> lock(mu_);
     resp->set_requests_in_flight(static_cast<int>(active_ids_.size()));
   }
-  auto cs = connector_->stats();
+  connector::DecodeConnectorStats cs;
+  for (connector::DecodeConnector* c : connectors_) {
+    const auto one = c->stats();
+    cs.kv_bytes += one.kv_bytes;
+    cs.stale_signals_ignored += one.stale_signals_ignored;
+    cs.handshakes += one.handshakes;
+    cs.quarantined_blocks += one.quarantined_blocks;
+  }
   auto* c = resp->mutable_counters();
   c->set_requests_total(total_);
   c->set_requests_ok(ok_);

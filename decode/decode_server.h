@@ -1,7 +1,7 @@
 // The decode daemon's gRPC service (kvstream.v1.Decode) over a DecodeConnector.
 //
 // Generate(prompt): allocate blocks for prompt + max_tokens, start_load the first n-1 tokens'
-// KV from the prefill daemon (unless the prompt has one token or LOCAL mode), then a scheduler
+// KV from a prefill daemon (unless the prompt has one token or LOCAL mode), then a scheduler
 // thread computes the last prompt token itself with wait_for_layer(r, l) before each layer's
 // attention, samples greedily, and decodes every running request together, one token per
 // sequence per Forward. Tokens stream back with timestamps. While others decode, a request
@@ -15,6 +15,12 @@
 //  - Every request has a deadline: the client's, capped at request_timeout_ms.
 //  - When the KV does not land: on_load_failure=fail ends the request with the load's status;
 //    recompute computes the prompt locally in fresh blocks.
+//  - Several prefill daemons (one DecodeConnector each): a request's load goes to the one with
+//    the fewest loads in flight among those whose last handshake is valid (a prefill that was
+//    lost is skipped until a handshake with it succeeds again; with none valid, round robin).
+//    A prober thread retries the handshake with every prefill that is not ready, once a second
+//    (each attempt bounded by min(handshake_timeout_ms, 1 s)), so a prefill that comes back or
+//    starts late takes traffic again.
 #pragma once
 
 #include <atomic>
@@ -35,8 +41,9 @@ namespace kvstream::decode {
 
 class DecodeServer final : public kvstream::v1::Decode::Service {
  public:
+  // `connectors`: one per prefill daemon, at least one; they must outlive the server.
   DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
-               model::KvPool* pool, connector::DecodeConnector* connector);
+               model::KvPool* pool, std::vector<connector::DecodeConnector*> connectors);
   ~DecodeServer() override;
 
   grpc::Status Generate(grpc::ServerContext* ctx, const kvstream::v1::GenerateRequest* req,
@@ -62,15 +69,18 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   void Emit(Request& r, int32_t token);
   void Complete(Request& r, Status status);
   bool Done(const Request& r, int32_t token) const;
-  // config_.first_step_after_load resolved against the prefill's device (known after the
+  // config_.first_step_after_load resolved against r's prefill's device (known after the
   // handshake, which may be redone after a prefill restart).
-  bool FirstStepAfterLoad() const;
+  bool FirstStepAfterLoad(const Request& r) const;
+  // The prefill connector for a new load (see the class comment).
+  connector::DecodeConnector* PickConnector();
 
   connector::DaemonConfig config_;
   std::string device_id_;  // connector::ComputeDeviceId(config_)
   model::ModelBackend* backend_;
   model::KvPool* pool_;
-  connector::DecodeConnector* connector_;
+  std::vector<connector::DecodeConnector*> connectors_;
+  std::atomic<uint64_t> next_connector_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -78,6 +88,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   std::deque<std::shared_ptr<Request>> pending_;  // admitted, not yet seen by the scheduler
   std::set<uint64_t> active_ids_;
   std::thread scheduler_;
+  std::thread prober_;  // only with several prefills
   // Scheduler-thread state.
   std::deque<std::shared_ptr<Request>> waiting_;   // first step not done
   std::vector<std::shared_ptr<Request>> running_;  // decoding

@@ -20,32 +20,39 @@ int main(int argc, char** argv) {
 
   auto model = connector::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
-  auto transport = connector::CreateTransportFromConfig(*cfg);
-  if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
-  cfg->transport = (*transport)->name();  // as resolved (Stats reports it)
-  connector::DecodeConnectorOptions dopt;
-  dopt.prefill_address = cfg->peer;
-  dopt.handshake_timeout_ms = cfg->handshake_timeout_ms;
-  dopt.cancel_timeout_ms = cfg->cancel_timeout_ms;
-  dopt.quarantine_ms = cfg->quarantine_ms;
-  dopt.device_id = connector::ComputeDeviceId(*cfg);
-  auto conn = connector::DecodeConnector::Create(
-      dopt, std::move(transport).value(), model->pool.get(),
-      connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));
-  if (!conn.ok()) return Fail(conn.status().WithContext("creating the connector"));
-  // Handshake eagerly so a layout mismatch shows at startup; a prefill that is not up yet is
-  // retried lazily by the first request.
-  if (Status hs = (*conn)->Handshake(DeadlineAfterMs(cfg->handshake_timeout_ms)); !hs.ok()) {
-    if (hs.code() == StatusCode::kFailedPrecondition) return Fail(hs);
-    KV_LOG_WARN << hs.ToString() << " (will retry on the first request)";
+  // One transport and connector per prefill daemon; each registers the same pool.
+  std::vector<std::unique_ptr<connector::DecodeConnector>> conns;
+  for (const std::string& peer : connector::SplitPeers(cfg->peer)) {
+    auto transport = connector::CreateTransportFromConfig(*cfg);
+    if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
+    cfg->transport = (*transport)->name();  // as resolved (Stats reports it)
+    connector::DecodeConnectorOptions dopt;
+    dopt.prefill_address = peer;
+    dopt.handshake_timeout_ms = cfg->handshake_timeout_ms;
+    dopt.cancel_timeout_ms = cfg->cancel_timeout_ms;
+    dopt.quarantine_ms = cfg->quarantine_ms;
+    dopt.device_id = connector::ComputeDeviceId(*cfg);
+    auto conn = connector::DecodeConnector::Create(
+        dopt, std::move(transport).value(), model->pool.get(),
+        connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));
+    if (!conn.ok()) return Fail(conn.status().WithContext("creating the connector for " + peer));
+    // Handshake eagerly so a layout mismatch shows at startup; a prefill that is not up yet is
+    // retried lazily by the first request sent to it.
+    if (Status hs = (*conn)->Handshake(DeadlineAfterMs(cfg->handshake_timeout_ms)); !hs.ok()) {
+      if (hs.code() == StatusCode::kFailedPrecondition) return Fail(hs);
+      KV_LOG_WARN << hs.ToString() << " (will retry on the first request)";
+    }
+    conns.push_back(std::move(conn).value());
   }
+  std::vector<connector::DecodeConnector*> raw;
+  for (auto& c : conns) raw.push_back(c.get());
 
-  decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
+  decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   int port = 0;
   auto server = connector::StartGrpcServer(cfg->listen, {&service}, &port);
   if (!server.ok()) return Fail(server.status());
   if (Status s = connector::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
-  KV_LOG_INFO << "kvstream-decode " << (*conn)->instance_id() << " serving on port " << port
+  KV_LOG_INFO << "kvstream-decode " << conns.front()->instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
               << model->backend->config().num_layers << " layers, backend "
               << model->backend->name() << ", pool " << cfg->pool_blocks << " blocks, prefill "
@@ -57,7 +64,7 @@ int main(int argc, char** argv) {
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();
   service.Stop();
-  conn->reset();
+  conns.clear();  // each connector waits (bounded) for its writers before releasing blocks
   int free_blocks = model->pool->allocator().free_count();
   KV_LOG_INFO << "kvstream-decode stopped; " << free_blocks << "/" << model->pool->num_blocks()
               << " blocks free";
