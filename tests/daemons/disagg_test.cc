@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <sstream>
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
@@ -171,6 +172,41 @@ TEST_F(DisaggTest, HandshakeMismatchIsRefusedAtStartup) {
 
 namespace kvstream::testing {
 namespace {
+
+// kvstream stats: both daemons' Stats, as lines and as JSON; an unreachable daemon is a clear
+// error (exit 1) within the deadline, the reachable ones still printed.
+TEST_F(DisaggTest, CliStatsReportsBothDaemons) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  auto r = CallGenerate(*stub_, MakePrompt(40, 512, 3), 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const std::string kv = KVSTREAM_CLI_BIN;
+  int rc = 0;
+  std::string out = RunCapture(kv + " stats --decode " + decode_address() + " --prefill " +
+                                   prefill_address() + " --json", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::istringstream lines(out);
+  std::string decode_line, prefill_line;
+  std::getline(lines, decode_line);
+  std::getline(lines, prefill_line);
+  EXPECT_NE(decode_line.find("\"role\":\"decode\""), std::string::npos) << out;
+  EXPECT_NE(decode_line.find("\"requests_ok\":\"1\""), std::string::npos) << out;
+  EXPECT_NE(decode_line.find("\"tokens_generated\":\"4\""), std::string::npos) << out;
+  EXPECT_NE(prefill_line.find("\"role\":\"prefill\""), std::string::npos) << out;
+  EXPECT_NE(prefill_line.find("\"requests_ok\":\"1\""), std::string::npos) << out;
+  out = RunCapture(kv + " stats --decode " + decode_address(), &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("decode"), std::string::npos) << out;
+  EXPECT_NE(out.find("requests 1 ok 1"), std::string::npos) << out;
+  const auto t0 = Clock::now();
+  out = RunCapture(kv + " stats --decode " + decode_address() +
+                       " --prefill 127.0.0.1:1 --deadline-ms 500", &rc, /*with_stderr=*/true);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("Stats of 127.0.0.1:1"), std::string::npos) << out;
+  EXPECT_NE(out.find("requests 1 ok 1"), std::string::npos) << "the reachable daemon: " << out;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+}
 
 TEST_F(DisaggTest, CliGenerateThroughDaemonsAndBenchTtft) {
   DaemonPair pair;
