@@ -5,7 +5,8 @@
 #     KV moving over UCX (TCP by default; KVSTREAM_DEMO_UCX_TLS=sm for shared memory), a few
 #     prompts through `kvstream generate --decode` checked token for token against colocated
 #     generation, then the TTFT table (pipelined, non-pipelined, colocated) from
-#     `kvstream bench ttft`, which also checks that every mode produced the same tokens;
+#     `kvstream bench ttft`, which also checks that every mode produced the same tokens, and
+#     what the daemons report (`kvstream stats`);
 #  3. stops both daemons (SIGTERM; they report every KV block free) — also on error or ^C.
 # Safe to run twice. Set KVSTREAM_DEMO_LLAMA=1 to add a llama-2-7b-shaped 2-layer colocated run.
 set -euo pipefail
@@ -79,6 +80,10 @@ echo "-- TTFT: pipelined vs non-pipelined vs colocated (kvstream bench ttft) --"
 "$kv" bench ttft --decode "127.0.0.1:$dport" --prefill "127.0.0.1:$pport" "${model[@]}" --threads 1 \
   --requests "${KVSTREAM_DEMO_REQUESTS:-5}" --prompt-lens 16,256,1024 --max-new-tokens 8 \
   --json-out "$work/bench.jsonl"
+
+echo
+echo "-- what the daemons report (kvstream stats) --"
+"$kv" stats --decode "127.0.0.1:$dport" --prefill "127.0.0.1:$pport"
 
 echo
 echo "== 3. stopping both daemons (SIGTERM) =="
