@@ -43,12 +43,12 @@ void PrintLine(const std::string& address, const v1::StatsResponse& r) {
   const auto& p = r.pool();
   const auto& c = r.counters();
   std::printf(
-      "%-8s %-21s %-12s %-8s %-10s pool %d/%d blocks free (%.1f MiB/block) | in flight %d | "
+      "%-8s %-21s %-12s %-8s %-10s pool %d/%d blocks free (%.0f KiB/block) | in flight %d | "
       "requests %llu ok %llu failed %llu cancelled %llu | tokens %llu | KV moved %.3f GiB | "
       "handshakes %llu | recomputed %llu | quarantined %d | prompt cache %llu hits %llu misses\n",
       r.role().c_str(), address.c_str(), r.model_name().c_str(), r.backend().c_str(),
       r.transport().c_str(), p.free_blocks(), p.num_blocks(),
-      double(p.block_bytes()) * p.num_layers() / (1 << 20), r.requests_in_flight(),
+      double(p.block_bytes()) * p.num_layers() / 1024, r.requests_in_flight(),
       static_cast<unsigned long long>(c.requests_total()),
       static_cast<unsigned long long>(c.requests_ok()),
       static_cast<unsigned long long>(c.requests_failed()),
