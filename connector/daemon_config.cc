@@ -117,6 +117,17 @@ Status SetFromJson(DaemonConfig* cfg, const Field& f, const json& v) {
   if (v.is_string()) return SetFromString(cfg, f, v.get<std::string>());
   if (v.is_boolean()) return SetFromString(cfg, f, v.get<bool>() ? "true" : "false");
   if (v.is_number()) return SetFromString(cfg, f, v.dump());
+  if (v.is_array() && std::string(f.name) == "peer") {
+    // "peer": ["host:port", ...] in a config file = the comma-separated flag form.
+    std::string joined;
+    for (const json& e : v) {
+      if (!e.is_string())
+        return InvalidArgument("config key 'peer': every element must be a \"host:port\" string");
+      joined += (joined.empty() ? "" : ",") + e.get<std::string>();
+    }
+    if (joined.empty()) return InvalidArgument("config key 'peer': empty list");
+    return SetFromString(cfg, f, joined);
+  }
   return InvalidArgument(std::string("config key '") + f.name + "': unsupported value " + v.dump());
 }
 

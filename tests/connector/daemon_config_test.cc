@@ -107,6 +107,32 @@ TEST(DaemonConfig, FirstStepAfterLoadAutoByDefaultAndResolvedByDevice) {
   EXPECT_FALSE(ResolveFirstStepAfterLoad("false", gpu0, gpu0));
 }
 
+// Several prefills: a comma-separated flag, or a JSON array in the file; each element must be
+// host:port.
+TEST(DaemonConfig, PeerListFromFlagOrJsonArray) {
+  auto c = Parse({"--peer=10.0.0.1:7001,10.0.0.2:7001"}, "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(SplitPeers(c->peer), (std::vector<std::string>{"10.0.0.1:7001", "10.0.0.2:7001"}));
+  const std::string path = ::testing::TempDir() + "/peers.json";
+  {
+    std::ofstream f(path);
+    f << R"({"peer": ["a:1", "b:2", "c:3"]})";
+  }
+  c = Parse({"--config", path}, "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(SplitPeers(c->peer), (std::vector<std::string>{"a:1", "b:2", "c:3"}));
+  {
+    std::ofstream f(path);
+    f << R"({"peer": ["a:1", 7]})";
+  }
+  EXPECT_EQ(Parse({"--config", path}, "decode").status().code(), StatusCode::kInvalidArgument);
+  for (const char* bad : {"--peer=a:1,", "--peer=a", "--peer=:1", "--peer=a:1,,b:2"}) {
+    auto b = Parse({bad}, "decode");
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find("host:port"), std::string::npos) << b.status().ToString();
+  }
+}
+
 TEST(DaemonConfig, ItlTargetKeysFromFileAndFlags) {
   std::string path = ::testing::TempDir() + "/kvstream_cfg_itl_test.json";
   {
