@@ -101,6 +101,7 @@ struct Window {
   int64_t start_us, end_us;
   uint64_t kv_bytes_start = 0, kv_bytes_end = 0;
   uint64_t hits_start = 0, hits_end = 0;
+  v1::Counters dec_start, dec_end;  // decode Stats counters at the window's ends
 };
 
 struct Landed {
@@ -395,6 +396,7 @@ int RunBenchItl(std::span<const std::string> args) {
       auto ds = StatsOf(*dstub);
       if (!ds.ok()) return fail(ds.status());
       w.kv_bytes_start = ds->counters().kv_bytes_moved();
+      w.dec_start = ds->counters();
       if (pstub) {
         auto ps = StatsOf(*pstub);
         if (ps.ok()) w.hits_start = ps->counters().prompt_cache_hits();
@@ -407,6 +409,7 @@ int RunBenchItl(std::span<const std::string> args) {
       ds = StatsOf(*dstub);
       if (!ds.ok()) return fail(ds.status());
       w.kv_bytes_end = ds->counters().kv_bytes_moved();
+      w.dec_end = ds->counters();
       if (pstub) {
         auto ps = StatsOf(*pstub);
         if (ps.ok()) w.hits_end = ps->counters().prompt_cache_hits();
@@ -427,6 +430,8 @@ int RunBenchItl(std::span<const std::string> args) {
     double seconds = 0;       // windows less their settle time (ITL, tokens, landed prompts)
     double full_seconds = 0;  // whole windows (the Stats deltas span them)
     uint64_t tokens = 0, kv_bytes = 0, loadinfo_bytes = 0, hits = 0;
+    // The decode scheduler's own split of its step time (Stats deltas over whole windows).
+    uint64_t steps = 0, loop_us = 0, forward_us = 0, first_step_us = 0;
     int landed = 0;
     std::vector<double> landing_ttft;
     std::vector<double> round_p50;
@@ -440,6 +445,10 @@ int RunBenchItl(std::span<const std::string> args) {
     a.full_seconds += (w.end_us - w.start_us) * 1e-6;
     a.kv_bytes += w.kv_bytes_end - w.kv_bytes_start;
     a.hits += w.hits_end - w.hits_start;
+    a.steps += w.dec_end.decode_steps() - w.dec_start.decode_steps();
+    a.loop_us += w.dec_end.decode_loop_us() - w.dec_start.decode_loop_us();
+    a.forward_us += w.dec_end.decode_forward_us() - w.dec_start.decode_forward_us();
+    a.first_step_us += w.dec_end.decode_first_step_us() - w.dec_start.decode_first_step_us();
     std::vector<double> round_itl;
     for (const auto& s : bench.streams_) {
       for (size_t i = 0; i < s.size(); ++i) {
@@ -488,6 +497,16 @@ int RunBenchItl(std::span<const std::string> args) {
     j["landing_loadinfo_gbps"] = a.seconds > 0 ? a.loadinfo_bytes / a.seconds / 1e9 : NAN;
     j["landing_ttft_ms_p50"] = Pct(a.landing_ttft, 50);
     if (pstub) j["prefill_cache_hits"] = a.hits;
+    // Per decode step, from the decode daemon: the scheduler iteration (what a stream's ITL
+    // sees), the step's forward, separate first-token forwards, and the host work left over.
+    if (a.steps > 0) {
+      const double n = double(a.steps);
+      j["decode_step_ms"] = {{"loop", a.loop_us / n / 1e3},
+                             {"forward", a.forward_us / n / 1e3},
+                             {"first_steps", a.first_step_us / n / 1e3},
+                             {"host", (double(a.loop_us) - a.forward_us - a.first_step_us) / n / 1e3},
+                             {"steps", a.steps}};
+    }
     j["model"] = dstats->model_name();
     j["decode_backend"] = dstats->backend();
     j["transport"] = dstats->transport();
@@ -529,6 +548,13 @@ int RunBenchItl(std::span<const std::string> args) {
                 j["client_itl_ms"]["p50"].get<double>(), j["client_itl_ms"]["p99"].get<double>(),
                 j["tokens_per_s"].get<double>(), j["landed_requests"].get<int>(),
                 j["landing_gbps"].get<double>(), j["landing_ttft_ms_p50"].get<double>());
+    if (j.contains("decode_step_ms")) {
+      const json& d = j["decode_step_ms"];
+      std::printf("%-8s   decode step: %.3f ms = forward %.3f + first steps %.3f + host %.3f (%llu steps)\n",
+                  "", d["loop"].get<double>(), d["forward"].get<double>(),
+                  d["first_steps"].get<double>(), d["host"].get<double>(),
+                  static_cast<unsigned long long>(d["steps"].get<uint64_t>()));
+    }
     out.erase(phase);  // printed once even if listed twice
   }
   if (out.count("comparison"))

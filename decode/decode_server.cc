@@ -408,7 +408,9 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
   }
   model::ForwardOptions fo;
   model::ForwardOutput out;
+  const auto t0 = Clock::now();
   Status s = backend_->Forward(*pool_, seqs, nullptr, fo, &out);
+  forward_us_ += static_cast<uint64_t>(MicrosSince(t0));
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
     if (!s.ok()) {
@@ -440,6 +442,7 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
 
 void DecodeServer::SchedulerLoop() {
   while (true) {
+    const auto iteration_start = Clock::now();
     bool stopping;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -495,7 +498,9 @@ void DecodeServer::SchedulerLoop() {
       if (pick != waiting_.end()) {
         auto r = *pick;
         waiting_.erase(pick);
+        const auto t0 = Clock::now();
         FirstStep(r);
+        if (!running_.empty()) first_step_us_ += static_cast<uint64_t>(MicrosSince(t0));
       }
     }
     if (!running_.empty() || !joining.empty()) {
@@ -508,6 +513,8 @@ void DecodeServer::SchedulerLoop() {
       }
       DecodeStep(batch, joining);
       std::erase_if(running_, [](const std::shared_ptr<Request>& r) { return r->complete; });
+      ++steps_;
+      loop_us_ += static_cast<uint64_t>(MicrosSince(iteration_start));
     }
   }
 }
@@ -563,6 +570,10 @@ grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsReques
   c->set_kv_bytes_moved(cs.kv_bytes);
   c->set_stale_signals_ignored(cs.stale_signals_ignored);
   c->set_loads_recomputed(recomputed_);
+  c->set_decode_steps(steps_);
+  c->set_decode_loop_us(loop_us_);
+  c->set_decode_forward_us(forward_us_);
+  c->set_decode_first_step_us(first_step_us_);
   c->set_handshakes(cs.handshakes);
   resp->set_quarantined_blocks(cs.quarantined_blocks);
   resp->set_model_name(backend_->config().name);

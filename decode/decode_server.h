@@ -96,6 +96,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
 
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0}, tokens_{0}, recomputed_{0};
+  // Scheduler timing (Stats decode_*): written by the scheduler thread only.
+  std::atomic<uint64_t> steps_{0}, loop_us_{0}, forward_us_{0}, first_step_us_{0};
 };
 
 }  // namespace kvstream::decode

@@ -55,6 +55,16 @@ TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
     EXPECT_GT(client, 0.3 * p50) << j.dump();
     EXPECT_LT(client, 3 * p50 + 1) << j.dump();
     EXPECT_GT(j["tokens_per_s"].get<double>(), 0) << j.dump();
+    // The decode's own split of its step: steps counted, forward within the loop, and a loop
+    // time near the streams' ITL (one step per token of every stream).
+    ASSERT_TRUE(j.contains("decode_step_ms")) << j.dump();
+    const auto& d = j["decode_step_ms"];
+    EXPECT_GT(d["steps"].get<uint64_t>(), 10u) << j.dump();
+    const double loop = d["loop"].get<double>(), fwd = d["forward"].get<double>();
+    EXPECT_GT(fwd, 0) << j.dump();
+    EXPECT_LE(fwd + d["first_steps"].get<double>(), loop * 1.001) << j.dump();
+    EXPECT_GT(loop, 0.3 * p50) << j.dump();
+    EXPECT_LT(loop, 3 * p50 + 1) << j.dump();
   }
   const auto& landing = phases["landing"];
   EXPECT_GT(landing["landed_requests"].get<int>(), 0) << landing.dump();
