@@ -25,6 +25,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/remote.h"
 #include "common/time.h"
 #include "model/generate.h"
 #include "model/weights.h"
@@ -168,27 +169,18 @@ int RunBenchTtft(std::span<const std::string> args) {
 
   auto channel = grpc::CreateChannel(flags->Get("decode"), grpc::InsecureChannelCredentials());
   auto stub = v1::Decode::NewStub(channel);
-  v1::StatsResponse dstats;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &dstats);
-    if (!s.ok())
-      return ReportError("bench ttft", connector::FromGrpc(s).WithContext("decode Stats"), false);
-  }
+  auto dstats_or = FetchStats(*stub, 10000, "decode Stats");
+  if (!dstats_or.ok()) return ReportError("bench ttft", dstats_or.status(), false);
+  const v1::StatsResponse& dstats = *dstats_or;
   std::string prefill_transport = "?";
   if (flags->Has("prefill")) {
     auto pstub = v1::Prefill::NewStub(
         grpc::CreateChannel(flags->Get("prefill"), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::StatsResponse ps;
-    grpc::Status s = pstub->Stats(&ctx, v1::StatsRequest(), &ps);
-    if (!s.ok())
-      return ReportError("bench ttft", connector::FromGrpc(s).WithContext("prefill Stats"), false);
-    if (ps.model_hash() != dstats.model_hash())
+    auto ps = FetchStats(*pstub, 10000, "prefill Stats");
+    if (!ps.ok()) return ReportError("bench ttft", ps.status(), false);
+    if (ps->model_hash() != dstats.model_hash())
       return ReportError("bench ttft", FailedPrecondition("prefill and decode serve different models"), false);
-    prefill_transport = ps.transport();
+    prefill_transport = ps->transport();
   }
 
   // The colocated reference: the same model in this process.

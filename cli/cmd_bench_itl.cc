@@ -35,6 +35,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/remote.h"
 #include "common/time.h"
 #include "connector/grpc_status.h"
 #include "proto/kvstream.grpc.pb.h"
@@ -226,15 +227,6 @@ class Bench {
   std::vector<std::shared_ptr<grpc::ClientContext>> contexts_;
 };
 
-template <typename Stub>
-Result<v1::StatsResponse> StatsOf(Stub& stub) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::StatsResponse r;
-  grpc::Status s = stub.Stats(&ctx, v1::StatsRequest(), &r);
-  if (!s.ok()) return connector::FromGrpc(s).WithContext("Stats");
-  return r;
-}
 
 }  // namespace
 
@@ -309,14 +301,14 @@ int RunBenchItl(std::span<const std::string> args) {
 
   auto channel = grpc::CreateChannel(flags->Get("decode"), grpc::InsecureChannelCredentials());
   auto dstub = v1::Decode::NewStub(channel);
-  auto dstats = StatsOf(*dstub);
+  auto dstats = FetchStats(*dstub, 10000, "Stats");
   if (!dstats.ok()) return ReportError(kCmd, dstats.status().WithContext("decode"), false);
   std::unique_ptr<v1::Prefill::Stub> pstub;
   std::string prefill_transport;
   if (flags->Has("prefill")) {
     pstub = v1::Prefill::NewStub(
         grpc::CreateChannel(flags->Get("prefill"), grpc::InsecureChannelCredentials()));
-    auto ps = StatsOf(*pstub);
+    auto ps = FetchStats(*pstub, 10000, "Stats");
     if (!ps.ok()) return ReportError(kCmd, ps.status().WithContext("prefill"), false);
     if (ps->model_hash() != dstats->model_hash())
       return ReportError(kCmd, FailedPrecondition("prefill and decode serve different models"), false);
@@ -393,12 +385,12 @@ int RunBenchItl(std::span<const std::string> args) {
       Window w;
       w.phase = phase;
       w.round = r;
-      auto ds = StatsOf(*dstub);
+      auto ds = FetchStats(*dstub, 10000, "Stats");
       if (!ds.ok()) return fail(ds.status());
       w.kv_bytes_start = ds->counters().kv_bytes_moved();
       w.dec_start = ds->counters();
       if (pstub) {
-        auto ps = StatsOf(*pstub);
+        auto ps = FetchStats(*pstub, 10000, "Stats");
         if (ps.ok()) w.hits_start = ps->counters().prompt_cache_hits();
       }
       w.start_us = WallMicros();
@@ -406,12 +398,12 @@ int RunBenchItl(std::span<const std::string> args) {
       std::fprintf(stderr, "[bench itl] round %d, %s, %.1f s\n", r + 1, phase.c_str(), *phase_s);
       std::this_thread::sleep_for(std::chrono::duration<double>(*phase_s));
       w.end_us = WallMicros();
-      ds = StatsOf(*dstub);
+      ds = FetchStats(*dstub, 10000, "Stats");
       if (!ds.ok()) return fail(ds.status());
       w.kv_bytes_end = ds->counters().kv_bytes_moved();
       w.dec_end = ds->counters();
       if (pstub) {
-        auto ps = StatsOf(*pstub);
+        auto ps = FetchStats(*pstub, 10000, "Stats");
         if (ps.ok()) w.hits_end = ps->counters().prompt_cache_hits();
       }
       windows.push_back(w);

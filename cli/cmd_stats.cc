@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/remote.h"
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
 #include <google/protobuf/util/json_util.h>
@@ -28,15 +29,9 @@ namespace {
 namespace v1 = kvstream::v1;
 
 template <typename Service>
-Result<v1::StatsResponse> FetchStats(const std::string& address, int64_t deadline_ms) {
+Result<v1::StatsResponse> StatsAt(const std::string& address, int64_t deadline_ms) {
   auto stub = Service::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
-  v1::StatsRequest req;
-  v1::StatsResponse resp;
-  grpc::Status s = stub->Stats(&ctx, req, &resp);
-  if (!s.ok()) return connector::FromGrpc(s).WithContext("Stats of " + address);
-  return resp;
+  return FetchStats(*stub, deadline_ms, "Stats of " + address);
 }
 
 void PrintLine(const std::string& address, const v1::StatsResponse& r) {
@@ -91,8 +86,8 @@ int RunStats(std::span<const std::string> args) {
   }
   int rc = kExitOk;
   for (const auto& [address, is_decode] : targets) {
-    auto r = is_decode ? FetchStats<v1::Decode>(address, *deadline_ms)
-                       : FetchStats<v1::Prefill>(address, *deadline_ms);
+    auto r = is_decode ? StatsAt<v1::Decode>(address, *deadline_ms)
+                       : StatsAt<v1::Prefill>(address, *deadline_ms);
     if (!r.ok()) {
       std::cerr << "kvstream stats: " << r.status().ToString() << "\n";
       rc = kExitFailed;

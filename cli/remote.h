@@ -6,10 +6,36 @@
 #include <span>
 #include <string>
 
+#if KVSTREAM_CLI_HAVE_DAEMONS
+#include <chrono>
+#include <cstdint>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+#include "connector/grpc_status.h"
+#include "proto/kvstream.grpc.pb.h"
+#endif
+
 namespace kvstream::cli {
 
 // True when args ask for remote generation (a --decode flag).
 bool WantsRemoteGenerate(std::span<const std::string> args);
 int RunRemoteGenerate(std::span<const std::string> args);
+
+#if KVSTREAM_CLI_HAVE_DAEMONS
+// A daemon's Stats through `stub` (Decode or Prefill), bounded by deadline_ms; a failed call is
+// its gRPC status as a Status, with `context` in front.
+template <typename Stub>
+Result<kvstream::v1::StatsResponse> FetchStats(Stub& stub, int64_t deadline_ms,
+                                               const std::string& context) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+  kvstream::v1::StatsResponse r;
+  grpc::Status s = stub.Stats(&ctx, kvstream::v1::StatsRequest(), &r);
+  if (!s.ok()) return connector::FromGrpc(s).WithContext(context);
+  return r;
+}
+#endif
 
 }  // namespace kvstream::cli
