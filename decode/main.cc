@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
   // One transport and connector per prefill daemon; each registers the same pool.
   std::vector<std::unique_ptr<connector::DecodeConnector>> conns;
+  const std::string device_id = connector::ComputeDeviceId(*cfg);
   for (const std::string& peer : connector::SplitPeers(cfg->peer)) {
     auto transport = connector::CreateTransportFromConfig(*cfg);
     if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
     dopt.handshake_timeout_ms = cfg->handshake_timeout_ms;
     dopt.cancel_timeout_ms = cfg->cancel_timeout_ms;
     dopt.quarantine_ms = cfg->quarantine_ms;
-    dopt.device_id = connector::ComputeDeviceId(*cfg);
+    dopt.device_id = device_id;
     auto conn = connector::DecodeConnector::Create(
         dopt, std::move(transport).value(), model->pool.get(),
         connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));

@@ -570,11 +570,13 @@ int UnitsFor(int tokens) { return std::max(1, (tokens + kUnitTokens - 1) / kUnit
 int UnevenBatchSplits(const PagedDecodeParams& p, int units, long ctas_per_seq_split, long slots,
                       int even_plan) {
   constexpr double kCtaCost = 5.0, kEmptyCtaCost = 1.0;
+  auto units_of = [&](int i) {
+    return (std::clamp(p.host_context_lens[i], 0, p.max_context_len) + kUnitTokens - 1) / kUnitTokens;
+  };
   long sum_units = 0;
   int max_units = 0;
   for (int i = 0; i < p.num_seqs; ++i) {
-    const int len = std::clamp(p.host_context_lens[i], 0, p.max_context_len);
-    const int u = (len + kUnitTokens - 1) / kUnitTokens;
+    const int u = units_of(i);
     sum_units += u;
     max_units = std::max(max_units, u);
   }
@@ -582,16 +584,12 @@ int UnevenBatchSplits(const PagedDecodeParams& p, int units, long ctas_per_seq_s
   const int max_splits = std::clamp(units / kMinUnitsPerSplit, 1, kMaxSplits);
   int best = even_plan;
   double best_cost = 1e300;
-  // Candidates grow geometrically (~25 of them up to 128 splits): this runs on the host at
+  // Candidates grow geometrically (35 of them up to 128 splits): this runs on the host at
   // every launch, O(candidates x num_seqs).
   for (int s = 1; s <= max_splits; s = std::max(s + 1, s * 9 / 8)) {
     const int ups = (units + s - 1) / s;
     long real = 0;
-    for (int i = 0; i < p.num_seqs; ++i) {
-      const int len = std::clamp(p.host_context_lens[i], 0, p.max_context_len);
-      const int u = (len + kUnitTokens - 1) / kUnitTokens;
-      real += std::max(1, (u + ups - 1) / ups);
-    }
+    for (int i = 0; i < p.num_seqs; ++i) real += std::max(1, (units_of(i) + ups - 1) / ups);
     const int launched_splits = (units + ups - 1) / ups;
     const long empty = (long(launched_splits) * p.num_seqs - real) * ctas_per_seq_split;
     real *= ctas_per_seq_split;
