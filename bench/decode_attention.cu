@@ -26,52 +26,14 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "kernels/paged_attention.h"
 
 using kvstream::DType;
 using namespace kvstream::kernels;
-
-#define CK(expr)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+using namespace kvstream::bench;
 
 namespace {
-
-__global__ void FillRandomHalf(__half* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    p[i] = __float2half(float(int32_t(x >> 40) & 0xffff) / 32768.f - 1.f);
-  }
-}
-
-// Plain streaming read: 16-byte loads, 4 independent per thread per iteration, folded into one
-// word per thread that is stored only if it matches an impossible value (no dead code).
-__global__ void StreamRead(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride),
-                d = __ldg(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-           d.z ^ d.w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 a = __ldg(p + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;
-}
 
 struct Model {
   const char* name;
@@ -87,41 +49,6 @@ std::vector<int> ParseInts(const std::string& s) {
   return v;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-};
-
-double StreamGbps(cudaStream_t st, const uint4* buf, size_t n16, uint32_t* sink, int sms,
-                  double* us_out) {
-  Timer t;
-  std::vector<double> ms;
-  for (int r = 0; r < 12; ++r) {
-    CK(cudaEventRecord(t.a, st));
-    StreamRead<<<sms * 8, 512, 0, st>>>(buf, n16, sink);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(t.b, st));
-    CK(cudaEventSynchronize(t.b));
-    float m = 0;
-    CK(cudaEventElapsedTime(&m, t.a, t.b));
-    if (r >= 2) ms.push_back(m);
-  }
-  const double med = Median(ms);
-  *us_out = med * 1e3;
-  return double(n16) * 16 / (med * 1e-3) / 1e9;
-}
 
 struct Variant {
   std::string name;
@@ -201,7 +128,7 @@ int main(int argc, char** argv) {
                                                                stream_bytes / 2, 1);
   CK(cudaGetLastError());
   double stream_us = 0;
-  double stream_gbps = StreamGbps(st, sbuf, stream_bytes / 16, sink, prop.multiProcessorCount, &stream_us);
+  double stream_gbps = StreamReadGbps(st, sbuf, stream_bytes / 16, sink, prop.multiProcessorCount, &stream_us);
   {
     std::ostringstream o;
     o << "{\"bench\":\"decode_attention\",\"impl\":\"stream_read\",\"when\":\"start\",\"bytes\":"
@@ -369,7 +296,7 @@ int main(int argc, char** argv) {
         for (size_t vi = 0; vi < variants.size(); ++vi) run_variant(vi);  // warm-up
         CK(cudaStreamSynchronize(st));
         std::vector<std::vector<double>> us(variants.size());
-        Timer t;
+        EventPair t;
         for (int r = 0; r < replays; ++r) {
           for (size_t vi = 0; vi < variants.size(); ++vi) {
             CK(cudaEventRecord(t.a, st));
@@ -445,7 +372,7 @@ int main(int argc, char** argv) {
   FillRandomHalf<<<prop.multiProcessorCount * 8, 512, 0, st>>>(reinterpret_cast<__half*>(sbuf),
                                                                stream_bytes / 2, 2);
   double stream_us2 = 0;
-  const double stream_gbps2 = StreamGbps(st, sbuf, stream_bytes / 16, sink, prop.multiProcessorCount, &stream_us2);
+  const double stream_gbps2 = StreamReadGbps(st, sbuf, stream_bytes / 16, sink, prop.multiProcessorCount, &stream_us2);
   {
     std::ostringstream o;
     o << "{\"bench\":\"decode_attention\",\"impl\":\"stream_read\",\"when\":\"end\",\"bytes\":"

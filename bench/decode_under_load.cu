@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "kernels/paged_attention.h"
 #include "transport/pacing.h"
 
@@ -45,57 +46,12 @@ using kvstream::transport::ItlBudget;
 using kvstream::transport::PaceRateForItlTarget;
 using kvstream::transport::TokenBucket;
 using namespace kvstream::kernels;
-
-#define CK(expr)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr,                   \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+using namespace kvstream::bench;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-__global__ void FillRandomHalf(__half* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    p[i] = __float2half(float(int32_t(x >> 40) & 0xffff) / 32768.f - 1.f);
-  }
-}
-
-// The streaming-read ceiling: the same kernel as bench/decode_attention.cu's (16-byte loads, 4
-// independent per thread per iteration, folded into a word stored only on an impossible value).
-__global__ void StreamRead(const uint4* __restrict__ p, size_t n, uint32_t* sink) {
-  uint32_t acc = 0;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride),
-                d = __ldg(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-           d.z ^ d.w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 a = __ldg(p + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (acc == 0x9e3779b9u) sink[0] = acc;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 std::vector<int> ParseInts(const std::string& s) {
   std::vector<int> v;
@@ -111,23 +67,6 @@ std::vector<std::string> ParseStrs(const std::string& s) {
   while (std::getline(ss, t, ',')) v.push_back(t);
   return v;
 }
-
-struct Events {
-  cudaEvent_t a, b;
-  Events() {
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-  }
-  ~Events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  double Ms() {
-    float m = 0;
-    CK(cudaEventElapsedTime(&m, a, b));
-    return m;
-  }
-};
 
 // ---- the transfer: chunked copies on a low-priority stream, paced on chunk issue ---------------
 
@@ -216,23 +155,9 @@ double TransferAlone(const TransferSpec& spec, cudaStream_t stream, int ms) {
   return loop.achieved_bytes_per_s();
 }
 
-double StreamReadGbps(cudaStream_t st, const uint4* buf, size_t n16, uint32_t* sink, int sms) {
-  Events t;
-  std::vector<double> ms;
-  for (int r = 0; r < 12; ++r) {
-    CK(cudaEventRecord(t.a, st));
-    StreamRead<<<sms * 8, 512, 0, st>>>(buf, n16, sink);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(t.b, st));
-    CK(cudaEventSynchronize(t.b));
-    if (r >= 2) ms.push_back(t.Ms());
-  }
-  return double(n16) * 16 / (Median(ms) * 1e-3) / 1e9;
-}
-
 // cudaMemcpy device to device of `bytes` (one call), counted as bytes read + written.
 double CopyGbps(cudaStream_t st, char* dst, const char* src, size_t bytes) {
-  Events t;
+  EventPair t;
   std::vector<double> ms;
   for (int r = 0; r < 8; ++r) {
     CK(cudaEventRecord(t.a, st));
@@ -477,7 +402,7 @@ int main(int argc, char** argv) {
         // Replay time estimate, to size the windows.
         double replay_ms = 0;
         {
-          Events t;
+          EventPair t;
           for (int r = 0; r < 3; ++r) {
             CK(cudaEventRecord(t.a, kst));
             CK(cudaGraphLaunch(exec[0], kst));

@@ -18,30 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.cuh"
 #include "kernels/prefill_attention.h"
 
 namespace {
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-__global__ void FillRandom(uint16_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    const float f = (float(x & 0xffff) / 65535.f - 0.5f) * 2.f;  // [-1, 1]
-    const __half h = __float2half_rn(f);
-    p[i] = *reinterpret_cast<const uint16_t*>(&h);
-  }
-}
+using kvstream::bench::FillRandomHalf;
 
 std::vector<int> ParseList(const char* s) {
   std::vector<int> v;
@@ -96,18 +77,18 @@ int main(int argc, char** argv) {
       const size_t q_elems = size_t(T) * m.nh * hd;
       uint16_t *pool, *q, *out;
       int32_t *d_table, *d_qs, *d_start;
-      CHECK_CUDA(cudaMalloc(&pool, pool_elems * 2));
-      CHECK_CUDA(cudaMalloc(&q, q_elems * 2));
-      CHECK_CUDA(cudaMalloc(&out, q_elems * 2));
-      CHECK_CUDA(cudaMalloc(&d_table, blocks * 4));
-      CHECK_CUDA(cudaMalloc(&d_qs, 8));
-      CHECK_CUDA(cudaMalloc(&d_start, 4));
-      FillRandom<<<1024, 256>>>(pool, pool_elems, 1);
-      FillRandom<<<1024, 256>>>(q, q_elems, 2);
+      CK(cudaMalloc(&pool, pool_elems * 2));
+      CK(cudaMalloc(&q, q_elems * 2));
+      CK(cudaMalloc(&out, q_elems * 2));
+      CK(cudaMalloc(&d_table, blocks * 4));
+      CK(cudaMalloc(&d_qs, 8));
+      CK(cudaMalloc(&d_start, 4));
+      FillRandomHalf<<<1024, 256>>>(reinterpret_cast<__half*>(pool), pool_elems, 1);
+      FillRandomHalf<<<1024, 256>>>(reinterpret_cast<__half*>(q), q_elems, 2);
       const int32_t qs[2] = {0, T}, st = 0;
-      CHECK_CUDA(cudaMemcpy(d_table, table.data(), blocks * 4, cudaMemcpyHostToDevice));
-      CHECK_CUDA(cudaMemcpy(d_qs, qs, 8, cudaMemcpyHostToDevice));
-      CHECK_CUDA(cudaMemcpy(d_start, &st, 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(d_table, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(d_qs, qs, 8, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(d_start, &st, 4, cudaMemcpyHostToDevice));
       kernels::PrefillAttentionParams p;
       p.out = out;
       p.q = q;
@@ -124,18 +105,18 @@ int main(int argc, char** argv) {
       p.max_q_len = T;
       p.scale = 1.f / std::sqrt(float(hd));
       p.dtype = DType::kF16;
-      CHECK_CUDA(kernels::PrefillAttention(p, nullptr));  // warm-up
-      CHECK_CUDA(cudaDeviceSynchronize());
+      CK(kernels::PrefillAttention(p, nullptr));  // warm-up
+      CK(cudaDeviceSynchronize());
       cudaEvent_t e0, e1;
-      CHECK_CUDA(cudaEventCreate(&e0));
-      CHECK_CUDA(cudaEventCreate(&e1));
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
       std::vector<float> ms(iters);
       for (int i = 0; i < iters; ++i) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        CHECK_CUDA(kernels::PrefillAttention(p, nullptr));
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        CHECK_CUDA(cudaEventElapsedTime(&ms[i], e0, e1));
+        CK(cudaEventRecord(e0));
+        CK(kernels::PrefillAttention(p, nullptr));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[i], e0, e1));
       }
       std::sort(ms.begin(), ms.end());
       const double med = ms[iters / 2];
