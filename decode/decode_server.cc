@@ -532,12 +532,13 @@ void DecodeServer::SchedulerLoop() {
       double step_kv = 0;
       for (auto& r : batch) step_kv += KvBytes(r->cache_len);
       for (auto& r : joining) step_kv += KvBytes(int(r->prompt.size()) - 1);
-      const uint64_t forward_before = forward_us_;
       DecodeStep(batch, joining);
-      join_budget_.Observe(double(forward_us_ - forward_before) * 1e-6, step_kv);
       std::erase_if(running_, [](const std::shared_ptr<Request>& r) { return r->complete; });
       ++steps_;
-      loop_us_ += static_cast<uint64_t>(MicrosSince(iteration_start));
+      // The whole iteration is what the streams' inter-token latency sees (host work too).
+      const int64_t iteration_us = MicrosSince(iteration_start);
+      loop_us_ += static_cast<uint64_t>(iteration_us);
+      join_budget_.Observe(double(iteration_us) * 1e-6, step_kv);
     }
   }
 }

@@ -37,7 +37,8 @@ class JoinBudget {
   // running_kv_bytes: KV bytes the running batch reads this step; candidate_kv_bytes: each
   // landed candidate's KV bytes (its first step reads them all), in arrival order.
   size_t Admit(double running_kv_bytes, std::span<const double> candidate_kv_bytes);
-  // A step ran: `seconds` for `kv_bytes` of KV (all sequences, joiners included).
+  // A step ran: `seconds` (the scheduler iteration, what the streams' ITL sees) for `kv_bytes`
+  // of KV (all sequences, joiners included).
   void Observe(double seconds, double kv_bytes);
 
   double seconds_per_byte() const { return seconds_per_byte_; }
