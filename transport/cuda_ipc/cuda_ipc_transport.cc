@@ -828,7 +828,7 @@ CopyMode CopyModeFromEnv() {
 
 bool BlockTableFromEnv() {
   const char* v = std::getenv("KVSTREAM_CUDA_IPC_TABLE");
-  return v == nullptr || std::string(v) != "packed";
+  return v != nullptr && std::string(v) == "block";
 }
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options) {

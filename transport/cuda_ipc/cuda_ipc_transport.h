@@ -56,8 +56,9 @@ struct CudaIpcOptions {
   // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
   // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
   // 4088 units with CUDA >= 12.1 (scatter_copy.h). false: the packed-run path of the previous
-  // pass (<= 336 runs per launch) for every kernel write.
-  bool block_table = true;
+  // pass (<= 336 runs per launch) for every kernel write. Off until measured on the H200
+  // (KVSTREAM_CUDA_IPC_TABLE=block turns it on for the registry's transports).
+  bool block_table = false;
   size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
   int64_t connect_timeout_ms = 5000;
   int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
@@ -70,7 +71,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
 
 CopyMode CopyModeFromEnv();
-// false when KVSTREAM_CUDA_IPC_TABLE=packed (the previous pass's path), else true.
+// true when KVSTREAM_CUDA_IPC_TABLE=block, false when unset or "packed" (the previous path).
 bool BlockTableFromEnv();
 
 // Host-side cost of Write(), for benchmarks: summed over every cuda_ipc endpoint of the process
