@@ -150,7 +150,7 @@ collect_logs() {
   for f in "$TMP"/prefill_*.log "$TMP/decode.log"; do
     [[ -f "$f" ]] || continue
     echo "=== $(basename "$f") ==="
-    grep -E "paced at|handshake|error|ERROR|WARN|stopped|serving|KV pool" "$f" | tail -n 25
+    grep -E "paced at|handshake|error|ERROR|WARN| W | E |stopped|serving|KV pool" "$f" | tail -n 40
   done > "$OUT/daemons.log"
 }
 
