@@ -869,10 +869,11 @@ int OneWaveSplits(long base, int units, long slots, int warps) {
 bool ScheduleWide(Schedule s) { return s == Schedule::kWideKernel || s == Schedule::kWideFused; }
 bool ScheduleFused(Schedule s) { return s == Schedule::kFused || s == Schedule::kWideFused; }
 
-// kAuto's choice, measured on an H200 (bench/results/decode_attention_2026-11-29_v3.md).
+// kAuto's choice. Until the v3 schedules are measured side by side with v2 on an H200
+// (bench/results/decode_attention_2026-11-29_v3.md), kAuto keeps the v2 path.
 Schedule AutoSchedule(const PagedDecodeParams& p) {
   (void)p;
-  return Schedule::kKernel;
+  return Schedule::kV2;
 }
 
 // kAuto's choice for the early L2 prefetch, measured on an H200 (see AutoSchedule).
