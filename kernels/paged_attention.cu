@@ -869,18 +869,42 @@ int OneWaveSplits(long base, int units, long slots, int warps) {
 bool ScheduleWide(Schedule s) { return s == Schedule::kWideKernel || s == Schedule::kWideFused; }
 bool ScheduleFused(Schedule s) { return s == Schedule::kFused || s == Schedule::kWideFused; }
 
-// kAuto's choice. Until the v3 schedules are measured side by side with v2 on an H200
-// (bench/results/decode_attention_2026-11-29_v3.md), kAuto keeps the v2 path.
-Schedule AutoSchedule(const PagedDecodeParams& p) {
-  (void)p;
-  return Schedule::kV2;
+// kAuto's choice by (MHA | GQA) x batch class x context class: the schedule and early-prefetch
+// setting that measured fastest on an H200 (bench/results/decode_attention_2026-11-29_v3.md).
+// Classes: batch 1 | 2-8 | 9-32 | > 32; context < 4096 | < 8192 | < 16384 | longer.
+struct AutoChoice {
+  Schedule schedule;
+  bool early;
+};
+constexpr AutoChoice kV2Choice{Schedule::kV2, false};
+constexpr AutoChoice kAutoTable[2][4][4] = {
+    // MHA
+    {{kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+    // GQA
+    {{kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+};
+
+const AutoChoice& AutoFor(const PagedDecodeParams& p) {
+  const bool gqa = p.num_kv_heads > 0 && p.num_heads != p.num_kv_heads;
+  const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
+  const int ccls = p.max_context_len < 4096   ? 0
+                   : p.max_context_len < 8192  ? 1
+                   : p.max_context_len < 16384 ? 2
+                                               : 3;
+  return kAutoTable[gqa ? 1 : 0][bcls][ccls];
 }
 
-// kAuto's choice for the early L2 prefetch, measured on an H200 (see AutoSchedule).
+Schedule AutoSchedule(const PagedDecodeParams& p) { return AutoFor(p).schedule; }
+
 bool AutoEarlyPrefetch(const PagedDecodeParams& p, const Plan& plan) {
-  (void)p;
   (void)plan;
-  return false;
+  return AutoFor(p).early;
 }
 
 Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
