@@ -6,6 +6,7 @@
 //   decode_attention [--json FILE] [--mem-cap-gib N] [--models a,b] [--batches 1,8]
 //                    [--contexts 1024,4096] [--replays N] [--quick]
 //                    [--schedules v2,kernel,fused,wide_kernel,wide_fused,auto]
+//                    [--early fused,wide_fused] [--early-units 1,2,4]
 //                    [--distances 1,2] [--split-probes 0.5,2] [--no-graph]
 //
 // A decode step runs the attention as back-to-back launches on one stream; the graph (one per
@@ -73,6 +74,7 @@ struct Variant {
   Schedule schedule = Schedule::kAuto;
   std::string sched_name = "auto";
   Prefetch early = Prefetch::kOff;  // early L2 prefetch before the wait for the previous kernel
+  int early_units = 0;              // its depth (0 = the launcher's default)
 };
 
 const char* ScheduleName(Schedule s) {
@@ -112,6 +114,7 @@ int main(int argc, char** argv) {
                                      Schedule::kWideKernel, Schedule::kWideFused, Schedule::kAuto};
   bool force_loop = false;
   std::vector<Schedule> early_schedules = {Schedule::kFused, Schedule::kWideFused};
+  std::vector<int> early_units = {0};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
     else if (a == "--distances") distances = ParseInts(next());
     else if (a == "--split-probes") split_probes = ParseDoubles(next());
     else if (a == "--no-graph") force_loop = true;
+    else if (a == "--early-units") early_units = ParseInts(next());
     else if (a == "--early") {
       early_schedules.clear();
       std::stringstream ss(next());
@@ -226,10 +230,11 @@ int main(int argc, char** argv) {
     else
       variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n});
   }
-  for (Schedule sc : early_schedules) {
-    const std::string n = std::string(ScheduleName(sc)) + "+early";
-    variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n, Prefetch::kOn});
-  }
+  for (Schedule sc : early_schedules)
+    for (int eu : early_units) {
+      const std::string n = std::string(ScheduleName(sc)) + "+early" + (eu > 0 ? std::to_string(eu) : "");
+      variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n, Prefetch::kOn, eu});
+    }
   std::stable_sort(variants.begin(), variants.end(),
                    [](const Variant& x, const Variant& y) { return x.schedule == Schedule::kV2 && y.schedule != Schedule::kV2; });
   for (int d : distances)
@@ -350,6 +355,7 @@ int main(int argc, char** argv) {
           q.num_splits = splits_for(v);
           q.schedule = v.schedule;
           q.early_prefetch = v.early;
+          q.early_prefetch_units = v.early_units;
           return q;
         };
 

@@ -46,7 +46,8 @@ constexpr int kDefaultPrefetchDistance = 1;
 // workspace never put partials where another shape keeps its counters.
 constexpr int kMaxFusedCounters = 4096;
 constexpr size_t kCounterBytes = kMaxFusedCounters * sizeof(unsigned);
-constexpr int kMaxEarlyUnits = 2;  // early L2 prefetch: a warp's first two units (16 KiB at head 128)
+constexpr int kMaxEarlyUnits = 4;      // early L2 prefetch: at most a warp's first 4 units
+constexpr int kDefaultEarlyUnits = 2;  // 16 KiB per warp at head 128
 
 struct KernelArgs {
   void* out;
@@ -1013,7 +1014,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.fused = plan.fused ? 1 : 0;
   // v2 let only its combine kernel start early; v3 lets whatever PDL-launched grid comes next.
   a.trigger = plan.pdl || plan.num_splits > 1;
-  a.early_units = plan.early ? kMaxEarlyUnits : 0;
+  a.early_units = plan.early ? (p.early_prefetch_units > 0 ? p.early_prefetch_units : kDefaultEarlyUnits) : 0;
   a.num_blocks = p.num_blocks;
   a.num_heads = p.num_heads;
   a.num_kv_heads = p.num_kv_heads;
@@ -1095,7 +1096,7 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
   if (p.early_prefetch != Prefetch::kAuto && p.early_prefetch != Prefetch::kOff &&
       p.early_prefetch != Prefetch::kOn)
     return false;
-  if (p.num_blocks < 0) return false;
+  if (p.num_blocks < 0 || p.early_prefetch_units < 0 || p.early_prefetch_units > 4) return false;
   if (p.num_seqs > 0 && (!p.out || !p.q || !p.kv_layer || !p.block_tables || !p.context_lens))
     return false;
   // 16-byte vector access to q, out and KV tiles.

@@ -82,9 +82,10 @@ struct PagedDecodeParams {
   Schedule schedule = Schedule::kAuto;
   // Early L2 prefetch (PDL schedules only, i.e. not kV2): before waiting for the previous
   // kernel in the stream, each warp issues cp.async.bulk.prefetch.L2 for the K and V tiles of
-  // its first two units, so that they stream in during that kernel's tail. A hint only (no
+  // its first units (early_prefetch_units), so that they stream in during that kernel's tail. A hint only (no
   // value read before the wait is used after it). Needs num_blocks; kAuto = the measured table.
   Prefetch early_prefetch = Prefetch::kAuto;
+  int early_prefetch_units = 0;  // units per warp the early prefetch covers: 1..4, 0 = 2
   // Number of blocks in kv_layer's pool (0 = unknown: no early prefetch). Block ids read before
   // the wait may be stale, and only ids below this are prefetched.
   int num_blocks = 0;

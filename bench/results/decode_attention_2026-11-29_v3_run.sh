@@ -40,12 +40,12 @@ grep -E "^== |^\[  (PASSED|FAILED) |FAILED|Failure|got .* want|ERROR SUMMARY|LEA
 # the other half; v2 runs in both, which also shows the run-to-run spread):
 # A1 = v2, kernel, wide_kernel (each also with the early L2 prefetch), kAuto and kAuto with the
 # in-loop prefetch (lookahead 1);
-# A2 = v2, fused, wide_fused, and both fused ones with the early L2 prefetch.
+# A2 = v2, fused, wide_fused, and both fused ones with the early L2 prefetch of 1, 2, 4 units.
 step bench_a1 50 "$d/decode_attention" --batches 1,8 --contexts 1024,4096,8192,16384,32768 \
   --schedules v2,kernel,wide_kernel --early kernel,wide_kernel --replays 7 --json "$w/a1.jsonl" > "$w/a1.log" 2>&1
 sed -n '/^streaming read:/,$p' "$w/a1.log"
 step bench_a2 50 "$d/decode_attention" --batches 1,8 --contexts 1024,4096,8192,16384,32768 \
-  --schedules v2,fused,wide_fused --early fused,wide_fused --distances "" --replays 7 \
+  --schedules v2,fused,wide_fused --early fused,wide_fused --early-units 1,2,4 --distances "" --replays 7 \
   --json "$w/a2.jsonl" > "$w/a2.log" 2>&1
 sed -n '/^streaming read:/,$p' "$w/a2.log"
 # B: the large-shape sweep (nothing may regress where B x ctx >= 64k was >= 0.95).

@@ -223,13 +223,16 @@ void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_w
     Prefetch pf;
     int dist;
     Prefetch early;
+    int early_units = 0;
   };
   for (V v : {V{Prefetch::kOff, 1, Prefetch::kOff}, V{Prefetch::kOn, 1, Prefetch::kOff},
               V{Prefetch::kOn, 3, Prefetch::kOff}, V{Prefetch::kAuto, 1, Prefetch::kAuto},
-              V{Prefetch::kOff, 1, Prefetch::kOn}, V{Prefetch::kOn, 1, Prefetch::kOn}}) {
+              V{Prefetch::kOff, 1, Prefetch::kOn}, V{Prefetch::kOn, 1, Prefetch::kOn},
+              V{Prefetch::kOff, 1, Prefetch::kOn, 4}}) {
     p.prefetch = v.pf;
     p.prefetch_distance = v.dist;
     p.early_prefetch = v.early;
+    p.early_prefetch_units = v.early_units;
     CUDA_OK(cudaMemset(d_out.p, 0xff, q.size() * 2));  // poison: NaN in both dtypes
     CUDA_OK(PagedDecodeAttention(p, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
@@ -238,6 +241,7 @@ void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_w
     outs.push_back(std::move(out));
   }
   p.early_prefetch = Prefetch::kAuto;
+  p.early_prefetch_units = 0;
   // Tolerances: P is rounded to the KV type for the tensor-core product, then the output.
   const double atol = s.dtype == DType::kBF16 ? 2e-2 : 3e-3;
   const double rtol = s.dtype == DType::kBF16 ? 2e-2 : 5e-3;
