@@ -135,6 +135,10 @@ Status DecodeConnector::EnsureHandshake(Deadline deadline) {
   while (true) {
     Deadline attempt = std::min(deadline, DeadlineAfterMs(options_.handshake_timeout_ms));
     last = Handshake(attempt);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_handshake_error_ = last;
+    }
     if (last.ok()) return last;
     // A refused layout will not change by retrying.
     if (last.code() == StatusCode::kFailedPrecondition || last.code() == StatusCode::kInvalidArgument)
@@ -329,7 +333,10 @@ std::string DecodeConnector::DescribeLoad(uint64_t request_id) const {
   if (it == loads_.end()) return out + ": no load of this request";
   const Load& load = *it->second;
   if (load.attempts == 0) {
-    return out + ": no Prefill call made yet (handshake pending " + secs(load.started) + ")";
+    return out + ": no Prefill call made yet (handshake pending " + secs(load.started) +
+           (last_handshake_error_.ok() ? ", no attempt answered yet"
+                                       : "; last attempt: " + last_handshake_error_.ToString()) +
+           ")";
   }
   const std::string call =
       load.call_ended ? "Prefill call ended: " + load.call_status.ToString() : "Prefill call still open";

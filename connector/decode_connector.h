@@ -131,6 +131,7 @@ class DecodeConnector {
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
   std::string prefill_instance_id_;
   std::string peer_device_id_;  // guarded by mu_
+  Status last_handshake_error_;  // guarded by mu_: of the last handshake attempt of a load
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -183,6 +183,26 @@ TEST_F(DecodeConnectorTest, UnreachablePrefillFailsWithinTheDeadline) {
   EXPECT_TRUE(Released(weak, 5000));
 }
 
+TEST_F(DecodeConnectorTest, TimeoutBeforeAnyCallSaysTheHandshakeIsPendingAndWhy) {
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_.reset();
+  DecodeConnectorOptions opt;
+  opt.prefill_address = "127.0.0.1:" + std::to_string(port_);
+  opt.handshake_timeout_ms = 200;  // each attempt gives up fast, so one has failed by the wait
+  auto c = DecodeConnector::Create(opt, FakeTransport::Create(), decode_model_.pool.get(),
+                                   MakeLayoutDescriptor(decode_model_.backend->config(), 16));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto lease = Lease(20);
+  ASSERT_TRUE((*c)->StartLoad(7, Prompt(20), lease->ids(), true, DeadlineAfterMs(3000), lease).ok());
+  Status s = (*c)->WaitForLayer(7, 0, DeadlineAfterMs(1200));
+  ASSERT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_NE(s.message().find("no Prefill call made yet (handshake pending"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("last attempt: TIMEOUT: handshake with prefill"), std::string::npos)
+      << s.ToString();
+  (*c)->Finished(7);
+}
+
 TEST_F(DecodeConnectorTest, LayoutMismatchIsRefusedAtHandshakeNamingTheField) {
   DecodeConnectorOptions opt;
   opt.prefill_address = "127.0.0.1:" + std::to_string(port_);
