@@ -6,7 +6,9 @@
 //
 // ucx_staged variants: "ucx_staged" (zero-copy on a same-host peer when the mapping works),
 // "ucx_staged_put" (zero-copy off: device -> pinned send buffer -> UCX put), either with
-// ":cN" for N MiB chunks (both processes), e.g. ucx_staged:c16. Their rows carry "path"
+// ":cN" for N MiB chunks (both processes) and ":kN" for N credits (slots granted to the writer)
+// and N send buffers, ":mN" for at least N chunks per write (min_chunks_per_write), e.g.
+// ucx_staged:c16 or ucx_staged:c8:k3. Their rows carry "path"
 // (zero_copy / ucx_put: what the endpoint actually used).
 //
 // Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
@@ -124,12 +126,22 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
   if (name.rfind("ucx_staged", 0) == 0) {
     transport::staged::StagedOptions o;
     o.device = device;
-    std::string base = name;
-    if (auto colon = name.find(":c"); colon != std::string::npos) {
-      base = name.substr(0, colon);
-      const int mib = std::atoi(name.c_str() + colon + 2);
+    const std::string base = name.substr(0, name.find(':'));
+    if (auto c = name.find(":c"); c != std::string::npos) {
+      const int mib = std::atoi(name.c_str() + c + 2);
       if (mib < 1 || mib > 256) return InvalidArgument("bad chunk size in " + name);
       o.chunk_bytes = size_t(mib) << 20;
+    }
+    if (auto m = name.find(":m"); m != std::string::npos) {
+      const int n = std::atoi(name.c_str() + m + 2);
+      if (n < 1 || n > 64) return InvalidArgument("bad min chunks in " + name);
+      o.min_chunks_per_write = n;
+    }
+    if (auto k = name.find(":k"); k != std::string::npos) {
+      const int n = std::atoi(name.c_str() + k + 2);
+      if (n < 1 || n > 64) return InvalidArgument("bad credit count in " + name);
+      o.credits_per_peer = o.send_buffers = n;
+      o.recv_slots = std::max(o.recv_slots, 2 * n);
     }
     if (base == "ucx_staged_put") {
       o.zero_copy = transport::staged::ZeroCopy::kOff;

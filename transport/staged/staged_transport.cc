@@ -1115,7 +1115,12 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
   const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
   auto completion = std::make_shared<WriteCompletion>(plan.bytes, plan.runs.size());
   std::vector<Chunk> chunks(1);
-  const uint64_t cap = chunk_cap;
+  uint64_t cap = chunk_cap;
+  if (const int m = shared->options.min_chunks_per_write; m > 1) {
+    constexpr uint64_t kMinChunk = 1 << 20, kAlign = 64 << 10;
+    const uint64_t want = (plan.bytes / uint64_t(m) + kAlign - 1) / kAlign * kAlign;
+    cap = std::min(cap, std::max(kMinChunk, want));
+  }
   for (const internal::Run& run : plan.runs) {
     uint64_t src = local_base + run.local_offset, dst = run.remote_offset, len = run.length;
     while (len > 0) {

@@ -76,6 +76,10 @@ struct StagedOptions {
   int64_t connect_timeout_ms = 10000;  // hello -> first credits
   int64_t close_timeout_ms = 10000;    // ~Endpoint's bound on draining
   ZeroCopy zero_copy = ZeroCopy::kAuto;
+  // A write smaller than min_chunks_per_write * chunk_bytes is cut into that many chunks (of at
+  // least 1 MiB) so that the receiver's host -> device copy of its first part overlaps the
+  // device -> host copy of the rest (one layer's latency); 1 = chunks of chunk_bytes always.
+  int min_chunks_per_write = 1;
   // Receiver: a lost writer's slots are reused once the writer process is known to have exited,
   // or after this long (a copy or put of it could still be landing).
   int64_t reclaim_quarantine_ms = 2000;
