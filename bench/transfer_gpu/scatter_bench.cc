@@ -124,10 +124,9 @@ double CallUs(int n, Fn fn) {
   return Median(t);
 }
 
-void RunShape(const std::string& name, uint64_t block, int iters,
+void RunShape(const std::string& name, uint64_t block, uint64_t kBlocks, int iters,
               const std::vector<std::string>& configs, std::map<std::string, double>* host_costs) {
   constexpr int kLayers = 32;
-  constexpr uint64_t kBlocks = 256;
   const uint64_t layer = block * kBlocks;
   const uint64_t pool_blocks = 2 * kBlocks;  // per layer region
   char* src = nullptr;
@@ -146,8 +145,11 @@ void RunShape(const std::string& name, uint64_t block, int iters,
   for (uint64_t i = 0; i < pool_blocks; ++i) ids[i] = i;
   std::shuffle(ids.begin(), ids.end(), rng);
   ids.resize(kBlocks);
-  // Runs per layer: scattered (coalesced like the transport does) and contiguous.
+  // Runs per layer: scattered (coalesced like the transport does) and contiguous; and the same
+  // layers as block-table entries (BlockPlanner, as the transport plans paged writes).
   std::vector<std::vector<CopyRun>> scat(kLayers), contig(kLayers);
+  std::vector<std::vector<cu::BlockEntry>> bscat(kLayers), bcontig(kLayers);
+  uint64_t unit_scat = 0, unit_contig = 0;
   for (int l = 0; l < kLayers; ++l) {
     char* lsrc = src + l * layer;
     char* ldst = dst + l * pool_blocks * block;
@@ -159,6 +161,24 @@ void RunShape(const std::string& name, uint64_t block, int iters,
             "plan");
     scat[l] = planner.runs();
     contig[l] = {CopyRun{reinterpret_cast<uint64_t>(lsrc), reinterpret_cast<uint64_t>(ldst), layer}};
+    ipc::BlockPlanner bp;
+    CheckOk(bp.Build(ops, reinterpret_cast<uint64_t>(lsrc), layer, reinterpret_cast<uint64_t>(ldst),
+                     pool_blocks * block, 1 << 16),
+            "block plan");
+    if (!bp.fits()) {
+      std::fprintf(stderr, "scatter_bench: block planner refused the scattered layer\n");
+      std::exit(1);
+    }
+    bscat[l] = bp.entries();
+    unit_scat = bp.unit_bytes();
+    // Contiguous: the same blocks in order (what a paged write of a fresh pool looks like).
+    std::vector<kvstream::transport::CopyOp> cops;
+    for (uint64_t i = 0; i < kBlocks; ++i) cops.push_back({i * block, i * block, block});
+    CheckOk(bp.Build(cops, reinterpret_cast<uint64_t>(lsrc), layer, reinterpret_cast<uint64_t>(ldst),
+                     pool_blocks * block, 1 << 16),
+            "block plan");
+    bcontig[l] = bp.entries();
+    unit_contig = bp.unit_bytes();
   }
   auto d2d = [&](int n) {
     for (int l = 0; l < n; ++l) {
@@ -239,16 +259,61 @@ void RunShape(const std::string& name, uint64_t block, int iters,
         auto t = Time(kind[0] == 'l' ? iters : std::max(3, iters / 2), s, [&] { launch(n); });
         Emit({name, std::string(kind) + sfx, "param:" + c, n, layer * n, t.first, t.second, base});
       }
+      // The block-table kernel, same config, same layers.
+      auto& bt = scattered ? bscat : bcontig;
+      const uint64_t unit = scattered ? unit_scat : unit_contig;
+      auto blaunch = [&](int n) {
+        for (int l = 0; l < n; ++l) {
+          CheckOk(cu::LaunchBlockScatterCopy(reinterpret_cast<uint64_t>(src + l * layer),
+                                             reinterpret_cast<uint64_t>(dst + l * pool_blocks * block),
+                                             unit, bt[l].data(), bt[l].size(), cfg, s),
+                  "block kernel");
+        }
+      };
+      CHECK_CUDA(cudaMemsetAsync(dst, 0, pool_blocks * block, s));
+      blaunch(1);
+      verify("block:" + c, scattered);
+      for (auto [kind, n, base] : {std::tuple<const char*, int, double>{"layer", 1, base1.first},
+                                   {"prompt", kLayers, base32.first}}) {
+        auto t = Time(kind[0] == 'l' ? iters : std::max(3, iters / 2), s, [&] { blaunch(n); });
+        Emit({name, std::string(kind) + sfx, "block:" + c, n, layer * n, t.first, t.second, base});
+      }
     }
   }
 
-  // Host cost of the calls one Write() makes (first shape only).
-  if (host_costs->empty()) {
+  // Host cost of the calls one Write() makes (the CUDA basics on the first shape only; the
+  // planners and launches per shape).
+  {
+    const std::string nb = std::to_string(kBlocks);
+    ParamKernelConfig cfg;
+    PackedTable pt;
+    (*host_costs)["[" + name + "] PackRuns " + std::to_string(scat[0].size()) + " runs"] =
+        CallUs(200, [&] { (void)cu::PackRuns(scat[0].data(), scat[0].size(), 0, &pt); });
+    (*host_costs)["[" + name + "] param kernel launches, " + std::to_string(scat[0].size()) + " runs"] =
+        CallUs(50, [&] { (void)cu::LaunchParamScatterCopy(pscat[0], cfg, s); });
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    (*host_costs)["[" + name + "] block kernel launch, " + nb + " units"] = CallUs(50, [&] {
+      (void)cu::LaunchBlockScatterCopy(reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst),
+                                       unit_scat, bscat[0].data(), bscat[0].size(), cfg, s);
+    });
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    std::vector<kvstream::transport::CopyOp> ops;
+    for (uint64_t i = 0; i < kBlocks; ++i) ops.push_back({i * block, ids[i] * block, block});
+    ipc::CopyPlanner planner;
+    (*host_costs)["[" + name + "] CopyPlanner::Build " + nb + " scattered ops"] = CallUs(200, [&] {
+      (void)planner.Build(ops, reinterpret_cast<uint64_t>(src), layer, reinterpret_cast<uint64_t>(dst),
+                          pool_blocks * block);
+    });
+    ipc::BlockPlanner bp;
+    (*host_costs)["[" + name + "] BlockPlanner::Build " + nb + " scattered ops"] = CallUs(200, [&] {
+      (void)bp.Build(ops, reinterpret_cast<uint64_t>(src), layer, reinterpret_cast<uint64_t>(dst),
+                     pool_blocks * block, 1 << 16);
+    });
+  }
+  if (host_costs->find("cudaGetDevice") == host_costs->end()) {
     cudaEvent_t e;
     CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     int dev = 0;
-    ParamKernelConfig cfg;
-    PackedTable pt;
     (*host_costs)["cudaGetDevice"] = CallUs(200, [&] { (void)cudaGetDevice(&dev); });
     (*host_costs)["cudaEventRecord"] = CallUs(200, [&] { (void)cudaEventRecord(e, s); });
     CHECK_CUDA(cudaStreamSynchronize(s));
@@ -258,20 +323,8 @@ void RunShape(const std::string& name, uint64_t block, int iters,
       (void)cudaMemcpyAsync(dst, src, 4096, cudaMemcpyDeviceToDevice, s);
     });
     CHECK_CUDA(cudaStreamSynchronize(s));
-    (*host_costs)["PackRuns 255 runs"] = CallUs(200, [&] { (void)cu::PackRuns(scat[0].data(), scat[0].size(), 0, &pt); });
-    (*host_costs)["param kernel launch 255 runs"] = CallUs(50, [&] {
-      (void)cu::LaunchParamScatterCopy(pscat[0], cfg, s);
-    });
-    CHECK_CUDA(cudaStreamSynchronize(s));
     (*host_costs)["table kernel launch 255 runs (+table memcpy)"] = CallUs(50, [&] { table_kernel(scat, 1); });
     CHECK_CUDA(cudaStreamSynchronize(s));
-    ipc::CopyPlanner planner;
-    std::vector<kvstream::transport::CopyOp> ops;
-    for (uint64_t i = 0; i < kBlocks; ++i) ops.push_back({i * block, ids[i] * block, block});
-    (*host_costs)["CopyPlanner::Build 256 scattered ops"] = CallUs(200, [&] {
-      (void)planner.Build(ops, reinterpret_cast<uint64_t>(src), layer, reinterpret_cast<uint64_t>(dst),
-                          pool_blocks * block);
-    });
     CHECK_CUDA(cudaEventDestroy(e));
   }
   CHECK_CUDA(cudaStreamDestroy(s));
@@ -291,6 +344,7 @@ std::vector<std::string> Split(const std::string& s) {
 
 int main(int argc, char** argv) {
   int iters = 15, device = 0;
+  uint64_t long_blocks = 1024;  // a third shape: llama-3-8b at 16k tokens (0 = off)
   std::string configs =
       "t256u4,t256u8,t512u4,t512u8,t128u8,t256u4p16,t256u8p32,t512u4p32,t256u8p64,t512u8p64,"
       "t256u8c528,t512u4c528,t256u8c1056";
@@ -300,6 +354,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--device=", 0) == 0) device = std::stoi(a.substr(9));
     if (a.rfind("--configs=", 0) == 0) configs = a.substr(10);
     if (a.rfind("--json=", 0) == 0) g_json.open(a.substr(7), std::ios::app);
+    if (a.rfind("--long-blocks=", 0) == 0) long_blocks = std::stoull(a.substr(14));
   }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -308,8 +363,12 @@ int main(int argc, char** argv) {
   }
   CHECK_CUDA(cudaSetDevice(device));
   std::map<std::string, double> host_costs;
-  RunShape("llama-3-8b", 64 * 1024, iters, Split(configs), &host_costs);
-  RunShape("llama-2-7b", 256 * 1024, iters, Split(configs), &host_costs);
+  RunShape("llama-3-8b", 64 * 1024, 256, iters, Split(configs), &host_costs);
+  RunShape("llama-2-7b", 256 * 1024, 256, iters, Split(configs), &host_costs);
+  if (long_blocks > 0) {
+    RunShape("llama-3-8b-" + std::to_string(long_blocks * 16), 64 * 1024, long_blocks, iters,
+             Split(configs), &host_costs);
+  }
   std::printf("\n%-11s %-15s %-22s %9s %9s %9s %7s\n", "shape", "case", "variant", "dev us",
               "host us", "dev GB/s", "vs d2d");
   for (const Line& l : g_lines) {

@@ -117,6 +117,108 @@ TEST(CopyPlanner, DisjointIsExactForLargeShuffledPlans) {
   }
 }
 
+// The block planner: paged writes become unit-index pairs; what it cannot express is left to
+// CopyPlanner (fits() false) and bad ops are refused exactly like CopyPlanner refuses them.
+TEST(BlockPlanner, ShuffledBlocksBecomeUnitPairsInRequestOrder) {
+  constexpr uint64_t kB = 64 << 10;
+  std::mt19937_64 rng(21);
+  std::vector<uint64_t> slots(2048);
+  for (uint64_t i = 0; i < slots.size(); ++i) slots[i] = i;
+  std::shuffle(slots.begin(), slots.end(), rng);
+  std::vector<CopyOp> ops;
+  for (uint64_t i = 0; i < 1024; ++i) ops.push_back({i * kB, slots[i] * kB, kB});
+  BlockPlanner b;
+  CopyPlanner c;
+  ASSERT_TRUE(b.Build(ops, kL, 1024 * kB, kR, 2048 * kB, 1 << 16).ok());
+  ASSERT_TRUE(c.Build(ops, kL, 1024 * kB, kR, 2048 * kB).ok());
+  ASSERT_TRUE(b.fits());
+  EXPECT_EQ(b.unit_bytes(), kB);
+  EXPECT_EQ(b.bytes(), 1024 * kB);
+  EXPECT_EQ(b.runs(), c.runs().size());
+  ASSERT_EQ(b.entries().size(), 1024u);
+  for (uint64_t i = 0; i < 1024; ++i) {
+    EXPECT_EQ(b.entries()[i].src, i);
+    EXPECT_EQ(b.entries()[i].dst, slots[i]);
+  }
+  // Fewer units allowed than the write has: not this form.
+  ASSERT_TRUE(b.Build(ops, kL, 1024 * kB, kR, 2048 * kB, 1000).ok());
+  EXPECT_FALSE(b.fits());
+}
+
+TEST(BlockPlanner, CoalescedAndUnevenOpsExpandIntoTheLargestCommonUnit) {
+  // Ops of 2, 1 and 3 blocks of 48 KiB (not a power of two): the unit is 16 KiB, 3 per block.
+  constexpr uint64_t kB = 48 << 10, kU = 16 << 10;
+  std::vector<CopyOp> ops = {{0, 10 * kB, 2 * kB}, {2 * kB, 3 * kB, kB}, {3 * kB, 20 * kB, 3 * kB},
+                             {6 * kB, 0, 0}};
+  BlockPlanner b;
+  CopyPlanner c;
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  ASSERT_TRUE(c.Build(ops, kL, 64 * kB, kR, 64 * kB).ok());
+  ASSERT_TRUE(b.fits());
+  EXPECT_EQ(b.unit_bytes(), kU);
+  EXPECT_EQ(b.bytes(), 6 * kB);
+  EXPECT_EQ(b.runs(), c.runs().size());
+  ASSERT_EQ(b.entries().size(), 18u);
+  // Every byte maps where CopyPlanner's runs put it.
+  std::vector<std::pair<uint64_t, uint64_t>> want, got;
+  for (const CopyRun& r : c.runs()) {
+    for (uint64_t o = 0; o < r.length; o += kU) want.push_back({r.src - kL + o, r.dst - kR + o});
+  }
+  for (const cuda::BlockEntry& e : b.entries()) got.push_back({e.src * kU, e.dst * kU});
+  EXPECT_EQ(got, want);
+}
+
+TEST(BlockPlanner, LeavesOverlapMisalignmentAndHugeRegionsToCopyPlanner) {
+  constexpr uint64_t kB = 4096;
+  BlockPlanner b;
+  // Two ops into the same destination block.
+  std::vector<CopyOp> ops = {{0, 5 * kB, kB}, {kB, 7 * kB, kB}, {2 * kB, 5 * kB, kB}};
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  EXPECT_FALSE(b.fits());
+  // The bitmap is clean afterwards: the same blocks without the overlap fit.
+  ops.pop_back();
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  EXPECT_TRUE(b.fits());
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  EXPECT_TRUE(b.fits());
+  // Partial overlap of a two-block op with a one-block op.
+  ops = {{0, 0, 2 * kB}, {4 * kB, kB, kB}};
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  EXPECT_FALSE(b.fits());
+  // Not 16-byte aligned: offsets, or a base.
+  ops = {{8, 0, kB}, {kB + 8, 2 * kB, kB}};
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  EXPECT_FALSE(b.fits());
+  ops = {{0, 0, kB}, {kB, 2 * kB, kB}};
+  ASSERT_TRUE(b.Build(ops, kL + 8, 64 * kB, kR, 64 * kB, 1 << 16).ok());
+  EXPECT_FALSE(b.fits());
+  // A base 16-byte aligned but not unit aligned is fine (units count from the base).
+  ASSERT_TRUE(b.Build(ops, kL + 16, 64 * kB, kR + 48, 64 * kB, 1 << 16).ok());
+  EXPECT_TRUE(b.fits());
+  EXPECT_EQ(b.unit_bytes(), kB);
+  // A destination region of more units than the bitmap covers.
+  ops = {{0, 0, 16}, {16, 32, 16}};
+  ASSERT_TRUE(b.Build(ops, kL, 64 * kB, kR, (BlockPlanner::kMaxBitmapUnits + 2) * 16, 1 << 16).ok());
+  EXPECT_FALSE(b.fits());
+}
+
+TEST(BlockPlanner, RefusesBadOpsLikeCopyPlanner) {
+  BlockPlanner b;
+  CopyPlanner c;
+  for (std::vector<CopyOp> ops : std::vector<std::vector<CopyOp>>{
+           {{0, 0, 16}, {4090, 0, 16}}, {{0, (1 << 20) - 8, 16}}, {{~0ull - 4, 0, 16}}, {{0, 8, ~0ull}}}) {
+    Status sb = b.Build(ops, kL, 4096, kR, 1 << 20, 1 << 16);
+    Status sc = c.Build(ops, kL, 4096, kR, 1 << 20);
+    EXPECT_EQ(sb.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(sb.ToString(), sc.ToString());
+    EXPECT_FALSE(b.fits());
+  }
+  // Nothing to copy: OK, nothing planned.
+  ASSERT_TRUE(b.Build({}, kL, 4096, kR, 4096, 1 << 16).ok());
+  EXPECT_FALSE(b.fits());
+  EXPECT_EQ(b.bytes(), 0u);
+}
+
 TEST(PackRuns, RoundTripsChunksAndSplits) {
   std::mt19937_64 rng(5);
   std::vector<CopyRun> runs;

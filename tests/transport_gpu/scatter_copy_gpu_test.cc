@@ -134,6 +134,102 @@ TEST_F(ParamScatterTest, OneLargeContiguousRun) {
   CheckCopy({{16, 32, kSrcBytes - 16}}, 0, ParamKernelConfig{512, 4, 0, 0}, "offset by 16/32");
 }
 
+// The block-table kernel: (source unit, destination unit) pairs of one unit size. Same host
+// model as CheckCopy: every destination byte outside the units must keep 0xEE.
+void CheckBlocks(void* src, void* dst, uint64_t dst_bytes,
+                 const std::vector<unsigned char>& host_src, uint64_t unit,
+                 const std::vector<BlockEntry>& e, const ParamKernelConfig& cfg,
+                 cudaStream_t stream, const std::string& what) {
+  CUDA_OK(cudaMemsetAsync(dst, 0xEE, dst_bytes, stream));
+  Status s = LaunchBlockScatterCopy(reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst),
+                                    unit, e.data(), e.size(), cfg, stream);
+  ASSERT_TRUE(s.ok()) << what << ": " << s.ToString();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<unsigned char> want(dst_bytes, 0xEE), got(dst_bytes);
+  for (const BlockEntry& x : e) {
+    std::memcpy(&want[uint64_t(x.dst) * unit], &host_src[uint64_t(x.src) * unit], unit);
+  }
+  CUDA_OK(cudaMemcpy(got.data(), dst, dst_bytes, cudaMemcpyDeviceToHost));
+  if (want != got) {
+    size_t at = 0;
+    while (want[at] == got[at]) ++at;
+    FAIL() << what << ": first wrong byte at destination offset " << at << " (unit "
+           << at / unit << ")";
+  }
+}
+
+std::vector<BlockEntry> ShuffledUnits(size_t n, uint64_t src_units, uint64_t dst_units,
+                                      uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> s(src_units), d(dst_units);
+  for (uint32_t i = 0; i < src_units; ++i) s[i] = i;
+  for (uint32_t i = 0; i < dst_units; ++i) d[i] = i;
+  std::shuffle(s.begin(), s.end(), rng);
+  std::shuffle(d.begin(), d.end(), rng);
+  std::vector<BlockEntry> e(n);
+  for (size_t i = 0; i < n; ++i) e[i] = {s[i % src_units], d[i]};
+  return e;
+}
+
+// 256 units of 64 KiB (a llama-3-8b layer at 4k tokens: one small parameter block) under every
+// launch shape, and 1024 (16k tokens: one launch with 8 KiB of parameters on CUDA >= 12.1).
+TEST_F(ParamScatterTest, BlockTableUnitsLandExactlyUnderEveryLaunchShape) {
+  constexpr uint64_t kUnit = 64 << 10;
+  auto e = ShuffledUnits(256, kSrcBytes / kUnit, kDstBytes / kUnit, 11);
+  for (int threads : {128, 256, 512}) {
+    for (int unroll : {4, 8}) {
+      for (uint64_t piece : {uint64_t(0), uint64_t(16) << 10, uint64_t(48) << 10}) {
+        for (uint32_t ctas : {0u, 7u}) {
+          ParamKernelConfig cfg{threads, unroll, piece, ctas};
+          CheckBlocks(src_, dst_, kDstBytes, host_src_, kUnit, e, cfg, stream_,
+                      "t" + std::to_string(threads) + "u" + std::to_string(unroll) + " piece " +
+                          std::to_string(piece) + " ctas " + std::to_string(ctas));
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  auto e1024 = ShuffledUnits(1024, kSrcBytes / (16 << 10), kDstBytes / (16 << 10), 12);
+  CheckBlocks(src_, dst_, kDstBytes, host_src_, 16 << 10, e1024, ParamKernelConfig{},
+              stream_, "1024 units of 16 KiB");
+}
+
+// Every parameter-block size (508 / 1020 / 2044 / 4088 entries) and more units than one launch
+// holds (several launches), an odd unit size (a shorter last piece), a unit of 16 bytes.
+TEST_F(ParamScatterTest, BlockTableEveryParameterSizeAndSeveralLaunches) {
+  std::printf("block-table launch capacity here: %zu entries\n", BlockTableLaunchCapacity());
+  for (size_t n : {size_t(1), size_t(508), size_t(509), size_t(1020), size_t(2044), size_t(4088),
+                   size_t(4089), size_t(9000)}) {
+    constexpr uint64_t kUnit = 4096;
+    auto e = ShuffledUnits(n, kSrcBytes / kUnit, kDstBytes / kUnit, 100 + n);
+    CheckBlocks(src_, dst_, kDstBytes, host_src_, kUnit, e, ParamKernelConfig{}, stream_,
+                std::to_string(n) + " units of 4 KiB");
+    if (HasFatalFailure()) return;
+  }
+  // 144 B units in 5 pieces of 32 B (the last 16 B); 16 B units.
+  auto e = ShuffledUnits(3000, kSrcBytes / 144, kDstBytes / 144, 5);
+  CheckBlocks(src_, dst_, kDstBytes, host_src_, 144, e, ParamKernelConfig{256, 4, 32, 0},
+              stream_, "144 B units, 32 B pieces");
+  e = ShuffledUnits(2000, 1 << 16, 1 << 16, 6);
+  CheckBlocks(src_, dst_, kDstBytes, host_src_, 16, e, ParamKernelConfig{}, stream_,
+              "16 B units");
+}
+
+TEST_F(ParamScatterTest, BlockTableRefusesBadArgumentsWithoutLaunching) {
+  std::vector<BlockEntry> e = {{0, 0}};
+  const uint64_t s = reinterpret_cast<uint64_t>(src_), d = reinterpret_cast<uint64_t>(dst_);
+  EXPECT_EQ(LaunchBlockScatterCopy(s, d, 4096, e.data(), 1, ParamKernelConfig{300, 4, 0, 0}, stream_).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchBlockScatterCopy(s + 8, d, 4096, e.data(), 1, ParamKernelConfig{}, stream_).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchBlockScatterCopy(s, d, 4100, e.data(), 1, ParamKernelConfig{}, stream_).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(LaunchBlockScatterCopy(s, d, 4096, e.data(), 1, ParamKernelConfig{256, 4, 100, 0}, stream_).code(),
+            StatusCode::kInvalidArgument);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  CUDA_OK(cudaGetLastError());
+}
+
 TEST_F(ParamScatterTest, RefusesBadConfigsWithoutLaunching) {
   std::vector<CopyRun> runs = {{reinterpret_cast<uint64_t>(src_), reinterpret_cast<uint64_t>(dst_), 4096}};
   PackedTable t;

@@ -51,11 +51,13 @@ constexpr uint64_t kPhases = 3;
 uint64_t Phase(int layer) { return static_cast<uint64_t>(layer / kRegions) % kPhases; }
 
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device,
-                                               cuda_ipc::CopyMode mode = cuda_ipc::CopyMode::kAuto) {
+                                               cuda_ipc::CopyMode mode = cuda_ipc::CopyMode::kAuto,
+                                               bool block_table = true) {
   if (name == "cuda_ipc") {
     cuda_ipc::CudaIpcOptions o;
     o.device = device;
     o.copy_mode = mode;
+    o.block_table = block_table;
     return cuda_ipc::CreateCudaIpcTransport(o);
   }
 #if KVSTREAM_HAVE_UCX_STAGED
@@ -261,11 +263,23 @@ class GpuTransportTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
-  for (auto mode : {cuda_ipc::CopyMode::kMemcpy, cuda_ipc::CopyMode::kKernel}) {
-    if (GetParam() != "cuda_ipc" && mode != cuda_ipc::CopyMode::kMemcpy) continue;
+  // cuda_ipc: copy engine, block-table kernel (the default for these paged writes), packed-run
+  // kernel (the previous path, block_table off), and auto mode with the block table.
+  struct Variant {
+    cuda_ipc::CopyMode mode;
+    bool block_table;
+    uint64_t serial;
+  };
+  for (Variant v : {Variant{cuda_ipc::CopyMode::kMemcpy, true, 1000},
+                    Variant{cuda_ipc::CopyMode::kKernel, true, 1001},
+                    Variant{cuda_ipc::CopyMode::kKernel, false, 1002},
+                    Variant{cuda_ipc::CopyMode::kAuto, true, 1003}}) {
+    const cuda_ipc::CopyMode mode = v.mode;
+    if (GetParam() != "cuda_ipc" && v.serial != 1000) continue;
+    SCOPED_TRACE("variant " + std::to_string(v.serial));
     Receiver rx;
     ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-    auto t = MakeBackend(GetParam(), 0, mode);
+    auto t = MakeBackend(GetParam(), 0, mode, v.block_table);
     ASSERT_OK(t.status());
     auto ep = t.value()->Connect(rx.peer);
     ASSERT_OK(ep.status());
@@ -294,7 +308,7 @@ TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
     std::vector<std::unique_ptr<WriteHandle>> handles;
     std::map<std::pair<uint64_t, int>, bool> want;
     for (int layer = 0; layer < kLayers; ++layer) {
-      uint64_t req = RequestId(1000 + static_cast<uint64_t>(mode == cuda_ipc::CopyMode::kKernel), kCount);
+      uint64_t req = RequestId(v.serial, kCount);
       SourceWrite w = MakeSource(req, layer, kCount);
       char* base = static_cast<char*>(src) + layer * kCount * kBlock;
       CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));

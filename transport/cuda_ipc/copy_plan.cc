@@ -90,6 +90,78 @@ bool CopyPlanner::CheckDisjointByGranules() {
   return true;
 }
 
+Status BlockPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base,
+                           uint64_t local_len, uint64_t remote_base, uint64_t remote_len,
+                           size_t max_entries) {
+  entries_.clear();
+  fits_ = false;
+  unit_ = 0;
+  bytes_ = 0;
+  runs_ = 0;
+  // Pass 1: validate, the common power-of-two unit, bytes and coalesced runs.
+  // Units are counted from the bases, so the bases need only the kernel's 16-byte alignment.
+  uint64_t bits = 0;
+  uint64_t prev_l = ~0ull, prev_r = ~0ull;  // end of the previous non-empty op
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const CopyOp& op = ops[i];
+    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
+        op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
+      bytes_ = 0;
+      runs_ = 0;
+      return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
+                             std::to_string(op.local_offset) + ", remote " +
+                             std::to_string(op.remote_offset) + ", length " +
+                             std::to_string(op.length) + ") lies outside the regions (" +
+                             std::to_string(local_len) + " local, " +
+                             std::to_string(remote_len) + " remote bytes)");
+    }
+    if (op.length == 0) continue;
+    bits |= op.local_offset | op.remote_offset | op.length;
+    bytes_ += op.length;
+    if (op.local_offset != prev_l || op.remote_offset != prev_r) ++runs_;
+    prev_l = op.local_offset + op.length;
+    prev_r = op.remote_offset + op.length;
+  }
+  if (bytes_ == 0) return OkStatus();
+  // The unit: the largest power of two dividing every base, offset and length (capped so one
+  // unit's 16-byte words fit 32 bits).
+  const int shift = std::min(__builtin_ctzll(bits), 35);
+  if (shift < 4 || ((local_base | remote_base) & 15u) != 0) return OkStatus();  // not 16-B aligned
+  const uint64_t units = bytes_ >> shift;
+  if (units > max_entries || (local_len >> shift) > 0xffffffffull ||
+      (remote_len >> shift) > kMaxBitmapUnits) {
+    return OkStatus();
+  }
+  // Pass 2: the entries, and the overlap check on a bitmap of destination units.
+  const size_t words = static_cast<size_t>(((remote_len >> shift) + 64) / 64);
+  if (bitmap_.size() < words) bitmap_.resize(words, 0);
+  entries_.resize(static_cast<size_t>(units));
+  cuda::BlockEntry* e = entries_.data();
+  bool overlap = false;
+  for (const CopyOp& op : ops) {
+    if (op.length == 0) continue;
+    const uint32_t s = static_cast<uint32_t>(op.local_offset >> shift);
+    const uint32_t d = static_cast<uint32_t>(op.remote_offset >> shift);
+    const uint32_t m = static_cast<uint32_t>(op.length >> shift);
+    for (uint32_t j = 0; j < m; ++j) {
+      const uint32_t du = d + j;
+      uint64_t& w = bitmap_[du >> 6];
+      const uint64_t bit = 1ull << (du & 63);
+      overlap |= (w & bit) != 0;
+      w |= bit;
+      *e++ = {s + j, du};
+    }
+  }
+  for (const cuda::BlockEntry& x : entries_) bitmap_[x.dst >> 6] = 0;  // back to all zero
+  if (overlap) {
+    entries_.clear();
+    return OkStatus();
+  }
+  unit_ = 1ull << shift;
+  fits_ = true;
+  return OkStatus();
+}
+
 ScatterShape PlanScatter(const CopyRun* runs, size_t n) {
   ScatterShape s;
   if (n == 0) return s;

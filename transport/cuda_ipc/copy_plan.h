@@ -30,6 +30,12 @@ class CopyPlanner {
                uint64_t remote_base, uint64_t remote_len);
   const std::vector<cuda::CopyRun>& runs() const { return runs_; }
   uint64_t bytes() const { return bytes_; }
+  // Forgets the last plan (no runs) without releasing scratch.
+  void Clear() {
+    runs_.clear();
+    bytes_ = 0;
+    disjoint_ = true;
+  }
   bool disjoint() const { return disjoint_; }
 
  private:
@@ -43,6 +49,45 @@ class CopyPlanner {
   std::vector<uint64_t> granule_bits_;  // scratch for CheckDisjointByGranules
   uint64_t bytes_ = 0;
   bool disjoint_ = true;
+};
+
+// The fast plan for paged writes (the block-table kernel, scatter_copy.h): when every op's
+// offsets and length are multiples of one power-of-two unit G >= 16 (a pool's blocks), the write
+// becomes a list of (source unit, destination unit) pairs, built in two passes over the ops with
+// no sorting, no coalescing pass and no per-run lengths.
+//
+// Guarantees:
+//  - Build validates exactly like CopyPlanner::Build (same kInvalidArgument for an op outside
+//    either region) before it says anything else.
+//  - OK + fits() == false when the fast form does not apply: bases or ops not 16-byte aligned,
+//    more than max_entries units, a region too large to index in 32 bits of units or to mark in
+//    the overlap bitmap, or destinations that overlap. The caller then uses CopyPlanner, which
+//    handles all of these; nothing of the write has been posted.
+//  - When fits(): entries() lists every unit of every op in request order; no two entries share a
+//    destination unit (exact check through a bitmap of destination units that is cleared again
+//    before Build returns, so it costs O(units), not O(region)); runs() = the number of runs
+//    CopyPlanner would produce (ops contiguous on both sides with the previous one merged).
+//  - No allocation once the scratch has grown to the largest request seen.
+class BlockPlanner {
+ public:
+  // Ops whose units number more than this are never planned here (the caller's plan then
+  // costs one pass over the ops only).
+  Status Build(const std::vector<CopyOp>& ops, uint64_t local_base, uint64_t local_len,
+               uint64_t remote_base, uint64_t remote_len, size_t max_entries);
+  bool fits() const { return fits_; }
+  const std::vector<cuda::BlockEntry>& entries() const { return entries_; }
+  uint64_t unit_bytes() const { return unit_; }
+  uint64_t bytes() const { return bytes_; }
+  size_t runs() const { return runs_; }
+  // Largest destination region (in units) the overlap bitmap may cover.
+  static constexpr uint64_t kMaxBitmapUnits = 1ull << 24;
+
+ private:
+  std::vector<cuda::BlockEntry> entries_;
+  std::vector<uint64_t> bitmap_;  // all zero between calls
+  uint64_t unit_ = 0, bytes_ = 0;
+  size_t runs_ = 0;
+  bool fits_ = false;
 };
 
 // Launch shape of the scatter kernel for a set of runs: grid (runs, pieces_per_run), each CTA

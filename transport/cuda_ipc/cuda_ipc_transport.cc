@@ -161,7 +161,7 @@ struct ProfileCounters {
   std::atomic<bool> on{false};
   std::atomic<uint64_t> writes{0}, plan_ns{0}, submit_ns{0}, enqueue_ns{0}, total_ns{0};
   std::atomic<uint64_t> copy_ns{0}, record_ns{0};
-  std::atomic<uint64_t> kernel_writes{0}, memcpy_writes{0}, memcpy_calls{0};
+  std::atomic<uint64_t> kernel_writes{0}, memcpy_writes{0}, memcpy_calls{0}, block_writes{0};
   std::atomic<uint64_t> notify_batches{0}, notify_frames{0}, wakeups{0};
 };
 ProfileCounters& Profile() {
@@ -438,6 +438,10 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unique_ptr<RunRing> ring_;
   std::mutex submit_mu_;  // one Write() at a time submits (stream order = queue order)
   CopyPlanner planner_;   // under submit_mu_
+  BlockPlanner block_planner_;  // under submit_mu_
+  // Units one write may carry in the block-table form (several launches beyond
+  // cuda::BlockTableLaunchCapacity()); larger writes take the general plan.
+  static constexpr size_t kMaxBlockEntries = 64 * 1024;
   cuda::PackedTable packed_;  // under submit_mu_
   // Completion thread's scratch (no allocation per batch once grown).
   std::vector<Op*> claimed_;
@@ -515,17 +519,35 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
   }
   const Target& target = targets[static_cast<size_t>(req.remote_region)];
   std::lock_guard<std::mutex> submit(submit_mu_);
-  KV_RETURN_IF_ERROR(planner_.Build(req.ops, reinterpret_cast<uint64_t>(local->region().addr),
-                                    local->region().length, target.addr, target.length));
-  const std::vector<CopyRun>& runs = planner_.runs();
   const CopyMode mode = shared->options.copy_mode;
+  const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
+  // Fast plan first: a paged write (every op a multiple of one unit) becomes a unit-index list
+  // for the block-table kernel, usually one launch. Anything it does not cover takes the general
+  // plan below.
+  bool block = false;
+  if (mode != CopyMode::kMemcpy && shared->options.block_table &&
+      (mode == CopyMode::kKernel || req.ops.size() >= shared->options.kernel_min_runs)) {
+    KV_RETURN_IF_ERROR(block_planner_.Build(req.ops, local_base, local->region().length,
+                                            target.addr, target.length, kMaxBlockEntries));
+    block = block_planner_.fits() &&
+            (mode == CopyMode::kKernel || block_planner_.runs() >= shared->options.kernel_min_runs);
+  }
+  if (!block) {
+    KV_RETURN_IF_ERROR(planner_.Build(req.ops, local_base, local->region().length, target.addr,
+                                      target.length));
+  } else {
+    planner_.Clear();
+  }
+  const std::vector<CopyRun>& runs = planner_.runs();
   // The launch shape matters only where the kernel may run (it costs a pass over the runs).
-  const bool maybe_kernel = mode != CopyMode::kMemcpy && planner_.disjoint() && !runs.empty() &&
+  const bool maybe_kernel = !block && mode != CopyMode::kMemcpy && planner_.disjoint() && !runs.empty() &&
                             (mode == CopyMode::kKernel ||
                              runs.size() >= shared->options.kernel_min_runs);
   const ScatterShape shape = maybe_kernel ? PlanScatter(runs.data(), runs.size()) : ScatterShape{};
-  CopyPath path = ChooseCopyPath(runs.size(), planner_.disjoint(), mode == CopyMode::kMemcpy,
-                                 mode == CopyMode::kKernel, shared->options.kernel_min_runs, shape);
+  CopyPath path = block ? CopyPath::kKernel
+                        : ChooseCopyPath(runs.size(), planner_.disjoint(), mode == CopyMode::kMemcpy,
+                                         mode == CopyMode::kKernel,
+                                         shared->options.kernel_min_runs, shape);
   const uint64_t t1 = profiling ? NowNs() : 0;
 
   DeviceGuard guard(shared->device);
@@ -554,7 +576,14 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
   }
   uint64_t ring_end = 0;
   const uint64_t tc0 = profiling ? NowNs() : 0;
-  if (path != CopyPath::kMemcpy) {
+  if (block) {
+    const std::vector<cuda::BlockEntry>& e = block_planner_.entries();
+    Status ls = cuda::LaunchBlockScatterCopy(local_base, target.addr, block_planner_.unit_bytes(),
+                                             e.data(), e.size(), shared->kernel, s);
+    // Launches already enqueued stay enqueued, but the done event is not recorded, so this op
+    // never completes: report the failure now.
+    if (!ls.ok()) return fail(ls);
+  } else if (path != CopyPath::kMemcpy) {
     // Preferred: the run table rides in the launch parameters (no table memory, no PCIe read
     // before a CTA's first load). Very uneven runs are cut into pieces on the host first.
     const uint64_t split = cuda::ParamSplitBytes(runs.data(), runs.size(), shared->kernel);
@@ -613,8 +642,8 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
   op->dep_event = dep_event;
   op->notify = req.notify;
   op->notification = req.notification;
-  op->bytes = planner_.bytes();
-  op->transfers = runs.size();
+  op->bytes = block ? block_planner_.bytes() : planner_.bytes();
+  op->transfers = block ? block_planner_.runs() : runs.size();
   op->ring_end = ring_end;
   Enqueue(op);
   auto handle = std::unique_ptr<WriteHandle>(new IpcWriteHandle(shared_from_this(), std::move(op)));
@@ -632,6 +661,7 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
       prof.memcpy_calls.fetch_add(runs.size(), std::memory_order_relaxed);
     } else {
       prof.kernel_writes.fetch_add(1, std::memory_order_relaxed);
+      if (block) prof.block_writes.fetch_add(1, std::memory_order_relaxed);
     }
   }
   return handle;
@@ -778,6 +808,7 @@ WriteProfile TakeWriteProfile() {
   w.enqueue_ns = p.enqueue_ns.exchange(0);
   w.total_ns = p.total_ns.exchange(0);
   w.kernel_writes = p.kernel_writes.exchange(0);
+  w.block_writes = p.block_writes.exchange(0);
   w.memcpy_writes = p.memcpy_writes.exchange(0);
   w.memcpy_calls = p.memcpy_calls.exchange(0);
   w.notify_batches = p.notify_batches.exchange(0);
@@ -793,6 +824,11 @@ CopyMode CopyModeFromEnv() {
   if (s == "memcpy") return CopyMode::kMemcpy;
   if (s == "kernel") return CopyMode::kKernel;
   return CopyMode::kAuto;
+}
+
+bool BlockTableFromEnv() {
+  const char* v = std::getenv("KVSTREAM_CUDA_IPC_TABLE");
+  return v != nullptr && std::string(v) == "block";
 }
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options) {
@@ -823,6 +859,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
   CudaIpcOptions o;
   o.device = options.device;
   o.copy_mode = CopyModeFromEnv();
+  o.block_table = BlockTableFromEnv();
   return CreateCudaIpcTransport(o);
 }
 

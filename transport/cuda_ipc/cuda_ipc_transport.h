@@ -13,8 +13,10 @@
 //    priority, so transfers never preempt compute.
 //  - Write(): validates every op, coalesces runs that are contiguous on both sides, optionally
 //    makes the copy stream wait on `after_stream`, then copies with cudaMemcpyAsync per run (few
-//    runs: the copy engines), or, for many scattered runs, with the scatter-copy kernel whose run
-//    table travels in its launch parameters (one launch per 336 runs; runs that are not 16-byte
+//    runs: the copy engines), or, for many scattered runs, with a scatter-copy kernel whose table
+//    travels in its launch parameters: for paged writes (every op a multiple of one power-of-two
+//    unit, destinations disjoint) a unit-index list, one launch per 4088 units with CUDA >= 12.1
+//    (508 before); otherwise packed runs, one launch per 336 runs (runs that are not 16-byte
 //    aligned or lie 64 GiB or more apart use a run table in a pinned host ring instead). The
 //    kernel's launch shape comes from KVSTREAM_CUDA_IPC_KERNEL (scatter_copy.h) or its default.
 //    An event from a per-transport pool marks completion.
@@ -51,6 +53,12 @@ struct CudaIpcOptions {
   int device = -1;                   // device of local registrations and copy streams; -1 = current
   CopyMode copy_mode = CopyMode::kAuto;
   size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
+  // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
+  // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
+  // 4088 units with CUDA >= 12.1 (scatter_copy.h). false: the packed-run path of the previous
+  // pass (<= 336 runs per launch) for every kernel write. Off until measured on the H200
+  // (KVSTREAM_CUDA_IPC_TABLE=block turns it on for the registry's transports).
+  bool block_table = false;
   size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
   int64_t connect_timeout_ms = 5000;
   int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
@@ -63,6 +71,8 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
 
 CopyMode CopyModeFromEnv();
+// true when KVSTREAM_CUDA_IPC_TABLE=block, false when unset or "packed" (the previous path).
+bool BlockTableFromEnv();
 
 // Host-side cost of Write(), for benchmarks: summed over every cuda_ipc endpoint of the process
 // while enabled (off by default; when on, four clock reads per Write()).
@@ -75,6 +85,7 @@ struct WriteProfile {
   uint64_t enqueue_ns = 0;  // op allocation, hand-off to the completion thread, the handle
   uint64_t total_ns = 0;    // the whole Write() after argument checks
   uint64_t kernel_writes = 0, memcpy_writes = 0, memcpy_calls = 0;
+  uint64_t block_writes = 0;  // of kernel_writes: through the block-table kernel
   uint64_t notify_batches = 0, notify_frames = 0;  // the completion thread's socket writes
   uint64_t wakeups = 0;                            // eventfd wakes of a parked completion thread
 };

@@ -297,6 +297,163 @@ Status LaunchParamScatterCopy(const PackedTable& table, const ParamKernelConfig&
   return OkStatus();
 }
 
+// ---- block-table kernel ----------------------------------------------------------------------
+namespace {
+
+// Plain words (no member initialisers): a parameter block is filled only up to the entries used.
+struct RawEntry {
+  uint32_t src, dst;
+};
+static_assert(sizeof(RawEntry) == sizeof(BlockEntry));
+
+template <int kCap>
+struct BlockParams {
+  uint64_t src_base;
+  uint64_t dst_base;
+  uint32_t unit16;   // unit bytes / 16
+  uint32_t k;        // pieces per unit
+  uint32_t piece16;  // ceil(unit16 / k)
+  uint32_t units;    // entries * k
+  RawEntry e[kCap];
+};
+static_assert(sizeof(BlockParams<kBlockTableSmallEntries>) <= 4096, "CUDA < 12.1 parameter limit");
+static_assert(sizeof(BlockParams<kBlockTableMaxEntries>) <= 32764, "CUDA >= 12.1 parameter limit");
+
+// Work unit u: piece (u % k) of entry (u / k). Same inner loop as ParamScatterKernel: kUnroll
+// predicated 16-byte loads in flight per thread before the stores.
+template <int kThreads, int kUnroll, int kCap>
+__global__ void __launch_bounds__(kThreads)
+BlockScatterKernel(const __grid_constant__ BlockParams<kCap> t) {
+  const uint32_t k = t.k;
+  for (uint32_t u = blockIdx.x; u < t.units; u += gridDim.x) {
+    const uint32_t e = u / k;
+    const uint32_t p = u - e * k;
+    const RawEntry ix = t.e[e];
+    const uint64_t off = uint64_t(p) * t.piece16;
+    if (off >= t.unit16) continue;  // the last of k pieces can be empty
+    const uint64_t left = t.unit16 - off;
+    const uint32_t n = static_cast<uint32_t>(left < t.piece16 ? left : t.piece16);
+    const uint4* __restrict__ s =
+        reinterpret_cast<const uint4*>(t.src_base) + (uint64_t(ix.src) * t.unit16 + off);
+    uint4* __restrict__ d = reinterpret_cast<uint4*>(t.dst_base) + (uint64_t(ix.dst) * t.unit16 + off);
+    for (uint32_t base = threadIdx.x; base < n; base += kThreads * kUnroll) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const uint32_t i = base + j * kThreads;
+        if (i < n) v[j] = s[i];
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const uint32_t i = base + j * kThreads;
+        if (i < n) d[i] = v[j];
+      }
+    }
+  }
+}
+
+struct BlockLaunch {
+  uint64_t src_base, dst_base;
+  uint32_t unit16, k, piece16;
+  uint32_t max_ctas;
+};
+
+template <int kThreads, int kUnroll, int kCap>
+cudaError_t LaunchBlockCap(const BlockLaunch& l, const BlockEntry* e, size_t n,
+                           cudaStream_t stream) {
+  BlockParams<kCap> t;  // only the used entries are filled
+  t.src_base = l.src_base;
+  t.dst_base = l.dst_base;
+  t.unit16 = l.unit16;
+  t.k = l.k;
+  t.piece16 = l.piece16;
+  t.units = static_cast<uint32_t>(n * l.k);
+  std::memcpy(t.e, e, n * sizeof(RawEntry));
+  uint32_t grid = t.units;
+  if (l.max_ctas != 0 && grid > l.max_ctas) grid = l.max_ctas;
+  BlockScatterKernel<kThreads, kUnroll, kCap><<<grid, kThreads, 0, stream>>>(t);
+  return cudaGetLastError();
+}
+
+// One launch of n <= BlockTableLaunchCapacity() entries, in the smallest parameter block that
+// holds them.
+template <int kThreads, int kUnroll>
+cudaError_t LaunchBlockChunk(const BlockLaunch& l, const BlockEntry* e, size_t n,
+                             cudaStream_t stream) {
+  if (n <= kBlockTableSmallEntries) return LaunchBlockCap<kThreads, kUnroll, kBlockTableSmallEntries>(l, e, n, stream);
+#if CUDART_VERSION >= 12010
+  if (n <= 1020) return LaunchBlockCap<kThreads, kUnroll, 1020>(l, e, n, stream);
+  if (n <= 2044) return LaunchBlockCap<kThreads, kUnroll, 2044>(l, e, n, stream);
+  if (n <= kBlockTableMaxEntries) return LaunchBlockCap<kThreads, kUnroll, kBlockTableMaxEntries>(l, e, n, stream);
+#endif
+  return cudaErrorInvalidValue;
+}
+
+using BlockLauncher = cudaError_t (*)(const BlockLaunch&, const BlockEntry*, size_t, cudaStream_t);
+
+BlockLauncher PickBlockLauncher(int threads, int unroll) {
+  if (unroll == 4) {
+    if (threads == 128) return &LaunchBlockChunk<128, 4>;
+    if (threads == 256) return &LaunchBlockChunk<256, 4>;
+    if (threads == 512) return &LaunchBlockChunk<512, 4>;
+  } else if (unroll == 8) {
+    if (threads == 128) return &LaunchBlockChunk<128, 8>;
+    if (threads == 256) return &LaunchBlockChunk<256, 8>;
+    if (threads == 512) return &LaunchBlockChunk<512, 8>;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+size_t BlockTableLaunchCapacity() {
+#if CUDART_VERSION >= 12010
+  // Parameters beyond 4 KiB need a 12.1 driver as well as the runtime.
+  static const size_t capacity = [] {
+    int v = 0;
+    return cudaDriverGetVersion(&v) == cudaSuccess && v >= 12010 ? kBlockTableMaxEntries
+                                                                 : kBlockTableSmallEntries;
+  }();
+  return capacity;
+#else
+  return kBlockTableSmallEntries;
+#endif
+}
+
+Status LaunchBlockScatterCopy(uint64_t src_base, uint64_t dst_base, uint64_t unit_bytes,
+                              const BlockEntry* entries, size_t n, const ParamKernelConfig& cfg,
+                              cudaStream_t stream) {
+  if (n == 0) return OkStatus();
+  BlockLauncher launch = PickBlockLauncher(cfg.threads, cfg.unroll);
+  if (launch == nullptr) return InvalidArgument("scatter copy: unsupported threads/unroll");
+  if (((src_base | dst_base | unit_bytes) & 15u) != 0 || unit_bytes == 0 ||
+      unit_bytes / 16 > 0xffffffffull) {
+    return InvalidArgument("scatter copy: block bases and unit must be multiples of 16 (unit < 64 GiB)");
+  }
+  const uint64_t total = unit_bytes * n;
+  const uint64_t piece = cfg.piece_bytes != 0 ? cfg.piece_bytes : PlanPieceBytes(total, cfg);
+  if (piece == 0 || piece % 16 != 0) {
+    return InvalidArgument("scatter copy: piece_bytes must be a positive multiple of 16");
+  }
+  BlockLaunch l;
+  l.src_base = src_base;
+  l.dst_base = dst_base;
+  l.unit16 = static_cast<uint32_t>(unit_bytes / 16);
+  uint64_t k = (unit_bytes + piece / 2) / piece;  // nearest, at least 1, never an empty piece
+  k = std::min<uint64_t>(std::max<uint64_t>(k, 1), std::min<uint64_t>(l.unit16, 65535));
+  l.k = static_cast<uint32_t>(k);
+  l.piece16 = static_cast<uint32_t>((uint64_t(l.unit16) + k - 1) / k);
+  l.max_ctas = cfg.max_ctas;
+  const size_t cap = BlockTableLaunchCapacity();
+  for (size_t first = 0; first < n; first += cap) {
+    const size_t count = std::min(cap, n - first);
+    if (uint64_t(count) * k > 0x7fffffffull) return InvalidArgument("scatter copy: too many pieces");
+    cudaError_t err = launch(l, entries + first, count, stream);
+    if (err != cudaSuccess) return CudaStatus(err, "BlockScatterKernel launch");
+  }
+  return OkStatus();
+}
+
 bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out) {
   ParamKernelConfig c = *out;
   const char* p = text;

@@ -119,6 +119,37 @@ uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig&
 Status LaunchParamScatterCopy(const PackedTable& table, const ParamKernelConfig& cfg,
                               cudaStream_t stream);
 
+// ---- Block-table scatter copy (fixed-size units) --------------------------------------------
+// A paged pool moves whole blocks: every run is a multiple of one unit (the block, or the largest
+// power of two dividing every offset and length). Such a write needs only the unit size and, per
+// unit, a (source unit, destination unit) index pair: 8 bytes per block instead of the packed
+// form's 12 per run, no per-run lengths, no host-side splitting, and no 64 GiB span limit (indices
+// count units, not 16-byte words). With CUDA >= 12.1 (runtime and driver) the index list rides in
+// up to 32 KiB of launch parameters, so a write of up to kBlockTableMaxEntries units is ONE launch
+// (a llama-3-8b layer of a 64k-token prompt); the parameter block is sized to the entries used
+// (4, 8, 16 or 32 KiB), so short tables do not pay for a large one.
+
+struct BlockEntry {
+  uint32_t src = 0;  // unit index from the source base
+  uint32_t dst = 0;  // unit index from the destination base
+};
+
+// Entries one launch can carry: kBlockTableMaxEntries where the runtime and driver allow 32 KiB
+// of kernel parameters (CUDA >= 12.1), else kBlockTableSmallEntries (the 4 KiB limit).
+inline constexpr size_t kBlockTableSmallEntries = 508;
+inline constexpr size_t kBlockTableMaxEntries = 4088;
+size_t BlockTableLaunchCapacity();
+
+// Copies unit_bytes from src_base + e.src * unit_bytes to dst_base + e.dst * unit_bytes for every
+// entry, in as few launches as BlockTableLaunchCapacity() allows (one for most writes). Every
+// unit is cut into k near-equal pieces (k from PlanPieceBytes of the total, as the packed
+// kernel), one CTA per piece. src_base, dst_base and unit_bytes must be multiples of 16;
+// destinations must not overlap. kInvalidArgument for bad arguments or config; the launch error
+// otherwise. Never blocks the host; `entries` may be reused as soon as it returns.
+Status LaunchBlockScatterCopy(uint64_t src_base, uint64_t dst_base, uint64_t unit_bytes,
+                              const BlockEntry* entries, size_t n, const ParamKernelConfig& cfg,
+                              cudaStream_t stream);
+
 // Process default for cuda_ipc: ParamKernelConfig{} unless KVSTREAM_CUDA_IPC_KERNEL is set
 // ("t<threads>u<unroll>p<piece KiB>c<max ctas>", any part optional, e.g. "t512u4p32").
 ParamKernelConfig ParamKernelConfigFromEnv();
