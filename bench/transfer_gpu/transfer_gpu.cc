@@ -586,7 +586,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
         expected_notes++;
       }
       for (auto& h : hs) {
-        Status st = h->Wait(DeadlineAfterMs(30000));
+        Status st = h->Wait(DeadlineAfterMs(10000));
         if (!st.ok()) Die(backend + " wait: " + st.ToString());
       }
       next_req++;

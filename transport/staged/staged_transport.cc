@@ -288,7 +288,14 @@ class Receiver {
  private:
   struct Conn {
     std::unique_ptr<Endpoint> back;
-    std::map<uint64_t, uint32_t> progress;  // write_seq -> chunks on the device
+    // Per write (write_seq): chunks on the device, and its notification once the chunk that
+    // carries it (the last one) has arrived. Chunks may land in any order.
+    struct Progress {
+      uint32_t landed = 0;
+      bool has_note = false;
+      Notification note;
+    };
+    std::map<uint64_t, Progress> progress;
     int pidfd = -1;                         // zero-copy writer's process (same host)
     Clock::time_point last_sent{};
     bool lost = false;
@@ -477,13 +484,20 @@ class Receiver {
       KV_LOG_WARN << "ucx_staged: rejecting a chunk: " << item.error.ToString();
       c.progress.erase(item.write_seq);
       bits = kBitError;
-    } else if (++c.progress[item.write_seq] == item.total) {
-      c.progress.erase(item.write_seq);
+    } else {
+      Conn::Progress& p = c.progress[item.write_seq];
       if (item.has_note) {
-        std::lock_guard<std::mutex> lock(shared_->sink_mu);
-        if (shared_->sink) shared_->sink(item.note);
+        p.has_note = true;
+        p.note = item.note;
       }
-      bits = kBitWriteDone;
+      if (++p.landed == item.total) {
+        if (p.has_note) {
+          std::lock_guard<std::mutex> lock(shared_->sink_mu);
+          if (shared_->sink) shared_->sink(p.note);
+        }
+        c.progress.erase(item.write_seq);
+        bits = kBitWriteDone;
+      }
     }
     Send(item.conn_id, c, Msg(kCredit, (item.write_seq << 16) | item.slot, int32_t(item.conn_id), bits));
   }
@@ -909,6 +923,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     b.chunk = std::move(chunk);
     b.slot = slot;
     b.state = 1;
+    copying_.push_back(&b);
     return OkStatus();
   }
 
@@ -963,25 +978,29 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       bool active = false;
-      for (SendBuf& b : bufs_) {
-        if (b.state == 1) {
-          cudaError_t err = cudaEventQuery(b.event);
-          if (err == cudaErrorNotReady) {
-            active = true;
-            continue;
-          }
-          shared->events.Release(b.event);
-          shared->events.Release(b.dep);
-          b.event = b.dep = nullptr;
-          Status s = CudaStatus(err, "staging copy to host");
-          if (s.ok() && !status_.ok()) s = status_;
-          if (s.ok()) s = PostChunk(b);
-          if (!s.ok()) {
-            ChunkFailedLocked(b, s);
-            b.state = 0;
-          }
-          if (b.state == 0) in_flight_bufs_--;
+      // Copies to the host finish in stream order: announce chunks in the order they started,
+      // so that the peer copies them to the device in that order too.
+      while (!copying_.empty()) {
+        SendBuf& b = *copying_.front();
+        cudaError_t err = cudaEventQuery(b.event);
+        if (err == cudaErrorNotReady) {
+          active = true;
+          break;
         }
+        copying_.pop_front();
+        shared->events.Release(b.event);
+        shared->events.Release(b.dep);
+        b.event = b.dep = nullptr;
+        Status s = CudaStatus(err, "staging copy to host");
+        if (s.ok() && !status_.ok()) s = status_;
+        if (s.ok()) s = PostChunk(b);
+        if (!s.ok()) {
+          ChunkFailedLocked(b, s);
+          b.state = 0;
+        }
+        if (b.state == 0) in_flight_bufs_--;
+      }
+      for (SendBuf& b : bufs_) {
         if (b.state == 2) {
           if (!b.put->Done()) {
             active = true;
@@ -1095,6 +1114,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::vector<std::unique_ptr<WriteHandle>> misc_;   // abandon messages
   Clock::time_point last_ping_ = Clock::now();
   std::vector<SendBuf> bufs_;
+  std::deque<SendBuf*> copying_;  // state 1, in the order their copies started
   std::thread thread_;
 };
 
