@@ -439,6 +439,59 @@ TEST_P(GpuTransportTest, EndpointDestructionStopsWrites) {
   cudaFree(src);
 }
 
+// Cancel() of a write with chunks still queued: the handle completes (kCanceled, or OK when it
+// had gone out entirely), no notification for a canceled write, and the next write lands and is
+// notified as usual.
+TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
+  if (GetParam().rfind("ucx_staged", 0) != 0) GTEST_SKIP() << GetParam() << ": cancel not covered here";
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
+  auto t = MakeBackend(GetParam(), 0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  constexpr size_t kCount = 160;  // 10 MiB: several chunks, some still queued at Cancel()
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, 2 * kCount * kBlock));
+  auto reg = t.value()->Register({src, 2 * kCount * kBlock, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  std::map<std::pair<uint64_t, int>, bool> want;
+  for (int layer = 0; layer < 2; ++layer) {
+    const uint64_t req = RequestId(5000, kCount);
+    SourceWrite w = MakeSource(req, layer, kCount);
+    char* base = static_cast<char*>(src) + layer * kCount * kBlock;
+    CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+    WriteRequest wr;
+    wr.local = reg.value().get();
+    wr.remote_region = layer;
+    for (CopyOp op : w.ops) {
+      op.local_offset += layer * kCount * kBlock;
+      wr.ops.push_back(op);
+    }
+    wr.notify = true;
+    wr.notification = {req, layer, 0};
+    auto h = ep.value()->Write(wr);
+    ASSERT_OK(h.status());
+    if (layer == 0) EXPECT_TRUE(h.value()->Cancel());
+    Status s = h.value()->Wait(DeadlineAfterMs(10000));
+    if (layer == 0) {
+      EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCanceled) << s.ToString();
+      std::printf("[%s] canceled write ended: %s\n", GetParam().c_str(), s.ToString().c_str());
+      if (s.ok()) want[{req, layer}] = true;
+    } else {
+      ASSERT_OK(s);
+      want[{req, layer}] = true;
+    }
+  }
+  EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
+  ASSERT_OK(ep.value()->status());
+  ep.value().reset();
+  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  reg.value().reset();
+  cudaFree(src);
+}
+
 TEST_P(GpuTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
   Receiver rx;
   ASSERT_TRUE(StartReceiver(GetParam(), &rx));
