@@ -473,7 +473,9 @@ TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
     wr.notification = {req, layer, 0};
     auto h = ep.value()->Write(wr);
     ASSERT_OK(h.status());
-    if (layer == 0) EXPECT_TRUE(h.value()->Cancel());
+    if (layer == 0) {
+      EXPECT_TRUE(h.value()->Cancel());
+    }
     Status s = h.value()->Wait(DeadlineAfterMs(10000));
     if (layer == 0) {
       EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCanceled) << s.ToString();
