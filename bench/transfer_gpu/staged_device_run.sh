@@ -58,7 +58,7 @@ export KVSTREAM_LOG_LEVEL=info
   echo "== transfer_gpu sweep t=$(el)"
   timeout -k 3 "$(cap 80 120)" "$B/transfer_gpu" \
     --backends=ucx_staged:c4,ucx_staged:c16,ucx_staged:c32,ucx_staged:c16:m4,ucx_staged:c8:k12,ucx_staged:c2,ucx_staged:c8:k3,ucx_staged_put:c32 \
-    --iters=6 --json="$R/sweep.jsonl" 2>&1
+    --iters=5 --json="$R/sweep.jsonl" 2>&1
   echo "rc=$?"
 } > "$R/sweep.log" 2>&1
 
