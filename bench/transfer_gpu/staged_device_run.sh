@@ -94,7 +94,9 @@ PY
 CHUNK=$(awk '/^CHUNK/ {print $2}' "$R/chunk.txt")
 CHUNK=${CHUNK:-8}
 
-export KVSTREAM_LOG_LEVEL=warn
+# The daemons log at their default level: daemons_gpu_test looks for an info line of theirs
+# (KVSTREAM_LOG_LEVEL=warn here made it fail on the 2026-11-29 15:50 run, tokens equal).
+unset KVSTREAM_LOG_LEVEL
 {
   echo "== daemons_gpu_test (ucx_staged) t=$(el)"
   KVSTREAM_PREFILL_BIN="$B/kvstream-prefill" KVSTREAM_DECODE_BIN="$B/kvstream-decode" \
