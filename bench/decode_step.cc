@@ -12,7 +12,7 @@
 // would cost).
 //
 //   decode_step [--model llama-3-8b] [--device 0] [--streams 32] [--ctx 4096] [--joiners 1,2,4]
-//               [--joiner-ctx 16384] [--sweep 32:40] [--sweep-ctx 1024] [--iters 30]
+//               [--joiner-ctx 16384] [--sweep 32:40|none] [--sweep-ctx 1024] [--iters 30]
 //               [--json FILE]
 #include <algorithm>
 #include <chrono>
@@ -66,6 +66,10 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--joiner-ctx") a->joiner_ctx = std::atoi(val().c_str());
     else if (k == "--sweep") {
       std::string s = val();
+      if (s == "none") {
+        a->sweep_lo = 1, a->sweep_hi = 0;
+        continue;
+      }
       auto c = s.find(':');
       if (c == std::string::npos) return false;
       a->sweep_lo = std::atoi(s.substr(0, c).c_str());
@@ -78,8 +82,9 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       return false;
     }
   }
+  const bool no_sweep = a->sweep_lo == 1 && a->sweep_hi == 0;
   return a->streams > 0 && a->ctx > 0 && a->joiner_ctx > 0 && a->iters > 0 &&
-         a->sweep_lo > 0 && a->sweep_hi >= a->sweep_lo && a->sweep_ctx > 0;
+         (no_sweep || (a->sweep_lo > 0 && a->sweep_hi >= a->sweep_lo)) && a->sweep_ctx > 0;
 }
 
 // Weight bytes one decode step reads: every layer's projections and the LM head (the

@@ -491,12 +491,13 @@ void DecodeServer::SchedulerLoop() {
       auto pick = waiting_.begin();
       if (!running_.empty()) {
         const size_t room = max_batch > running_.size() ? max_batch - running_.size() : 0;
-        std::vector<std::deque<std::shared_ptr<Request>>::iterator> landed;
+        // Positions, not iterators: erasing inside a deque invalidates all of its iterators.
+        std::vector<size_t> landed;
         std::vector<double> landed_kv;
-        for (auto it = waiting_.begin(); it != waiting_.end() && landed.size() < room; ++it) {
-          if (LoadLanded(**it)) {
-            landed.push_back(it);
-            landed_kv.push_back(KvBytes(int((*it)->prompt.size()) - 1));
+        for (size_t i = 0; i < waiting_.size() && landed.size() < room; ++i) {
+          if (LoadLanded(*waiting_[i])) {
+            landed.push_back(i);
+            landed_kv.push_back(KvBytes(int(waiting_[i]->prompt.size()) - 1));
           }
         }
         if (!landed.empty()) {
@@ -504,8 +505,8 @@ void DecodeServer::SchedulerLoop() {
           for (auto& r : running_) running_kv += KvBytes(r->cache_len);
           const size_t k = join_budget_.Admit(running_kv, landed_kv);
           joins_deferred_ += landed.size() - k;
-          for (size_t i = 0; i < k; ++i) joining.push_back(*landed[i]);
-          for (size_t i = k; i-- > 0;) waiting_.erase(landed[i]);
+          for (size_t i = 0; i < k; ++i) joining.push_back(waiting_[landed[i]]);
+          for (size_t i = k; i-- > 0;) waiting_.erase(waiting_.begin() + landed[i]);
         }
         // The others whose first step cannot wait on a prefill: local prompts, failed loads.
         pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
