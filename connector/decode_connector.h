@@ -93,6 +93,8 @@ class DecodeConnector {
   Status StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                    std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,
                    std::shared_ptr<const void> keepalive);
+  // kTimeout says what was missing: which layers landed, whether the prefill acknowledged the
+  // request, and where its Prefill call is.
   Status WaitForLayer(uint64_t request_id, int layer, Deadline deadline);
   Result<LoadResult> WaitForLoad(uint64_t request_id, Deadline deadline);
   // Idempotent. If the load still runs it is cancelled at the prefill (asynchronously).
@@ -113,6 +115,8 @@ class DecodeConnector {
   Status EnsureHandshake(Deadline deadline);
   void MarkPeerLost(const std::string& why);
   void ReapLocked();
+  // The load's state in words (for a timeout status).
+  std::string DescribeLoad(uint64_t request_id) const;
 
   DecodeConnectorOptions options_;
   std::unique_ptr<transport::Transport> transport_;
