@@ -18,7 +18,10 @@
 //
 // Online softmax in fp32 (base 2, the scale folded with log2(e)); per-warp (m, l, O) states are
 // merged in shared memory at the end of the CTA, and split partials (normalised O and its
-// log2-sum-exp) are merged by a second kernel launched with programmatic dependent launch.
+// log2-sum-exp) are merged by a second kernel launched with programmatic dependent launch, or
+// (fused schedules) by the last CTA of each (sequence, KV head). The schedules (Schedule in the
+// header; 4- or 16-warp CTAs, split plan, merge, PDL, early L2 prefetch) change only the layout
+// of this work, and kAuto picks one per shape from kAutoTable (measured).
 #include "kernels/paged_attention.h"
 
 #include <cuda_bf16.h>

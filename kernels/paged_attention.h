@@ -83,7 +83,8 @@ struct PagedDecodeParams {
   // Early L2 prefetch (PDL schedules only, i.e. not kV2): before waiting for the previous
   // kernel in the stream, each warp issues cp.async.bulk.prefetch.L2 for the K and V tiles of
   // its first units (early_prefetch_units), so that they stream in during that kernel's tail. A hint only (no
-  // value read before the wait is used after it). Needs num_blocks; kAuto = the measured table.
+  // value read before the wait is used after it). Needs num_blocks. kAuto = the measured table
+  // when schedule is kAuto too, off with an explicit schedule.
   Prefetch early_prefetch = Prefetch::kAuto;
   int early_prefetch_units = 0;  // units per warp the early prefetch covers: 1..4, 0 = 2
   // Number of blocks in kv_layer's pool (0 = unknown: no early prefetch). Block ids read before
