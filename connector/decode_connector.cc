@@ -1,6 +1,7 @@
 #include "connector/decode_connector.h"
 
 #include <chrono>
+#include <limits>
 
 #include "common/log.h"
 #include "connector/grpc_status.h"
@@ -44,7 +45,20 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   c->local_ = std::move(local);
   DecodeConnector* self = c.get();
   transport->SetNotificationSink([self](const transport::Notification& n) {
+    if ((n.flags & transport::kNotificationLandedOnEvent) == 0) {
+      self->tracker_.OnLanded(n.request_id, n.layer);
+      return;
+    }
+    // Early: the event must be known before a waiter can see the layer as landed.
+    {
+      std::lock_guard<std::mutex> lock(self->early_mu_);
+      self->early_[{n.request_id, n.layer}] = n;
+    }
     self->tracker_.OnLanded(n.request_id, n.layer);
+    if (!self->tracker_.IsLanded(n.request_id, n.layer)) {  // not a tracked request: ignored
+      std::lock_guard<std::mutex> lock(self->early_mu_);
+      self->early_.erase({n.request_id, n.layer});
+    }
   });
   transport::MemoryRegion region;
   region.addr = pool->base();
@@ -283,6 +297,21 @@ Status DecodeConnector::WaitForLayer(uint64_t request_id, int layer, Deadline de
   return tracker_.WaitForLayer(request_id, layer, deadline);
 }
 
+Status DecodeConnector::WaitForLayerOnStream(uint64_t request_id, int layer, void* stream,
+                                             Deadline deadline) {
+  KV_RETURN_IF_ERROR(tracker_.WaitForLayer(request_id, layer, deadline));
+  transport::Notification n;
+  {
+    std::lock_guard<std::mutex> lock(early_mu_);
+    auto it = early_.find({request_id, layer});
+    if (it == early_.end()) return OkStatus();  // a late notification or the final confirmation
+    n = it->second;
+  }
+  return transport_->StreamWaitLanded(n, stream)
+      .WithContext("waiting on the GPU for layer " + std::to_string(layer) + " of request " +
+                   std::to_string(request_id));
+}
+
 Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -298,7 +327,18 @@ Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline de
 }
 
 void DecodeConnector::Finished(uint64_t request_id) {
-  const bool all_landed = tracker_.AllLanded(request_id);
+  bool early = false;
+  {
+    // Early notifications say "enqueued", not "complete": such a request's writes may still be
+    // in flight, so it must not count as quiesced below.
+    std::lock_guard<std::mutex> lock(early_mu_);
+    auto it = early_.lower_bound({request_id, std::numeric_limits<int>::min()});
+    while (it != early_.end() && it->first.first == request_id) {
+      early = true;
+      it = early_.erase(it);
+    }
+  }
+  const bool all_landed = tracker_.AllLanded(request_id) && !early;
   tracker_.Finish(request_id);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(request_id);

@@ -94,6 +94,12 @@ class DecodeConnector {
                    std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,
                    std::shared_ptr<const void> keepalive);
   Status WaitForLayer(uint64_t request_id, int layer, Deadline deadline);
+  // WaitForLayer, then, when the layer's notification was an early one (the transport's
+  // kNotificationLandedOnEvent: the copy was only enqueued), makes `stream` (the compute
+  // cudaStream_t) wait on the GPU for the copy (Transport::StreamWaitLanded); the host does not
+  // wait for it. With late notifications it is WaitForLayer. A writer whose connection is gone
+  // before the wait is issued: kUnavailable (the layer may not have landed).
+  Status WaitForLayerOnStream(uint64_t request_id, int layer, void* stream, Deadline deadline);
   Result<LoadResult> WaitForLoad(uint64_t request_id, Deadline deadline);
   // Idempotent. If the load still runs it is cancelled at the prefill (asynchronously).
   void Finished(uint64_t request_id);
@@ -122,6 +128,10 @@ class DecodeConnector {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<kvstream::v1::Prefill::Stub> stub_;
   LayerTracker tracker_;
+  // Early notifications of tracked requests, by (request, layer): what WaitForLayerOnStream
+  // hands to the transport. Entered before the tracker sees the layer, dropped in Finished().
+  std::mutex early_mu_;
+  std::map<std::pair<uint64_t, int>, transport::Notification> early_;
 
   std::mutex handshake_mu_;           // serialises handshakes
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
