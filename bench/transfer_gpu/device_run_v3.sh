@@ -51,18 +51,23 @@ run transfer_gpu 45 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_packed,cuda_i
   --iters=20 --json="$R/transfer_gpu.jsonl"
 run transfer_gpu 40 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_packed,cuda_ipc_memcpy \
   --models=llama-3-8b --tokens=16384 --iters=10 --json="$R/transfer_gpu_16k.jsonl"
+# TTFT off / on: 4k and 16k when the budget allows both runs (>= 120 s), else 4k only.
+left=$(( BUDGET - $(el) - 5 ))
+lens=${TTFT_LENS:-4096,16384}
+(( left < 120 )) && lens=4096
 for mode in off on; do
   left=$(( BUDGET - $(el) - 5 ))
-  if (( left < 45 )); then echo "== ttft_$mode: SKIPPED (budget, t=$(el)s)" | tee -a "$R/steps.log"; continue; fi
-  # Each run gets half of what is left for both (all of it for the second).
-  [[ $mode == off ]] && left=$(( left / 2 ))
+  share=$left
+  [[ $mode == off ]] && share=$(( left / 2 ))
+  if (( share < 45 )); then echo "== ttft_$mode: SKIPPED (budget ${share}s, t=$(el)s)" | tee -a "$R/steps.log"; continue; fi
   flags=""
   [[ $mode == on ]] && flags="--gpu_landed_wait=true"
-  echo "== ttft_$mode (budget ${left}s, t=$(el)s)" | tee -a "$R/steps.log"
+  echo "== ttft_$mode (lens $lens, budget ${share}s, t=$(el)s)" | tee -a "$R/steps.log"
   OUT="$R/ttft_$mode" SKIP_TEST=1 MODELS=llama-3-8b TRANSPORTS=cuda_ipc \
-    LENS_llama_3_8b=${TTFT_LENS:-4096,16384} EXTRA_MODEL_FLAGS="--max-position 32768" \
-    REQUESTS=${TTFT_REQUESTS:-1} EXTRA_DECODE_FLAGS="$flags" TOTAL_BUDGET=$left \
-    STEP_TIMEOUT=$left bash "$B/run_ttft_gpu.sh" "$B" >> "$R/ttft.log" 2>&1
+    LENS_llama_3_8b=$lens EXTRA_MODEL_FLAGS="--max-position 32768" \
+    REQUESTS=${TTFT_REQUESTS:-1} EXTRA_DECODE_FLAGS="$flags" TOTAL_BUDGET=$(( share + 10 )) \
+    STEP_TIMEOUT=$(( share - 12 )) timeout -k 3 $(( share + 3 )) bash "$B/run_ttft_gpu.sh" "$B" \
+    >> "$R/ttft.log" 2>&1
   echo "rc=$? (t=$(el)s)" | tee -a "$R/steps.log"
 done
 echo "== done (t=$(el)s)" | tee -a "$R/steps.log"
@@ -73,3 +78,4 @@ tar -xzOf "$OUT/all.tgz" r/tests.log r/landed.log r/daemons.log 2>/dev/null |
 tar -xzOf "$OUT/all.tgz" r/scatter_bench.log 2>/dev/null | grep -E "^llama.*(d2d|param|block)" | head -40
 tar -xzOf "$OUT/all.tgz" r/transfer_gpu.log 2>/dev/null | grep -E "^llama" | cut -c1-140
 tar -xzOf "$OUT/all.tgz" r/ttft.log 2>/dev/null | grep -E "cuda_ipc|TTFT|rc=" | tail -20
+tar -xzOf "$OUT/all.tgz" r/ttft_off/bench.log r/ttft_on/bench.log 2>/dev/null | grep -vE "^\s*$" | tail -30
