@@ -242,6 +242,9 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     break;
   }
   if (st.ok()) {
+    // The prefill confirmed every write complete: no layer of it needs a GPU wait any more (and
+    // a wait must not fail because the writer's connection has closed since).
+    DropEarly(id);
     tracker_.OnAllLanded(id);
   } else {
     tracker_.Fail(id, st.WithContext("loading KV of request " + std::to_string(id) + " from prefill"));
@@ -326,18 +329,21 @@ Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline de
   }
 }
 
-void DecodeConnector::Finished(uint64_t request_id) {
-  bool early = false;
-  {
-    // Early notifications say "enqueued", not "complete": such a request's writes may still be
-    // in flight, so it must not count as quiesced below.
-    std::lock_guard<std::mutex> lock(early_mu_);
-    auto it = early_.lower_bound({request_id, std::numeric_limits<int>::min()});
-    while (it != early_.end() && it->first.first == request_id) {
-      early = true;
-      it = early_.erase(it);
-    }
+bool DecodeConnector::DropEarly(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(early_mu_);
+  bool any = false;
+  auto it = early_.lower_bound({request_id, std::numeric_limits<int>::min()});
+  while (it != early_.end() && it->first.first == request_id) {
+    any = true;
+    it = early_.erase(it);
   }
+  return any;
+}
+
+void DecodeConnector::Finished(uint64_t request_id) {
+  // Early notifications say "enqueued", not "complete": a request that still has some may have
+  // writes in flight, so it must not count as quiesced below.
+  const bool early = DropEarly(request_id);
   const bool all_landed = tracker_.AllLanded(request_id) && !early;
   tracker_.Finish(request_id);
   std::lock_guard<std::mutex> lock(mu_);

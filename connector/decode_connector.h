@@ -119,6 +119,8 @@ class DecodeConnector {
   Status EnsureHandshake(Deadline deadline);
   void MarkPeerLost(const std::string& why);
   void ReapLocked();
+  // Forgets request_id's early notifications; true if it had any.
+  bool DropEarly(uint64_t request_id);
 
   DecodeConnectorOptions options_;
   std::unique_ptr<transport::Transport> transport_;
