@@ -8,7 +8,8 @@
 #   scatter_bench.*     the kernels alone: packed-run (param:) vs block-table (block:) vs D2D,
 #                       llama-3-8b / llama-2-7b at 4k and llama-3-8b at 16k tokens
 #   transfer_gpu.*      cuda_ipc (block table) vs cuda_ipc_packed (previous path) vs
-#                       cuda_ipc_memcpy, each against cudaMemcpy D2D of the same bytes, same run
+#                       cuda_ipc_memcpy (vs cuda_ipc_early: early notifications, at 4k), each
+#                       against cudaMemcpy D2D of the same bytes, same run
 #   ttft_off/, ttft_on/ run_ttft_gpu.sh, llama-3-8b over cuda_ipc at 4k and 16k, decode with
 #                       gpu_landed_wait off / on
 # usage (GPU machine, repo root): bash <dir>/device_run_v3.sh <dir-with-binaries> <libs-dir>
@@ -47,7 +48,7 @@ export KVSTREAM_PREFILL_BIN="$B/kvstream-prefill" KVSTREAM_DECODE_BIN="$B/kvstre
 run daemons 60 "$B/daemons_gpu_test" --gtest_filter='*cuda_ipc*'
 run scatter_bench 40 "$B/scatter_bench" --iters=15 --configs=t256u8 --long-blocks=1024 \
   --json="$R/scatter_bench.jsonl"
-run transfer_gpu 45 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_packed,cuda_ipc_memcpy \
+run transfer_gpu 50 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_packed,cuda_ipc_memcpy,cuda_ipc_early \
   --iters=20 --json="$R/transfer_gpu.jsonl"
 run transfer_gpu 40 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_packed,cuda_ipc_memcpy \
   --models=llama-3-8b --tokens=16384 --iters=10 --json="$R/transfer_gpu_16k.jsonl"
