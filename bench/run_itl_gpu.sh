@@ -9,9 +9,12 @@
 #   B  prefill restarted with itl_target_ms = ITL_SLOWDOWN x A's idle ITL p50 (itl_idle_step_ms =
 #      that p50, itl_device_bw_bytes_per_s = DEVICE_BW, itl_hbm_bytes_per_byte = ITL_K), or with
 #      PACE_BYTES_PER_S when set: idle and landing again
+#   D  (DECODE_TARGET=1, default) B's prefill, and the decode restarted with the same
+#      itl_target_ms: landed prompts join a decode step only while it stays within the target
 #   C  (when the budget allows and PACE_FRACTION > 0) prefill paced at PACE_FRACTION x the rate
 #      the landing reached unpaced in A: idle and landing
-# The decode daemon runs throughout (it handshakes again with each restarted prefill).
+# The decode daemon runs throughout A and B (it handshakes again with each restarted prefill); D
+# restarts it.
 #
 #   usage (repo root of the GPU machine): bash bench/run_itl_gpu.sh [BIN_DIR]
 #   BIN_DIR holds kvstream, kvstream-prefill, kvstream-decode.
@@ -20,7 +23,7 @@
 #   summary.txt (what ran, the paced rates, the tables).
 #   Knobs (env): MODEL, TRANSPORT, DEVICE (or PREFILL_DEVICE and DECODE_DEVICE), BACKEND (cuda; cpu to try the script without a GPU),
 #     STREAMS, STREAM_LEN, STREAM_MAX, LANDING_CLIENTS, LANDING_LEN, ROUNDS, PHASE_S, WARMUP_S,
-#     SETTLE_MS, MAX_POSITION, ITL_SLOWDOWN, DEVICE_BW, ITL_K, PACE_BYTES_PER_S, PACE_FRACTION,
+#     SETTLE_MS, MAX_POSITION, ITL_SLOWDOWN, DEVICE_BW, ITL_K, PACE_BYTES_PER_S, PACE_FRACTION, DECODE_TARGET,
 #     STEP_TIMEOUT (s per bench run), TOTAL_BUDGET (s for the whole script), EXTRA_DAEMON_FLAGS.
 set -uo pipefail
 B=${1:-.devbuild/itl}
@@ -48,7 +51,8 @@ ITL_SLOWDOWN=${ITL_SLOWDOWN:-1.2}
 DEVICE_BW=${DEVICE_BW:-4.3e12}   # H200 cudaMemcpy D2D, bytes read + written per s (device README)
 ITL_K=${ITL_K:-2}                # HBM bytes per landed byte: a copy within one GPU
 PACE_BYTES_PER_S=${PACE_BYTES_PER_S:-}
-PACE_FRACTION=${PACE_FRACTION:-0.5}
+PACE_FRACTION=${PACE_FRACTION:-0}
+DECODE_TARGET=${DECODE_TARGET:-1}  # D: the decode also gets itl_target_ms (join budget)
 STEP_TIMEOUT=${STEP_TIMEOUT:-120}
 TOTAL_BUDGET=${TOTAL_BUDGET:-290}
 PORT=${PORT:-46100}
@@ -146,18 +150,21 @@ collect_logs() {
   for f in "$TMP"/prefill_*.log "$TMP/decode.log"; do
     [[ -f "$f" ]] || continue
     echo "=== $(basename "$f") ==="
-    grep -E "paced at|handshake|error|ERROR|WARN|stopped|serving|KV pool" "$f" | tail -n 25
+    grep -E "paced at|handshake|error|ERROR|WARN| W | E |stopped|serving|KV pool" "$f" | tail -n 40
   done > "$OUT/daemons.log"
 }
 
 log "$MODEL/$TRANSPORT: $STREAMS streams x $STREAM_LEN (+$STREAM_MAX), $LANDING_CLIENTS landing x $LANDING_LEN;"\
 " pools decode $DECODE_POOL, prefill $PREFILL_POOL (cache $CACHE_BLOCKS) blocks; max_batch $MAX_BATCH"
+spawn_decode() {  # extra flags...
+  rm -f "$TMP/decode.port"
+  "$B/kvstream-decode" "${common[@]}" --device "$DECODE_DEVICE" --pool_blocks "$DECODE_POOL" --max_batch "$MAX_BATCH" \
+    --log_level warn --listen 127.0.0.1:0 --peer "127.0.0.1:$PORT" --port_file "$TMP/decode.port" "$@" \
+    >> "$TMP/decode.log" 2>&1 &
+  PID_D=$!
+}
 spawn_prefill A
-rm -f "$TMP/decode.port"
-"$B/kvstream-decode" "${common[@]}" --device "$DECODE_DEVICE" --pool_blocks "$DECODE_POOL" --max_batch "$MAX_BATCH" \
-  --log_level warn --listen 127.0.0.1:0 --peer "127.0.0.1:$PORT" --port_file "$TMP/decode.port" \
-  > "$TMP/decode.log" 2>&1 &
-PID_D=$!
+spawn_decode
 if ! wait_port "$TMP/prefill.port" "$PID_P" || ! wait_port "$TMP/decode.port" "$PID_D"; then
   log "daemons did not come up"
   collect_logs
@@ -187,6 +194,20 @@ if [[ -n "$idle_p50" && "$idle_p50" != "nan" ]]; then
     run_bench pacing=itl
   else
     log "B: prefill did not come up: $(tail -n 3 "$TMP/prefill_B.log")"
+  fi
+fi
+
+# D: the same paced prefill, and the decode restarted with the same itl_target_ms: landed
+# prompts join a step only while it stays within the target (decode/join_budget.h).
+if [[ -n "${target:-}" && "$DECODE_TARGET" == 1 ]] && (( TOTAL_BUDGET - $(elapsed) > 60 )); then
+  stop_pid "$PID_D"
+  spawn_decode --itl_target_ms "$target"
+  if wait_port "$TMP/decode.port" "$PID_D"; then
+    DPORT=$(cat "$TMP/decode.port")
+    log "D: decode restarted with --itl_target_ms $target (join budget), prefill as in B"
+    run_bench pacing=itl+join
+  else
+    log "D: decode did not come up: $(tail -n 3 "$TMP/decode.log")"
   fi
 fi
 

@@ -423,7 +423,7 @@ int RunBenchItl(std::span<const std::string> args) {
     double full_seconds = 0;  // whole windows (the Stats deltas span them)
     uint64_t tokens = 0, kv_bytes = 0, loadinfo_bytes = 0, hits = 0;
     // The decode scheduler's own split of its step time (Stats deltas over whole windows).
-    uint64_t steps = 0, loop_us = 0, forward_us = 0, first_step_us = 0;
+    uint64_t steps = 0, loop_us = 0, forward_us = 0, first_step_us = 0, joins_deferred = 0;
     int landed = 0;
     std::vector<double> landing_ttft;
     std::vector<double> round_p50;
@@ -441,6 +441,7 @@ int RunBenchItl(std::span<const std::string> args) {
     a.loop_us += w.dec_end.decode_loop_us() - w.dec_start.decode_loop_us();
     a.forward_us += w.dec_end.decode_forward_us() - w.dec_start.decode_forward_us();
     a.first_step_us += w.dec_end.decode_first_step_us() - w.dec_start.decode_first_step_us();
+    a.joins_deferred += w.dec_end.decode_joins_deferred() - w.dec_start.decode_joins_deferred();
     std::vector<double> round_itl;
     for (const auto& s : bench.streams_) {
       for (size_t i = 0; i < s.size(); ++i) {
@@ -497,7 +498,8 @@ int RunBenchItl(std::span<const std::string> args) {
                              {"forward", a.forward_us / n / 1e3},
                              {"first_steps", a.first_step_us / n / 1e3},
                              {"host", (double(a.loop_us) - a.forward_us - a.first_step_us) / n / 1e3},
-                             {"steps", a.steps}};
+                             {"steps", a.steps},
+                             {"joins_deferred", a.joins_deferred}};
     }
     j["model"] = dstats->model_name();
     j["decode_backend"] = dstats->backend();
@@ -542,10 +544,12 @@ int RunBenchItl(std::span<const std::string> args) {
                 j["landing_gbps"].get<double>(), j["landing_ttft_ms_p50"].get<double>());
     if (j.contains("decode_step_ms")) {
       const json& d = j["decode_step_ms"];
-      std::printf("%-8s   decode step: %.3f ms = forward %.3f + first steps %.3f + host %.3f (%llu steps)\n",
+      std::printf("%-8s   decode step: %.3f ms = forward %.3f + first steps %.3f + host %.3f (%llu steps, "
+                  "%llu joins put off by itl_target_ms)\n",
                   "", d["loop"].get<double>(), d["forward"].get<double>(),
                   d["first_steps"].get<double>(), d["host"].get<double>(),
-                  static_cast<unsigned long long>(d["steps"].get<uint64_t>()));
+                  static_cast<unsigned long long>(d["steps"].get<uint64_t>()),
+                  static_cast<unsigned long long>(d.value("joins_deferred", uint64_t{0})));
     }
     out.erase(phase);  // printed once even if listed twice
   }

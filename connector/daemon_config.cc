@@ -49,7 +49,8 @@ const std::vector<Field>& Fields() {
       KV_FIELD(pace_bytes_per_s, kU64, "prefill: KV write rate limit, bytes/s (0 = unlimited)"),
       KV_FIELD(pace_burst_bytes, kU64, "prefill: burst the rate limit allows (0 = 2 chunks)"),
       KV_FIELD(itl_target_ms, kF64,
-               "prefill: pace KV writes so decode's step stays within this ITL, ms (0 = off)"),
+               "ITL target, ms (0 = off): prefill paces KV writes for it; decode admits landed "
+               "prompts into a step only while the step stays within it"),
       KV_FIELD(itl_idle_step_ms, kF64, "prefill: decode step time with nothing landing, ms"),
       KV_FIELD(itl_step_hbm_bytes, kF64,
                "prefill: decode step HBM bytes (when itl_idle_step_ms is not measured)"),
@@ -176,7 +177,10 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (!(std::isfinite(c.itl_hbm_bytes_per_byte) && c.itl_hbm_bytes_per_byte > 0))
     return InvalidArgument("itl_hbm_bytes_per_byte must be > 0 (2 within one GPU, 1 from a peer "
                            "GPU or the host)");
-  if (c.itl_target_ms > 0 && c.pace_bytes_per_s == 0) {
+  // On the prefill itl_target_ms sets the pacing rate (which needs the step's cost); on the
+  // decode it bounds the landed prompts joining one step (decode/join_budget.h), which learns
+  // the step's cost itself.
+  if (role == "prefill" && c.itl_target_ms > 0 && c.pace_bytes_per_s == 0) {
     if (c.itl_device_bw_bytes_per_s <= 0)
       return InvalidArgument("itl_target_ms needs itl_device_bw_bytes_per_s (the decode GPU's "
                              "measured copy bandwidth)");

@@ -46,6 +46,9 @@ struct DaemonConfig {
   // docs/pacing.md). Used only when pace_bytes_per_s is 0 (an explicit rate wins). With
   // itl_target_ms > 0: itl_device_bw_bytes_per_s > 0 and one of itl_idle_step_ms (measured) or
   // itl_step_hbm_bytes must be given, and the idle step must be below the target.
+  // On the decode, itl_target_ms alone bounds the landed prompts that join one decode step
+  // (decode/join_budget.h): they join while the step, predicted from the steps it ran, stays
+  // within the target (one every other step at least).
   double itl_target_ms = 0;              // decode ITL target per step, ms (0 = none)
   double itl_idle_step_ms = 0;           // decode step time with nothing landing, ms (t0)
   double itl_step_hbm_bytes = 0;         // or the step's HBM bytes (S), when t0 is not measured

@@ -117,14 +117,15 @@ Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg) {
 #endif
 }
 
-Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg) {
+Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg,
+                                                                        const std::string& role) {
   transport::TransportOptions to;
   KV_ASSIGN_OR_RETURN(to.backend, ResolveTransportBackend(cfg));
   to.ucx_tls = cfg.ucx_tls;
   to.ucx_net_devices = cfg.ucx_net_devices;
   to.pace_bytes_per_s = double(cfg.pace_bytes_per_s);
   to.pace_burst_bytes = cfg.pace_burst_bytes;
-  to.itl_target_ms = cfg.itl_target_ms;
+  to.itl_target_ms = role == "decode" ? 0 : cfg.itl_target_ms;
   to.itl_idle_step_ms = cfg.itl_idle_step_ms;
   to.itl_step_hbm_bytes = cfg.itl_step_hbm_bytes;
   to.itl_device_bw_bytes_per_s = cfg.itl_device_bw_bytes_per_s;

@@ -34,7 +34,10 @@ Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg);
 // backend (the same string in every process that uses that GPU), empty for the CPU backend or
 // when the device cannot be queried.
 std::string ComputeDeviceId(const DaemonConfig& cfg);
-Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg);
+// role "prefill" (the writer) or "decode": on the decode itl_target_ms is the join budget
+// (decode/join_budget.h), not a pacing rate, so it does not reach the transport there.
+Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg,
+                                                                        const std::string& role);
 
 // Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it creates later;
 // call first thing in main(). WaitForTerminationSignal() returns the signal received.

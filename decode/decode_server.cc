@@ -18,6 +18,14 @@ int64_t WallMicros() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
+// Weight bytes one decode step reads: every parameter but the input embedding (only the new
+// tokens' rows of it are read), which the LM head is when the embeddings are tied.
+double StepWeightBytes(const model::ModelConfig& c) {
+  double params = double(c.num_parameters());
+  if (!c.tie_word_embeddings) params -= double(c.vocab_size) * c.hidden_size;
+  return params * DTypeSize(c.weight_dtype);
+}
+
 int64_t MicrosSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
 }
@@ -59,7 +67,8 @@ DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBa
       device_id_(connector::ComputeDeviceId(config)),
       backend_(backend),
       pool_(pool),
-      connectors_(std::move(connectors)) {
+      connectors_(std::move(connectors)),
+      join_budget_(config.itl_target_ms * 1e-3, StepWeightBytes(backend->config())) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   if (connectors_.size() > 1) {
     prober_ = std::thread([this] {
@@ -489,17 +498,27 @@ void DecodeServer::SchedulerLoop() {
       auto pick = waiting_.begin();
       if (!running_.empty()) {
         const size_t room = max_batch > running_.size() ? max_batch - running_.size() : 0;
-        for (auto it = waiting_.begin(); it != waiting_.end() && joining.size() < room;) {
-          if (LoadLanded(**it)) {
-            joining.push_back(*it);
-            it = waiting_.erase(it);
-          } else {
-            ++it;
+        // Positions, not iterators: erasing inside a deque invalidates all of its iterators.
+        std::vector<size_t> landed;
+        std::vector<double> landed_kv;
+        for (size_t i = 0; i < waiting_.size() && landed.size() < room; ++i) {
+          if (LoadLanded(*waiting_[i])) {
+            landed.push_back(i);
+            landed_kv.push_back(KvBytes(int(waiting_[i]->prompt.size()) - 1));
           }
+        }
+        if (!landed.empty()) {
+          double running_kv = 0;
+          for (auto& r : running_) running_kv += KvBytes(r->cache_len);
+          const size_t k = join_budget_.Admit(running_kv, landed_kv);
+          joins_deferred_ += landed.size() - k;
+          for (size_t i = 0; i < k; ++i) joining.push_back(waiting_[landed[i]]);
+          for (size_t i = k; i-- > 0;) waiting_.erase(waiting_.begin() + landed[i]);
         }
         // The others whose first step cannot wait on a prefill: local prompts, failed loads.
         pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
-          return !r->remote || r->conn->tracker().Settled(r->id);
+          // (A landed one the join budget put off waits for a later step instead.)
+          return !r->remote || (r->conn->tracker().Settled(r->id) && !LoadLanded(*r));
         });
       }
       if (pick != waiting_.end()) {
@@ -518,10 +537,16 @@ void DecodeServer::SchedulerLoop() {
         for (size_t i = 0; i < max_batch; ++i) batch.push_back(running_[(rr_ + i) % running_.size()]);
         rr_ = (rr_ + max_batch) % running_.size();
       }
+      double step_kv = 0;
+      for (auto& r : batch) step_kv += KvBytes(r->cache_len);
+      for (auto& r : joining) step_kv += KvBytes(int(r->prompt.size()) - 1);
       DecodeStep(batch, joining);
       std::erase_if(running_, [](const std::shared_ptr<Request>& r) { return r->complete; });
       ++steps_;
-      loop_us_ += static_cast<uint64_t>(MicrosSince(iteration_start));
+      // The whole iteration is what the streams' inter-token latency sees (host work too).
+      const int64_t iteration_us = MicrosSince(iteration_start);
+      loop_us_ += static_cast<uint64_t>(iteration_us);
+      join_budget_.Observe(double(iteration_us) * 1e-6, step_kv);
     }
   }
 }
@@ -581,6 +606,7 @@ grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsReques
   c->set_decode_loop_us(loop_us_);
   c->set_decode_forward_us(forward_us_);
   c->set_decode_first_step_us(first_step_us_);
+  c->set_decode_joins_deferred(joins_deferred_);
   c->set_handshakes(cs.handshakes);
   resp->set_quarantined_blocks(cs.quarantined_blocks);
   resp->set_model_name(backend_->config().name);

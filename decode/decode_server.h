@@ -34,6 +34,7 @@
 
 #include "connector/daemon_config.h"
 #include "connector/decode_connector.h"
+#include "decode/join_budget.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
 
@@ -72,6 +73,10 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   // config_.first_step_after_load resolved against r's prefill's device (known after the
   // handshake, which may be redone after a prefill restart).
   bool FirstStepAfterLoad(const Request& r) const;
+  // KV bytes of `tokens` tokens over every layer (what a step reads for a sequence).
+  double KvBytes(int tokens) const {
+    return double(tokens) * double(backend_->config().kv_bytes_per_token());
+  }
   // The prefill connector for a new load (see the class comment).
   connector::DecodeConnector* PickConnector();
 
@@ -93,11 +98,14 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   std::deque<std::shared_ptr<Request>> waiting_;   // first step not done
   std::vector<std::shared_ptr<Request>> running_;  // decoding
   size_t rr_ = 0;
+  // Landed prompts joining a step, within config_.itl_target_ms (decode/join_budget.h).
+  JoinBudget join_budget_;
 
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0}, tokens_{0}, recomputed_{0};
   // Scheduler timing (Stats decode_*): written by the scheduler thread only.
-  std::atomic<uint64_t> steps_{0}, loop_us_{0}, forward_us_{0}, first_step_us_{0};
+  std::atomic<uint64_t> steps_{0}, loop_us_{0}, forward_us_{0}, first_step_us_{0},
+      joins_deferred_{0};
 };
 
 }  // namespace kvstream::decode

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<connector::DecodeConnector>> conns;
   const std::string device_id = connector::ComputeDeviceId(*cfg);
   for (const std::string& peer : connector::SplitPeers(cfg->peer)) {
-    auto transport = connector::CreateTransportFromConfig(*cfg);
+    auto transport = connector::CreateTransportFromConfig(*cfg, "decode");
     if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
     cfg->transport = (*transport)->name();  // as resolved (Stats reports it)
     connector::DecodeConnectorOptions dopt;

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
 
   auto model = connector::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
-  auto transport = connector::CreateTransportFromConfig(*cfg);
+  auto transport = connector::CreateTransportFromConfig(*cfg, "prefill");
   if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
   auto conn = connector::PrefillConnector::Create(
       std::move(transport).value(), model->pool.get(),

@@ -180,6 +180,12 @@ TEST(DaemonConfig, ItlTargetKeysFromFileAndFlags) {
   EXPECT_TRUE(Parse({"--itl_target_ms=5", "--itl_step_hbm_bytes=1e10",
                      "--itl_device_bw_bytes_per_s=4e12"}).ok());
   EXPECT_TRUE(Parse({"--itl_target_ms=5", "--pace_bytes_per_s=1000000"}).ok());
+  // The prefill needs the step's cost to turn a target into a rate; the decode learns it from
+  // its own steps (join budget), so a bare target is enough there.
+  EXPECT_FALSE(Parse({"--itl_target_ms=5"}).ok());
+  auto dec = Parse({"--itl_target_ms=5", "--peer=127.0.0.1:1"}, "decode");
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_DOUBLE_EQ(dec->itl_target_ms, 5);
   // ToJson carries the new keys (the daemons log their resolved config).
   EXPECT_NE(c->ToJson().find("\"itl_target_ms\":12"), std::string::npos) << c->ToJson();
 }

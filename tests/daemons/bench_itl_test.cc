@@ -68,6 +68,8 @@ TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
   }
   const auto& landing = phases["landing"];
   EXPECT_GT(landing["landed_requests"].get<int>(), 0) << landing.dump();
+  // No itl_target_ms on the decode: landed prompts join the next step, never put off.
+  EXPECT_EQ(landing["decode_step_ms"]["joins_deferred"].get<uint64_t>(), 0u) << landing.dump();
   EXPECT_GT(landing["landing_gbps"].get<double>(), 0) << landing.dump();
   // Landing rate from the decode's counters against the landed prompts' own bytes.
   EXPECT_GT(landing["landing_loadinfo_gbps"].get<double>(), 0) << landing.dump();
@@ -77,6 +79,41 @@ TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
   ASSERT_TRUE(comparison.is_object()) << out;
   EXPECT_TRUE(std::isfinite(comparison["p99_landing_over_idle"].get<double>()));
   // Every stream and landing request ended (the bench cancelled the streams): blocks are back.
+  Status d = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
+  EXPECT_TRUE(d.ok()) << d.ToString();
+}
+
+// itl_target_ms on the decode: a target no step can meet (1 us) puts every landed prompt's
+// join off to every other step at best (decode/join_budget.h's progress rule), so joins are
+// deferred while prompts keep landing and finishing, and every block comes back.
+TEST_F(DisaggTest, DecodeItlTargetPutsJoinsOffButTheyStillLand) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny"};
+  pair.prefill = {"--pool_blocks=64", "--prompt_cache_blocks=32"};
+  pair.decode = {"--pool_blocks=1024", "--max_batch=16", "--itl_target_ms=0.001"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const std::string json_path = dir_.path() + "/itl.jsonl";
+  int rc = 0;
+  std::string out = RunCapture(
+      std::string(KVSTREAM_CLI_BIN) + " bench itl --decode " + decode_address() + " --prefill " +
+          prefill_address() +
+          " --streams 3 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 4"
+          " --landing-prompt-len 120 --rounds 1 --phase-s 1.0 --settle-ms 100 --warmup-s 0.2"
+          " --phases landing --json-out " + json_path,
+      &rc, /*with_stderr=*/true);
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream in(json_path);
+  nlohmann::json landing;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "itl_phase" && j["phase"] == "landing") landing = j;
+  }
+  ASSERT_TRUE(landing.is_object()) << out;
+  EXPECT_GT(landing["landed_requests"].get<int>(), 0) << landing.dump();
+  ASSERT_TRUE(landing.contains("decode_step_ms")) << landing.dump();
+  EXPECT_GT(landing["decode_step_ms"]["joins_deferred"].get<uint64_t>(), 0u) << landing.dump();
+  EXPECT_NE(out.find("joins put off"), std::string::npos) << out;
   Status d = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(d.ok()) << d.ToString();
 }

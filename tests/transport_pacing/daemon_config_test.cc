@@ -25,15 +25,27 @@ TEST(DaemonPacing, KeysAreParsedAndRefused) {
             StatusCode::kInvalidArgument);
 }
 
+// On the decode itl_target_ms is the join budget, not a rate: the decode's transport is made
+// without the step cost the prefill needs, and the prefill's is refused without it.
+TEST(DaemonPacing, ItlTargetPacesOnlyThePrefill) {
+  DaemonConfig cfg;
+  cfg.transport = "fake";
+  cfg.itl_target_ms = 12;
+  auto decode = CreateTransportFromConfig(cfg, "decode");
+  EXPECT_TRUE(decode.ok()) << decode.status().ToString();
+  auto prefill = CreateTransportFromConfig(cfg, "prefill");
+  EXPECT_EQ(prefill.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(DaemonPacing, TransportFromConfigIsPaced) {
   DaemonConfig cfg;
   cfg.transport = "fake";
   cfg.pace_bytes_per_s = 8u << 20;   // 8 MiB/s
   cfg.pace_burst_bytes = 512u << 10;
-  auto writer = CreateTransportFromConfig(cfg);
+  auto writer = CreateTransportFromConfig(cfg, "prefill");
   ASSERT_TRUE(writer.ok()) << writer.status().ToString();
   cfg.pace_bytes_per_s = 0;
-  auto reader = CreateTransportFromConfig(cfg);
+  auto reader = CreateTransportFromConfig(cfg, "decode");
   ASSERT_TRUE(reader.ok());
   std::vector<uint8_t> src(2u << 20, 3), dst(2u << 20, 0);
   auto local = std::move((*writer)->Register({src.data(), src.size()})).value();
