@@ -45,7 +45,8 @@ run tests 45 "$B/scatter_copy_gpu_test" --gtest_brief=1
 run tests 45 "$B/transport_gpu_test"
 run landed 45 "$B/landed_event_gpu_test"
 export KVSTREAM_PREFILL_BIN="$B/kvstream-prefill" KVSTREAM_DECODE_BIN="$B/kvstream-decode"
-run daemons 60 "$B/daemons_gpu_test" --gtest_filter='*cuda_ipc*'
+# (info level: the test looks for the decode's "prefill computes on this GPU" line)
+run daemons 60 env -u KVSTREAM_LOG_LEVEL "$B/daemons_gpu_test" --gtest_filter='*cuda_ipc*'
 run scatter_bench 40 "$B/scatter_bench" --iters=15 --configs=t256u8 --long-blocks=1024 \
   --json="$R/scatter_bench.jsonl"
 run transfer_gpu 50 "$B/transfer_gpu" --backends=cuda_ipc,cuda_ipc_packed,cuda_ipc_memcpy,cuda_ipc_early \

@@ -4,8 +4,8 @@
 // such a waiting stream.
 //
 // Three processes: this test (orchestrator), a "waiter" (the receiver: a cuda_ipc transport with
-// gpu_landed_wait, a pool, a stream) and a "writer" (connects, holds its copy back behind a host
-// callback that sleeps on its producer stream, then writes into the waiter's pool). The waiter
+// gpu_landed_wait, a pool, a stream) and a "writer" (connects, holds its copy back behind a
+// kernel that spins on its producer stream, then writes into the waiter's pool). The waiter
 // runs apart from the orchestrator so that a stream stuck forever cannot take the test down
 // with it (the orchestrator kills it and checks the GPU still works).
 //
@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport_gpu/spin_kernel.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 
@@ -52,12 +53,12 @@ int64_t MsSince(Clock::time_point t) {
 // ---- writer ------------------------------------------------------------------------------
 // argv: --helper=writer --addr=HEX --key=HEX --raddr=N --rlen=N --hold-ms=N
 // Fills its source with kByte, then writes kBlocks blocks (destination block 4*i+1) with
-// after_stream = a stream held by a host callback sleeping hold-ms, notify {7, 0}. Prints
-// POSTED, then DONE <status> when its handle completes; exits when stdin closes.
-void SleepMs(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); }
-
+// after_stream = a stream held by a kernel spinning hold-ms, notify {7, 0}. Prints POSTED, then
+// DONE <status> when its handle completes; exits when stdin closes. (A host callback held the
+// stream in the first sitting: the waiter then got no notification for the whole hold, see
+// bench/results/transfer_gpu_2026-11-29_v3.md.)
 int RunWriter(const std::map<std::string, std::string>& a) {
-  static int hold_ms = std::stoi(a.at("hold-ms"));
+  const int hold_ms = std::stoi(a.at("hold-ms"));
   if (cudaSetDevice(0) != cudaSuccess) return 2;
   cuda_ipc::CudaIpcOptions o;
   o.device = 0;
@@ -76,7 +77,10 @@ int RunWriter(const std::map<std::string, std::string>& a) {
   if (!reg.ok()) { Say("ERROR " + reg.status().ToString()); return 1; }
   cudaStream_t producer;
   if (cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking) != cudaSuccess) return 2;
-  if (cudaLaunchHostFunc(producer, SleepMs, &hold_ms) != cudaSuccess) return 2;
+  if (kvstream::testing::LaunchSpin(producer, static_cast<unsigned long long>(hold_ms) * 1000000ull) !=
+      cudaSuccess) {
+    return 2;
+  }
   WriteRequest wr;
   wr.local = reg.value().get();
   wr.remote_region = 0;
@@ -130,7 +134,7 @@ int RunWaiter(const std::map<std::string, std::string>& a) {
   Say("READY " + ToHex(t.value()->LocalAddress()) + " " + ToHex(reg.value()->RemoteKey()) + " " +
       std::to_string(reinterpret_cast<uint64_t>(pool)) + " " + std::to_string(kPoolBytes));
   Notification n;
-  for (auto d = DeadlineAfterMs(20000);;) {
+  for (auto d = DeadlineAfterMs(10000);;) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!notes.empty()) {
@@ -138,7 +142,7 @@ int RunWaiter(const std::map<std::string, std::string>& a) {
         break;
       }
     }
-    if (Expired(d)) { Say("ERROR no notification"); return 1; }
+    if (Expired(d)) { Say("ERROR no notification within 10 s"); return 1; }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   Status w = t.value()->StreamWaitLanded(n, s);
@@ -247,6 +251,11 @@ TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
   std::string line = p.waiter.ReadLine(DeadlineAfterMs(15000));
   EXPECT_EQ(line.rfind("RELEASED ", 0), 0u) << line;
   EXPECT_NE(line.find("cudaSuccess"), std::string::npos) << line;
+  // The waiter's stream stayed held for most of the writer's 400 ms: the notification came
+  // before the copy (a late one would release it at once).
+  long long released_ms = -1;
+  std::sscanf(line.c_str(), "RELEASED %lld", &released_ms);
+  EXPECT_GE(released_ms, 100) << line;
   EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "DATA OK");
   EXPECT_EQ(p.writer.ReadLine(DeadlineAfterMs(15000)), "DONE OK");
   EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "AFTER OK");  // writer still connected
