@@ -1,9 +1,17 @@
-// Decode-attention benchmark: the paged kernel (prefetch off / on at several lookahead
-// distances / the kAuto choice) on the paper's shapes, against a plain streaming-read kernel
-// measured in the same run. JSON lines (stdout and --json FILE) plus a table at the end.
+// Decode-attention benchmark: the paged kernel's schedules (Schedule::kV2 = the v2 kernel, the
+// v3 ones, kAuto) with prefetch off, and the kAuto schedule with prefetch on at several
+// lookahead distances, on the paper's shapes, against a plain streaming-read kernel measured
+// in the same run. JSON lines (stdout and --json FILE) plus a table at the end.
 //
 //   decode_attention [--json FILE] [--mem-cap-gib N] [--models a,b] [--batches 1,8]
 //                    [--contexts 1024,4096] [--replays N] [--quick]
+//                    [--schedules v2,kernel,fused,wide_kernel,wide_fused,auto]
+//                    [--early fused,wide_fused] [--early-units 1,2,4]
+//                    [--distances 1,2] [--split-probes 0.5,2] [--no-graph]
+//
+// A decode step runs the attention as back-to-back launches on one stream; the graph (one per
+// variant, launches cycling through the KV sets) is that sequence without the host's launch
+// cost in the way (--no-graph times the same launches issued one by one).
 //
 // Method: random fp16 data; per shape several KV sets (each its own pool with a random
 // permutation of its blocks as the block tables) rotated so that >= 320 MiB are touched between
@@ -50,12 +58,46 @@ std::vector<int> ParseInts(const std::string& s) {
 }
 
 
+std::vector<double> ParseDoubles(const std::string& s) {
+  std::vector<double> v;
+  std::stringstream ss(s);
+  std::string t;
+  while (std::getline(ss, t, ',')) v.push_back(std::atof(t.c_str()));
+  return v;
+}
+
 struct Variant {
   std::string name;
   Prefetch prefetch;
   int distance;
   double split_factor = 0;  // 0: the launcher's plan; else that many times the planned splits
+  Schedule schedule = Schedule::kAuto;
+  std::string sched_name = "auto";
+  Prefetch early = Prefetch::kOff;  // early L2 prefetch before the wait for the previous kernel
+  int early_units = 0;              // its depth (0 = the launcher's default)
 };
+
+const char* ScheduleName(Schedule s) {
+  switch (s) {
+    case Schedule::kAuto: return "auto";
+    case Schedule::kV2: return "v2";
+    case Schedule::kKernel: return "kernel";
+    case Schedule::kFused: return "fused";
+    case Schedule::kWideKernel: return "wide_kernel";
+    case Schedule::kWideFused: return "wide_fused";
+  }
+  return "?";
+}
+
+bool ParseSchedule(const std::string& n, Schedule* s) {
+  for (Schedule x : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
+                     Schedule::kWideKernel, Schedule::kWideFused})
+    if (n == ScheduleName(x)) {
+      *s = x;
+      return true;
+    }
+  return false;
+}
 
 }  // namespace
 
@@ -66,7 +108,13 @@ int main(int argc, char** argv) {
   std::vector<Model> models = {{"llama-2-7b", 32, 32}, {"llama-3-8b", 32, 8}, {"qwen2.5-7b", 28, 4}};
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> contexts = {1024, 4096, 8192, 16384, 32768};
-  std::vector<int> distances = {1, 2, 4};
+  std::vector<int> distances = {1};
+  std::vector<double> split_probes;
+  std::vector<Schedule> schedules = {Schedule::kV2, Schedule::kKernel, Schedule::kFused,
+                                     Schedule::kWideKernel, Schedule::kWideFused, Schedule::kAuto};
+  bool force_loop = false;
+  std::vector<Schedule> early_schedules = {Schedule::kFused, Schedule::kWideFused};
+  std::vector<int> early_units = {0};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -82,6 +130,40 @@ int main(int argc, char** argv) {
     else if (a == "--batches") batches = ParseInts(next());
     else if (a == "--contexts") contexts = ParseInts(next());
     else if (a == "--distances") distances = ParseInts(next());
+    else if (a == "--split-probes") split_probes = ParseDoubles(next());
+    else if (a == "--no-graph") force_loop = true;
+    else if (a == "--early-units") early_units = ParseInts(next());
+    else if (a == "--early") {
+      early_schedules.clear();
+      std::stringstream ss(next());
+      std::string t;
+      while (std::getline(ss, t, ',')) {
+        Schedule sc;
+        if (!t.empty() && ParseSchedule(t, &sc) && sc != Schedule::kAuto && sc != Schedule::kV2) {
+          early_schedules.push_back(sc);
+        } else if (!t.empty()) {
+          std::fprintf(stderr, "--early: bad schedule %s\n", t.c_str());
+          return 2;
+        }
+      }
+    }
+    else if (a == "--schedules") {
+      schedules.clear();
+      std::stringstream ss(next());
+      std::string t;
+      while (std::getline(ss, t, ',')) {
+        Schedule sc;
+        if (!ParseSchedule(t, &sc)) {
+          std::fprintf(stderr, "unknown schedule %s\n", t.c_str());
+          return 2;
+        }
+        schedules.push_back(sc);
+      }
+      if (std::find(schedules.begin(), schedules.end(), Schedule::kAuto) == schedules.end())
+        schedules.push_back(Schedule::kAuto);  // the summary compares v2 with what kAuto runs
+      if (std::find(schedules.begin(), schedules.end(), Schedule::kV2) == schedules.end())
+        schedules.insert(schedules.begin(), Schedule::kV2);
+    }
     else if (a == "--models") {
       const std::string m = next();
       std::vector<Model> keep;
@@ -138,17 +220,43 @@ int main(int argc, char** argv) {
   CK(cudaFree(sbuf));
   sbuf = nullptr;
 
-  std::vector<Variant> variants = {{"off", Prefetch::kOff, 1}};
-  for (int d : distances) variants.push_back({"on_d" + std::to_string(d), Prefetch::kOn, d});
-  // Split-plan probes (prefetch off): half and twice the planned split count.
-  variants.push_back({"off_splits_x0.5", Prefetch::kOff, 1, 0.5});
-  variants.push_back({"off_splits_x2", Prefetch::kOff, 1, 2.0});
+  // Every schedule with prefetch off (variant 0 = v2, the old path; the kAuto one is named
+  // "auto"), then prefetch on / split probes of the kAuto schedule.
+  std::vector<Variant> variants;
+  for (Schedule sc : schedules) {
+    const std::string n = ScheduleName(sc);
+    if (sc == Schedule::kAuto)
+      variants.push_back({"auto", Prefetch::kAuto, 1, 0, sc, n, Prefetch::kAuto});  // what a caller gets
+    else
+      variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n});
+  }
+  for (Schedule sc : early_schedules)
+    for (int eu : early_units) {
+      const std::string n = std::string(ScheduleName(sc)) + "+early" + (eu > 0 ? std::to_string(eu) : "");
+      variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n, Prefetch::kOn, eu});
+    }
+  std::stable_sort(variants.begin(), variants.end(),
+                   [](const Variant& x, const Variant& y) { return x.schedule == Schedule::kV2 && y.schedule != Schedule::kV2; });
+  for (int d : distances)
+    variants.push_back({"auto_on_d" + std::to_string(d), Prefetch::kOn, d, 0, Schedule::kAuto, "auto",
+                        Prefetch::kAuto});
+  for (double f : split_probes) {
+    std::ostringstream n;
+    n << "auto_off_splits_x" << f;
+    variants.push_back({n.str(), Prefetch::kOff, 1, f, Schedule::kAuto, "auto", Prefetch::kAuto});
+  }
+  size_t auto_vi = 0;
+  for (size_t vi = 0; vi < variants.size(); ++vi)
+    if (variants[vi].schedule == Schedule::kAuto && variants[vi].prefetch == Prefetch::kAuto)
+      auto_vi = vi;
 
   struct Row {
     std::string model;
-    int batch, ctx, splits, auto_on;
-    double gbps_off, gbps_on1, gbps_best_on, frac_auto;
-    int best_d;
+    int batch, ctx, splits_v2, splits_auto;
+    std::string auto_sched;
+    double gbps_v2, gbps_auto;
+    std::vector<double> gbps_sched;  // per schedule variant (prefetch off)
+    double pf_gain;
     bool identical;
   };
   std::vector<Row> rows;
@@ -218,7 +326,8 @@ int main(int argc, char** argv) {
         p.context_lens = d_lens;
         p.kv_layer = pool;
         p.block_tables = d_tables;
-        const int splits = PagedDecodeNumSplits(p);
+        p.num_blocks = int(set_blocks);  // each set's pool (bounds the early prefetch)
+        const int splits = PagedDecodeNumSplits(p);  // kAuto's plan
         auto splits_for = [&](const Variant& v) {
           return v.split_factor > 0 ? std::max(1, int(std::lround(splits * v.split_factor))) : 0;
         };
@@ -226,11 +335,15 @@ int main(int argc, char** argv) {
         for (const Variant& v : variants) {
           PagedDecodeParams q = p;
           q.num_splits = splits_for(v);
+          q.schedule = v.schedule;
           ws_bytes = std::max(ws_bytes, PagedDecodeWorkspaceBytes(q));
         }
         const bool auto_on = PagedDecodeAutoPrefetch(p);
         void* ws = nullptr;
-        if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
+        if (ws_bytes) {
+          CK(cudaMalloc(&ws, ws_bytes));
+          CK(cudaMemset(ws, 0, ws_bytes));  // the workspace contract (fused-combine counters)
+        }
         p.workspace = ws;
         p.workspace_bytes = ws_bytes;
         auto set_params = [&](int s, const Variant& v) {
@@ -240,31 +353,52 @@ int main(int argc, char** argv) {
           q.prefetch = v.prefetch;
           q.prefetch_distance = v.distance;
           q.num_splits = splits_for(v);
+          q.schedule = v.schedule;
+          q.early_prefetch = v.early;
+          q.early_prefetch_units = v.early_units;
           return q;
         };
 
-        // Outputs of the variants on set 0 must be bit-identical.
-        bool identical = true;
-        std::vector<uint16_t> ref(qn), got(qn);
+        // Prefetch variants of one schedule must give bit-identical outputs (on set 0); every
+        // variant's output must be finite and agree with v2's to fp16 rounding (different
+        // schedules split and merge differently).
+        bool identical = true, finite = true;
+        double max_diff_v2 = 0;
+        std::vector<uint16_t> v2_out(qn), got(qn);
+        std::vector<std::vector<uint16_t>> sched_out(variants.size());
         for (size_t vi = 0; vi < variants.size(); ++vi) {
           if (variants[vi].split_factor > 0) continue;  // other split plans round differently
           CK(cudaMemsetAsync(d_out, 0xff, qn * 2, st));
           CK(PagedDecodeAttention(set_params(0, variants[vi]), st));
           CK(cudaStreamSynchronize(st));
-          CK(cudaMemcpy(vi == 0 ? ref.data() : got.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
-          if (vi > 0 && std::memcmp(ref.data(), got.data(), qn * 2) != 0) identical = false;
+          CK(cudaMemcpy(got.data(), d_out, qn * 2, cudaMemcpyDeviceToHost));
+          for (uint16_t h : got)
+            if ((h & 0x7c00) == 0x7c00) finite = false;
+          if (vi == 0) v2_out = got;
+          for (size_t i = 0; i < qn; ++i)
+            max_diff_v2 = std::max(max_diff_v2, double(std::fabs(__half2float(__ushort_as_half(got[i])) -
+                                                                 __half2float(__ushort_as_half(v2_out[i])))));
+          // The first variant of each schedule is the reference of its other variants.
+          size_t first = vi;
+          for (size_t k = 0; k < vi; ++k)
+            if (variants[k].schedule == variants[vi].schedule && variants[k].split_factor == 0) {
+              first = k;
+              break;
+            }
+          if (first == vi) {
+            sched_out[vi] = got;
+          } else if (std::memcmp(sched_out[first].data(), got.data(), qn * 2) != 0) {
+            identical = false;
+          }
         }
-        bool finite = true;
-        for (uint16_t h : ref)
-          if ((h & 0x7c00) == 0x7c00) finite = false;
 
         // One graph per variant: `launches` launches cycling through the sets.
         const int min_launches = int(std::clamp(double(size_t(4) << 30) / double(set_bytes), 4.0, 24.0));
         const int launches = n_sets * std::max(1, (min_launches + n_sets - 1) / n_sets);
         // Graph capture (falls back to timing plain launch loops if capture is refused).
         std::vector<cudaGraphExec_t> execs(variants.size(), nullptr);
-        bool use_graph = true;
-        for (size_t vi = 0; vi < variants.size() && use_graph; ++vi) {
+        bool use_graph = !force_loop;
+        for (size_t vi = 0; vi < variants.size() && use_graph; ++vi) {  // (skipped with --no-graph)
           cudaGraph_t g = nullptr;
           if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
             use_graph = false;
@@ -278,7 +412,7 @@ int main(int argc, char** argv) {
           if (g) cudaGraphDestroy(g);
           if (!ok) use_graph = false;
         }
-        if (!use_graph) {
+        if (!use_graph && !force_loop) {
           (void)cudaGetLastError();
           std::fprintf(stderr, "graph capture refused; timing launch loops instead\n");
           for (auto& e : execs)
@@ -320,7 +454,10 @@ int main(int argc, char** argv) {
           o << "{\"bench\":\"decode_attention\",\"impl\":\"paged\",\"model\":\"" << m.name
             << "\",\"heads\":" << m.heads << ",\"kv_heads\":" << m.kv_heads << ",\"head_dim\":" << D
             << ",\"block\":" << bs << ",\"dtype\":\"f16\",\"batch\":" << B << ",\"ctx\":" << ctx
-            << ",\"variant\":\"" << variants[vi].name << "\",\"prefetch\":"
+            << ",\"variant\":\"" << variants[vi].name << "\",\"schedule\":\""
+            << ScheduleName(PagedDecodeResolvedSchedule(set_params(0, variants[vi])))
+            << "\",\"early_prefetch\":" << (variants[vi].early == Prefetch::kOn ? "true" : "false")
+            << ",\"prefetch\":"
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
             << ",\"prefetch_distance\":" << variants[vi].distance
             << ",\"splits\":" << PagedDecodeNumSplits(set_params(0, variants[vi]))
@@ -332,31 +469,50 @@ int main(int argc, char** argv) {
             << ",\"launches_per_graph\":" << launches << ",\"graph\":" << (use_graph ? "true" : "false") << "}";
           emit(o.str());
         }
-        // Summary: off vs on (distance 1, the paper's), best distance, the kAuto choice.
-        size_t best_on = 1;
-        for (size_t vi = 1; vi < variants.size(); ++vi)
-          if (variants[vi].prefetch == Prefetch::kOn && med[vi] < med[best_on]) best_on = vi;
-        const double us_off = med[0], us_on1 = med.size() > 1 ? med[1] : med[0];
-        const double us_auto = auto_on ? us_on1 : us_off;
-        const double us_other = auto_on ? us_off : us_on1;
-        const double gbps_auto = kv_bytes / (us_auto * 1e-6) / 1e9;
+        // Summary: v2 (the old path) vs what kAuto runs, each schedule, the prefetch gain of the
+        // kAuto schedule (distance 1, the paper's).
+        size_t on1 = variants.size();
+        for (size_t vi = 0; vi < variants.size(); ++vi)
+          if (variants[vi].prefetch == Prefetch::kOn && variants[vi].distance == 1) on1 = vi;
+        size_t best_sched = 0;
+        for (size_t vi = 0; vi < variants.size(); ++vi)
+          if (variants[vi].prefetch != Prefetch::kOn && variants[vi].split_factor == 0 &&
+              med[vi] < med[best_sched])
+            best_sched = vi;
+        const double us_v2 = med[0], us_auto = med[auto_vi];
+        const double pf_gain = on1 < variants.size() ? us_auto / med[on1] : 0;
+        PagedDecodeParams pa = set_params(0, variants[auto_vi]);
+        const std::string auto_sched = ScheduleName(PagedDecodeResolvedSchedule(pa));
+        const int splits_v2 = PagedDecodeNumSplits(set_params(0, variants[0]));
         {
           std::ostringstream o;
           o << "{\"bench\":\"decode_attention\",\"impl\":\"paged_summary\",\"model\":\"" << m.name
             << "\",\"heads\":" << m.heads << ",\"kv_heads\":" << m.kv_heads << ",\"batch\":" << B
-            << ",\"ctx\":" << ctx << ",\"splits\":" << splits << ",\"us_off\":" << us_off
-            << ",\"us_on\":" << us_on1 << ",\"prefetch_gain\":" << us_off / us_on1
-            << ",\"best_on_variant\":\"" << variants[best_on].name << "\",\"us_best_on\":" << med[best_on]
-            << ",\"auto\":\"" << (auto_on ? "on" : "off") << "\",\"us_auto\":" << us_auto
-            << ",\"auto_slower_than_other\":" << us_auto / us_other - 1.0
-            << ",\"gbps_auto\":" << gbps_auto << ",\"frac_stream_auto\":" << gbps_auto / stream_gbps
+            << ",\"ctx\":" << ctx << ",\"splits\":" << splits << ",\"splits_v2\":" << splits_v2
+            << ",\"auto_schedule\":\"" << auto_sched << "\",\"us_v2\":" << us_v2
+            << ",\"us_auto\":" << us_auto << ",\"speedup_auto_vs_v2\":" << us_v2 / us_auto
+            << ",\"gbps_v2\":" << kv_bytes / (us_v2 * 1e-6) / 1e9
+            << ",\"frac_stream_v2\":" << kv_bytes / (us_v2 * 1e-6) / 1e9 / stream_gbps
+            << ",\"gbps_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9
+            << ",\"frac_stream_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9 / stream_gbps
+            << ",\"fastest_variant\":\"" << variants[best_sched].name << "\",\"us_fastest\":" << med[best_sched]
+            << ",\"auto_slower_than_fastest\":" << us_auto / med[best_sched] - 1.0
+            << ",\"us_off\":" << us_auto << ",\"us_on\":" << (on1 < variants.size() ? med[on1] : 0)
+            << ",\"prefetch_gain\":" << pf_gain << ",\"auto\":\"" << (auto_on ? "on" : "off") << "\""
+            << ",\"auto_slower_than_other\":"
+            << (on1 < variants.size() ? (auto_on ? med[on1] / us_auto : us_auto / med[on1]) - 1.0 : 0.0)
+            << ",\"max_abs_diff_vs_v2\":" << max_diff_v2
             << ",\"identical_outputs\":" << (identical ? "true" : "false")
-            << ",\"finite_outputs\":" << (finite ? "true" : "false") << "}";
+            << ",\"finite_outputs\":" << (finite ? "true" : "false") << ",\"graph\":"
+            << (use_graph ? "true" : "false") << "}";
           emit(o.str());
         }
-        rows.push_back({m.name, B, ctx, splits, auto_on, kv_bytes / (us_off * 1e-6) / 1e9,
-                        kv_bytes / (us_on1 * 1e-6) / 1e9, kv_bytes / (med[best_on] * 1e-6) / 1e9,
-                        gbps_auto / stream_gbps, variants[best_on].distance, identical && finite});
+        Row row{m.name, B, ctx, splits_v2, splits, auto_sched, kv_bytes / (us_v2 * 1e-6) / 1e9,
+                kv_bytes / (us_auto * 1e-6) / 1e9, {}, pf_gain, identical && finite && max_diff_v2 < 2e-2};
+        for (size_t vi = 0; vi < variants.size(); ++vi)
+          if (variants[vi].prefetch == Prefetch::kOff && variants[vi].split_factor == 0)
+            row.gbps_sched.push_back(kv_bytes / (med[vi] * 1e-6) / 1e9);
+        rows.push_back(row);
 
         if (ws) CK(cudaFree(ws));
         CK(cudaFree(pool));
@@ -384,13 +540,17 @@ int main(int argc, char** argv) {
 
   std::printf("\nstreaming read: %.0f GB/s (start), %.0f GB/s (end); fractions below use the start value\n",
               stream_gbps, stream_gbps2);
-  std::printf("%-11s %5s %6s %6s | %8s %8s %7s | %8s %4s | %5s %10s %4s\n", "model", "batch", "ctx",
-              "splits", "off GB/s", "on GB/s", "on/off", "best on", "dist", "auto", "frac(auto)", "ok");
+  std::printf("%-11s %4s %6s %7s | %7s %5s |", "model", "B", "ctx", "splits", "v2 GB/s", "frac");
+  for (const Variant& v : variants)
+    if (v.prefetch == Prefetch::kOff && v.split_factor == 0 && v.schedule != Schedule::kV2)
+      std::printf(" %11s", v.sched_name.c_str());
+  std::printf(" | %11s %7s %5s %7s %6s | %3s\n", "auto =", "GB/s", "frac", "speedup", "pf", "ok");
   for (const Row& r : rows) {
-    std::printf("%-11s %5d %6d %6d | %8.0f %8.0f %7.3f | %8.0f %4d | %5s %10.3f %4s\n", r.model.c_str(),
-                r.batch, r.ctx, r.splits, r.gbps_off, r.gbps_on1, r.gbps_on1 / r.gbps_off,
-                r.gbps_best_on, r.best_d, r.auto_on ? "on" : "off", r.frac_auto,
-                r.identical ? "yes" : "NO");
+    std::printf("%-11s %4d %6d %3d/%-3d | %7.0f %5.3f |", r.model.c_str(), r.batch, r.ctx, r.splits_v2,
+                r.splits_auto, r.gbps_v2, r.gbps_v2 / stream_gbps);
+    for (size_t k = 1; k < r.gbps_sched.size(); ++k) std::printf(" %11.0f", r.gbps_sched[k]);
+    std::printf(" | %11s %7.0f %5.3f %7.3f %6.3f | %3s\n", r.auto_sched.c_str(), r.gbps_auto,
+                r.gbps_auto / stream_gbps, r.gbps_auto / r.gbps_v2, r.pf_gain, r.identical ? "yes" : "NO");
   }
   if (json) std::fclose(json);
   CK(cudaStreamDestroy(st));

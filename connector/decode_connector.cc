@@ -1,6 +1,7 @@
 #include "connector/decode_connector.h"
 
 #include <chrono>
+#include <cstdio>
 #include <limits>
 
 #include "common/log.h"
@@ -18,8 +19,15 @@ struct DecodeConnector::Load {
   Deadline deadline;
   std::shared_ptr<const void> keepalive;
   std::thread thread;
+  Clock::time_point started = Clock::now();
   // Under DecodeConnector::mu_:
   std::shared_ptr<grpc::ClientContext> ctx;  // the running Prefill call, if any
+  // Where the load is, for a status that says what was missing when a layer does not land.
+  Clock::time_point call_sent{};   // the last Prefill call went out (epoch: none yet)
+  Clock::time_point accepted_at{};  // the prefill confirmed it took the request (epoch: not yet)
+  int attempts = 0;                 // Prefill calls made
+  bool call_ended = false;
+  Status call_status;               // of the last call, once ended
   bool cancel_requested = false;
   // Every layer's notification arrived before Finished(): each layer is written once and
   // notified after its data, so no write of this request can still land.
@@ -45,6 +53,8 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   c->local_ = std::move(local);
   DecodeConnector* self = c.get();
   transport->SetNotificationSink([self](const transport::Notification& n) {
+    KV_LOG_DEBUG << "[req " << n.request_id << "] layer " << n.layer << " landed (notification"
+                 << ((n.flags & transport::kNotificationLandedOnEvent) ? ", early)" : ")");
     if ((n.flags & transport::kNotificationLandedOnEvent) == 0) {
       self->tracker_.OnLanded(n.request_id, n.layer);
       return;
@@ -140,6 +150,10 @@ Status DecodeConnector::EnsureHandshake(Deadline deadline) {
   while (true) {
     Deadline attempt = std::min(deadline, DeadlineAfterMs(options_.handshake_timeout_ms));
     last = Handshake(attempt);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_handshake_error_ = last;
+    }
     if (last.ok()) return last;
     // A refused layout will not change by retrying.
     if (last.code() == StatusCode::kFailedPrecondition || last.code() == StatusCode::kInvalidArgument)
@@ -207,12 +221,23 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
         break;
       }
       load->ctx = ctx;
+      load->call_sent = Clock::now();
+      load->accepted_at = {};
+      load->call_ended = false;
+      ++load->attempts;
     }
     call_started = true;
+    KV_LOG_DEBUG << "[req " << id << "] start_load: Prefill call to " << options_.prefill_address
+                 << " (" << load->tokens.size() << " tokens, " << load->dest.size() << " blocks"
+                 << (attempt > 0 ? ", retry" : "") << ")";
     auto reader = stub_->Prefill(ctx.get(), req);
     v1::PrefillProgress msg;
     while (reader->Read(&msg)) {
-      if (msg.done()) {
+      if (msg.accepted()) {
+        KV_LOG_DEBUG << "[req " << id << "] prefill accepted the request";
+        std::lock_guard<std::mutex> lock(mu_);
+        load->accepted_at = Clock::now();
+      } else if (msg.done()) {
         info.kv_bytes = msg.kv_bytes();
         info.prefill_compute_us = msg.prefill_compute_us();
         info.transfer_us = msg.transfer_us();
@@ -225,11 +250,15 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     const auto& trailers = ctx->GetServerTrailingMetadata();
     auto it = trailers.find(kQuiescedTrailer);
     quiesced = it != trailers.end() && it->second == "1";
+    st = FromGrpc(gs);
     {
       std::lock_guard<std::mutex> lock(mu_);
       load->ctx.reset();
+      load->call_ended = true;
+      load->call_status = st;
     }
-    st = FromGrpc(gs);
+    KV_LOG_DEBUG << "[req " << id << "] Prefill call ended: " << st.ToString()
+                 << (quiesced ? " (writes quiesced)" : "");
     if (!st.ok() && quiesced && st.code() == StatusCode::kFailedPrecondition &&
         st.message().find("handshake") != std::string::npos && attempt == 0) {
       // The prefill restarted (or dropped our link): handshake again and retry once.
@@ -297,7 +326,45 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
 }
 
 Status DecodeConnector::WaitForLayer(uint64_t request_id, int layer, Deadline deadline) {
-  return tracker_.WaitForLayer(request_id, layer, deadline);
+  Status s = tracker_.WaitForLayer(request_id, layer, deadline);
+  if (s.code() != StatusCode::kTimeout) return s;
+  return Status(s.code(), s.message() + ": " + DescribeLoad(request_id));
+}
+
+std::string DecodeConnector::DescribeLoad(uint64_t request_id) const {
+  auto secs = [](Clock::time_point since) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f s", std::chrono::duration<double>(Clock::now() - since).count());
+    return std::string(buf);
+  };
+  std::string landed;
+  int n_landed = 0;
+  for (int l = 0; l < local_.layout.num_layers; ++l) {
+    if (!tracker_.IsLanded(request_id, l)) continue;
+    landed += (n_landed++ ? "," : "") + std::to_string(l);
+  }
+  std::string out = "layers landed " + std::to_string(n_landed) + " of " +
+                    std::to_string(local_.layout.num_layers) +
+                    (n_landed ? " (" + landed + ")" : "") + "; prefill " + options_.prefill_address;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(request_id);
+  if (it == loads_.end()) return out + ": no load of this request";
+  const Load& load = *it->second;
+  if (load.attempts == 0) {
+    return out + ": no Prefill call made yet (handshake pending " + secs(load.started) +
+           (last_handshake_error_.ok() ? ", no attempt answered yet"
+                                       : "; last attempt: " + last_handshake_error_.ToString()) +
+           ")";
+  }
+  const std::string call =
+      load.call_ended ? "Prefill call ended: " + load.call_status.ToString() : "Prefill call still open";
+  if (load.accepted_at == Clock::time_point{}) {
+    out += " never acknowledged the request (sent " + secs(load.call_sent) + " ago; " + call + ")";
+  } else {
+    out += " acknowledged the request " + secs(load.accepted_at) + " ago (" + call + ")";
+  }
+  if (load.attempts > 1) out += " after a retry";
+  return out;
 }
 
 Status DecodeConnector::WaitForLayerOnStream(uint64_t request_id, int layer, void* stream,

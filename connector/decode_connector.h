@@ -93,6 +93,8 @@ class DecodeConnector {
   Status StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                    std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,
                    std::shared_ptr<const void> keepalive);
+  // kTimeout says what was missing: which layers landed, whether the prefill acknowledged the
+  // request, and where its Prefill call is.
   Status WaitForLayer(uint64_t request_id, int layer, Deadline deadline);
   // WaitForLayer, then, when the layer's notification was an early one (the transport's
   // kNotificationLandedOnEvent: the copy was only enqueued), makes `stream` (the compute
@@ -121,6 +123,8 @@ class DecodeConnector {
   void ReapLocked();
   // Forgets request_id's early notifications; true if it had any.
   bool DropEarly(uint64_t request_id);
+  // The load's state in words (for a timeout status).
+  std::string DescribeLoad(uint64_t request_id) const;
 
   DecodeConnectorOptions options_;
   std::unique_ptr<transport::Transport> transport_;
@@ -139,6 +143,7 @@ class DecodeConnector {
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
   std::string prefill_instance_id_;
   std::string peer_device_id_;  // guarded by mu_
+  Status last_handshake_error_;  // guarded by mu_: of the last handshake attempt of a load
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -62,6 +62,8 @@ Status SaveRequest::SaveLayer(int layer, void* after_stream) {
   if (posted_.empty()) first_post_ = Clock::now();
   posted_.push_back(Posted{layer, std::move(handle).value()});
   bytes_ += bytes;
+  KV_LOG_DEBUG << "[req " << request_id_ << "] layer " << layer << " posted: " << wr.ops.size()
+               << " copies, " << bytes << " bytes";
   return OkStatus();
 }
 
@@ -73,6 +75,8 @@ bool SaveRequest::AllDoneLocked() {
       p.done = true;
       last_done_ = Clock::now();
       Status s = p.handle->Wait(Clock::now());
+      KV_LOG_DEBUG << "[req " << request_id_ << "] layer " << p.layer << " written and notified: "
+                   << s.ToString();
       if (!s.ok() && first_error_.ok())
         first_error_ = s.WithContext("layer " + std::to_string(p.layer) + " write");
     } else {
@@ -91,9 +95,16 @@ Status SaveRequest::WaitForSave(Deadline deadline) {
       if (AllDoneLocked()) return first_error_;
       if (!first_error_.ok()) return first_error_;
     }
-    if (Clock::now() >= deadline)
+    if (Clock::now() >= deadline) {
+      std::string pending;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& p : posted_)
+          if (!p.done) pending += (pending.empty() ? "" : ",") + std::to_string(p.layer);
+      }
       return Timeout("wait_for_save: writes of request " + std::to_string(request_id_) +
-                     " not complete at the deadline");
+                     " not complete at the deadline (layers still in flight: " + pending + ")");
+    }
     std::this_thread::sleep_for(sleep);
     sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::microseconds(500));
   }

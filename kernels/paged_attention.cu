@@ -18,7 +18,10 @@
 //
 // Online softmax in fp32 (base 2, the scale folded with log2(e)); per-warp (m, l, O) states are
 // merged in shared memory at the end of the CTA, and split partials (normalised O and its
-// log2-sum-exp) are merged by a second kernel launched with programmatic dependent launch.
+// log2-sum-exp) are merged by a second kernel launched with programmatic dependent launch, or
+// (fused schedules) by the last CTA of each (sequence, KV head). The schedules (Schedule in the
+// header; 4- or 16-warp CTAs, split plan, merge, PDL, early L2 prefetch) change only the layout
+// of this work, and kAuto picks one per shape from kAutoTable (measured).
 #include "kernels/paged_attention.h"
 
 #include <cuda_bf16.h>
@@ -33,14 +36,21 @@
 namespace kvstream::kernels {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kWarps = 4;        // warps per CTA of the 4-warp kernel (kWide: kWideWarps)
+constexpr int kWideWarps = 16;   // one CTA of 16 warps per SM (fewer splits at small batch)
 constexpr int kUnitTokens = 16;
 constexpr int kHeadsPerCta = 8;
 constexpr int kMaxSplits = 128;
 constexpr int kMinUnitsPerSplit = 4;
 constexpr int kPStride = 24;  // tokens per row of the per-warp P^T staging (bank-conflict free)
 constexpr int kDefaultPrefetchDistance = 1;
+// Fused combine: one arrival counter per (sequence, KV head, head chunk) at the start of the
+// workspace; the region has a fixed size so that launches of different shapes sharing one
+// workspace never put partials where another shape keeps its counters.
+constexpr int kMaxFusedCounters = 4096;
+constexpr size_t kCounterBytes = kMaxFusedCounters * sizeof(unsigned);
+constexpr int kMaxEarlyUnits = 4;      // early L2 prefetch: at most a warp's first 4 units
+constexpr int kDefaultEarlyUnits = 2;  // 16 KiB per warp at head 128
 
 struct KernelArgs {
   void* out;
@@ -60,6 +70,11 @@ struct KernelArgs {
   int units_per_split;
   int prefetch_distance;  // in warp strides
   float scale_log2;       // scale * log2(e)
+  unsigned* counters;     // fused combine: [num_seqs][num_kv_heads * head_chunks], zero between launches
+  int fused;              // the last CTA of each (sequence, KV head, chunk) merges the splits
+  int trigger;            // let the next PDL-launched grid be scheduled from this grid's start
+  int early_units;        // 0..kMaxEarlyUnits: first units per warp prefetched before the wait
+  int num_blocks;         // pool size in blocks (bounds the early prefetch's addresses)
 };
 
 template <bool kBf16>
@@ -126,27 +141,39 @@ __device__ __forceinline__ Elem<kBf16> FromF(float x) {
   }
 }
 
-// 128 registers at head 128 (4 CTAs = 16 warps per SM), both variants alike.
-constexpr int MinCtasPerSm(int d) { return d <= 64 ? 5 : (d <= 128 ? 4 : 1); }
+// 128 registers at head 128 (4 CTAs = 16 warps per SM), both variants alike; the 16-warp CTA
+// (head <= 128 only) gets the same 128 registers with one CTA per SM.
+constexpr int MinCtasPerSm(int d, int warps) {
+  return warps == kWideWarps ? 1 : (d <= 64 ? 5 : (d <= 128 ? 4 : 1));
+}
+// Dynamic shared memory of a CTA: the warps' (unnormalised) O for the CTA merge, reused by the
+// fused combine for the split weights and the per-thread partial sums.
+constexpr size_t OSmemBytes(int d, int warps) { return size_t(warps) * 8 * d * sizeof(float); }
 
-template <bool kBf16, int D, bool kPrefetch>
-__global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(const KernelArgs a) {
+template <bool kBf16, int D, int W>
+__device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, int nh);
+
+template <bool kBf16, int D, bool kPrefetch, int W>
+__global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(const KernelArgs a) {
   using T = Elem<kBf16>;
+  constexpr int kThreads = W * 32;
+  static_assert((kHeadsPerCta * kMaxSplits + 4 * kThreads) * sizeof(float) <= OSmemBytes(64, W),
+                "fused merge scratch fits the O staging");
   constexpr int kKLoads = D / 32;  // 16-byte K loads per token row-pair (a 32-dim chunk each)
   constexpr int kVChunks = D / 64;  // 64-dim chunks of V
   constexpr int kMTiles = D / 16;   // O^T m-tiles
   constexpr bool kVEarly = D <= 128;  // issue V's loads with K's (registers permitting)
   constexpr uint32_t kTileBytes = kUnitTokens * D * sizeof(T);
 
-  __shared__ __align__(16) T p_s[kWarps][kHeadsPerCta][kPStride];
-  __shared__ __align__(16) float o_s[kWarps][kHeadsPerCta][D];
-  __shared__ float2 ml_s[kWarps][kHeadsPerCta];
+  __shared__ __align__(16) T p_s[W][kHeadsPerCta][kPStride];
+  extern __shared__ __align__(16) float dyn_smem[];
+  float(*o_s)[kHeadsPerCta][D] = reinterpret_cast<float(*)[kHeadsPerCta][D]>(dyn_smem);
+  __shared__ float2 ml_s[W][kHeadsPerCta];
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane >> 2;  // mma group id
   const int c = lane & 3;   // thread in group
-  if (a.num_splits > 1) AllowDependentLaunch();
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / a.head_chunks;
   const int chunk = blockIdx.y % a.head_chunks;
@@ -159,6 +186,40 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   const int tiles_per_block = a.block_size / kUnitTokens;
   const int table_units = a.max_blocks_per_seq * tiles_per_block;
   const int u_begin = split * a.units_per_split;
+
+  if (a.early_units > 0) {
+    // Early L2 prefetch: while the previous grid in the stream may still run, pull this warp's
+    // first KV tiles towards L2. Only a hint: the length and block ids read here may be stale
+    // (they are read again after the wait), so a block id outside the pool is skipped, and
+    // ld.global.cg keeps these reads out of L1 so no stale line can be read after the wait.
+    // L2 is the point of coherence: a tile written after its prefetch is still read fresh.
+    if (lane == 0) {
+      const int len_pre = max(0, min(__ldcg(a.context_lens + seq), table_units * kUnitTokens));
+      const int n_pre = (len_pre + kUnitTokens - 1) / kUnitTokens;
+      const int end_pre = split == a.num_splits - 1 ? n_pre : min(n_pre, u_begin + a.units_per_split);
+      int bpre[kMaxEarlyUnits];
+#pragma unroll
+      for (int k = 0; k < kMaxEarlyUnits; ++k) {
+        const int un = u_begin + warp + k * W;
+        bpre[k] = k < a.early_units && un < table_units ? __ldcg(bt + un / tiles_per_block) : -1;
+      }
+#pragma unroll
+      for (int k = 0; k < kMaxEarlyUnits; ++k) {
+        const int un = u_begin + warp + k * W;
+        if (k < a.early_units && un < end_pre && unsigned(bpre[k]) < unsigned(a.num_blocks)) {
+          const T* kp = kv + size_t(bpre[k]) * 2 * a.num_kv_heads * a.block_size * D +
+                        size_t(kvh) * a.block_size * D + size_t(un % tiles_per_block) * kUnitTokens * D;
+          PrefetchL2(kp, kUnitTokens * D * sizeof(T));
+          PrefetchL2(kp + size_t(a.num_kv_heads) * a.block_size * D, kUnitTokens * D * sizeof(T));
+        }
+      }
+    }
+  }
+  // Launched with programmatic dependent launch (PDL), this grid may be resident before the
+  // previous grid in the stream has finished: apart from the early prefetch's hints above,
+  // nothing is read or written before this wait.
+  WaitPrimaryGrid();
+  if (a.trigger) AllowDependentLaunch();
 
   // The length, the block id of the warp's first unit (read if it lies inside the table row,
   // used only if it lies below the length) and q are independent loads, issued together: one
@@ -197,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
   for (int j = 0; j < kMTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2c and 2c+1
 
-  const int stride = kWarps;
+  const int stride = W;
   if constexpr (kPrefetch) {
     // Prologue for lookahead distances > 1: the units this warp reaches before its first
     // in-loop prefetch lands.
@@ -363,11 +424,11 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
     const int hh = i / D, d = i % D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, ml_s[w][hh].x);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, ml_s[w][hh].x);
     float acc = 0.f, sum = 0.f;
     if (mx != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < W; ++w) {
         const float2 ml = ml_s[w][hh];
         const float f = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
         acc += f * o_s[w][hh][d];
@@ -382,6 +443,144 @@ __global__ void __launch_bounds__(kThreads, MinCtasPerSm(D)) PagedDecodeKernel(c
       const size_t row = (size_t(seq) * a.num_heads + h) * a.num_splits + split;
       a.ws_o[row * D + d] = val;
       if (d == 0) a.ws_lse[row] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+    }
+  }
+  if (!a.fused) return;
+
+  // Fused combine: count this CTA's partial in; the CTA that brings the count to num_splits
+  // is the last of its (sequence, KV head, chunk), resets the counter for the next launch and
+  // merges all partials (they sit in L2). Every CTA of the grid arrives exactly once (no CTA
+  // leaves earlier), and nobody waits on anybody, so there is no deadlock whatever the order
+  // the CTAs run in.
+  __shared__ int last_s;
+  __threadfence();  // this CTA's partial is visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* ctr = a.counters + size_t(seq) * gridDim.y + blockIdx.y;
+    const unsigned prev = atomicAdd(ctr, 1u);
+    last_s = prev == unsigned(a.num_splits - 1);
+    if (last_s) atomicExch(ctr, 0u);
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  FusedMerge<kBf16, D, W>(a, dyn_smem, seq, h0, nh);
+}
+
+// The split merge of the fused combine, run by the last CTA of a (sequence, KV head, chunk):
+// out[h] = sum_s w_s O_s with w_s = 2^(lse_s - M) / sum_s' 2^(lse_s' - M), over the CTA's nh
+// query heads. All lse values and the first batch of partials are loaded before anything
+// that depends on a loaded value (one L2 round trip); each output float4 column gets
+// G = min(splits, threads / columns) threads that take every G-th split, summed in a fixed
+// order (deterministic). __ldcg: the partials were written by other SMs in this grid.
+template <bool kBf16, int D, int W>
+__device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, int nh) {
+  using T = Elem<kBf16>;
+  constexpr int kThreads = W * 32;
+  constexpr int kBatch = 16;                      // partial float4 loads in flight per thread
+  constexpr int kLsePer = kHeadsPerCta * kMaxSplits / kThreads;
+  const int S = a.num_splits;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int cols = nh * (D / 4);
+  const int G = max(1, min(S, kThreads / cols));
+  float* w_s = smem;                                        // [nh][S]
+  float4* part_s = reinterpret_cast<float4*>(smem + kHeadsPerCta * kMaxSplits);  // [G][cols]
+  const size_t row0 = size_t(seq) * a.num_heads + h0;       // first (sequence, head) row
+
+  float lr[kLsePer];
+#pragma unroll
+  for (int k = 0; k < kLsePer; ++k) {
+    const int i = tid + k * kThreads;
+    lr[k] = i < nh * S ? __ldcg(a.ws_lse + row0 * S + i) : -INFINITY;
+  }
+  // First batch of this thread's first column, issued before the weights are known.
+  int idx = tid;
+  int col = idx % cols, g = idx / cols;
+  const float4* o4 = reinterpret_cast<const float4*>(a.ws_o);
+  float4 v[kBatch];
+  auto load_batch = [&](int sp0) {
+    const int hh = col / (D / 4), c4 = col % (D / 4);
+    const float4* src = o4 + (row0 + hh) * S * (D / 4) + c4;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int sp = sp0 + k * G;
+      v[k] = sp < S ? __ldcg(src + size_t(sp) * (D / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  if (idx < cols * G) load_batch(g);
+#pragma unroll
+  for (int k = 0; k < kLsePer; ++k) {
+    const int i = tid + k * kThreads;
+    if (i < nh * S) w_s[i] = lr[k];
+  }
+  __syncthreads();
+  for (int hh = warp; hh < nh; hh += W) {
+    float* w = w_s + hh * S;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < S; sp += 32) mx = fmaxf(mx, w[sp]);
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.f;
+    for (int sp = lane; sp < S; sp += 32) {
+      const float f = (w[sp] == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(w[sp] - mx);
+      w[sp] = f;
+      sum += f;
+    }
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < S; sp += 32) w[sp] *= inv;
+  }
+  __syncthreads();
+
+  auto store = [&](int c, const float4& acc) {
+    const int hh = c / (D / 4), c4 = c % (D / 4);
+    T* o = static_cast<T*>(a.out) + (row0 + hh) * D + 4 * c4;
+    o[0] = FromF<kBf16>(acc.x);
+    o[1] = FromF<kBf16>(acc.y);
+    o[2] = FromF<kBf16>(acc.z);
+    o[3] = FromF<kBf16>(acc.w);
+  };
+  for (; idx < cols * G; idx += kThreads) {
+    col = idx % cols;
+    g = idx / cols;
+    const float* w = w_s + (col / (D / 4)) * S;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp0 = g; sp0 < S; sp0 += kBatch * G) {
+      if (sp0 != g) load_batch(sp0);
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int sp = sp0 + k * G;
+        const float f = sp < S ? w[sp] : 0.f;
+        acc.x += f * v[k].x;
+        acc.y += f * v[k].y;
+        acc.z += f * v[k].z;
+        acc.w += f * v[k].w;
+      }
+    }
+    if (G == 1) {
+      store(col, acc);
+    } else {
+      part_s[idx] = acc;
+    }
+    // The next column's first batch (only when a thread holds several columns: G == 1).
+    if (idx + kThreads < cols * G) {
+      col = (idx + kThreads) % cols;
+      g = (idx + kThreads) / cols;
+      load_batch(g);
+    }
+  }
+  if (G > 1) {
+    __syncthreads();
+    for (int c = tid; c < cols; c += kThreads) {
+      float4 acc = part_s[c];
+      for (int gg = 1; gg < G; ++gg) {
+        const float4 x = part_s[gg * cols + c];
+        acc.x += x.x;
+        acc.y += x.y;
+        acc.z += x.z;
+        acc.w += x.w;
+      }
+      store(c, acc);
     }
   }
 }
@@ -408,6 +607,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out
   __shared__ float w_s[kMaxSplits];
   __shared__ float max_s[kW], sum_s[kW];
   __shared__ float4 acc_s[kW][kCombineCols];
+  AllowDependentLaunch();
   WaitPrimaryGrid();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int col = tid % kCombineCols, grp = tid / kCombineCols;
@@ -490,6 +690,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFewSplitsKernel(void* 
                                                                           int num_splits, int head_dim,
                                                                           int rows) {
   using T = Elem<kBf16>;
+  AllowDependentLaunch();
   WaitPrimaryGrid();
   const int cols = head_dim / 4;
   const size_t i = size_t(blockIdx.x) * kCombineThreads + threadIdx.x;
@@ -528,17 +729,25 @@ __global__ void __launch_bounds__(kCombineThreads) CombineFewSplitsKernel(void* 
 }
 
 struct Plan {
+  Schedule schedule = Schedule::kV2;  // resolved (never kAuto)
+  int warps = kWarps;
   int head_chunks = 1;
   int num_splits = 1;
   int units_per_split = 1;
+  bool fused = false;  // the last CTA merges (no combine kernel); only with num_splits > 1
+  bool pdl = false;    // main (and combine) kernel launched with programmatic dependent launch
+  bool early = false;  // early L2 prefetch before griddepcontrol.wait
 };
 
-template <bool kBf16, int D, bool kPrefetch>
+template <bool kBf16, int D, int W>
 int CtasPerSm() {
   static const int n = [] {
     int v = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, PagedDecodeKernel<kBf16, D, kPrefetch>,
-                                                      kThreads, 0) != cudaSuccess) {
+    auto* k = PagedDecodeKernel<kBf16, D, false, W>;
+    const size_t smem = OSmemBytes(D, W);
+    if ((smem > 48 * 1024 &&
+         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k, W * 32, smem) != cudaSuccess) {
       (void)cudaGetLastError();
       v = 0;
     }
@@ -547,18 +756,35 @@ int CtasPerSm() {
   return n;
 }
 
-int CtasPerSmFor(DType dt, int d) {
+int CtasPerSmFor(DType dt, int d, int warps) {
   // Planned from the prefetch-off variant for both variants, so that both split a context the
   // same way and produce bit-identical outputs.
   const bool bf = dt == DType::kBF16;
+  if (warps == kWideWarps) {
+    if (d == 64) return bf ? CtasPerSm<true, 64, kWideWarps>() : CtasPerSm<false, 64, kWideWarps>();
+    return bf ? CtasPerSm<true, 128, kWideWarps>() : CtasPerSm<false, 128, kWideWarps>();
+  }
   switch (d) {
-    case 64: return bf ? CtasPerSm<true, 64, false>() : CtasPerSm<false, 64, false>();
-    case 128: return bf ? CtasPerSm<true, 128, false>() : CtasPerSm<false, 128, false>();
-    default: return bf ? CtasPerSm<true, 256, false>() : CtasPerSm<false, 256, false>();
+    case 64: return bf ? CtasPerSm<true, 64, kWarps>() : CtasPerSm<false, 64, kWarps>();
+    case 128: return bf ? CtasPerSm<true, 128, kWarps>() : CtasPerSm<false, 128, kWarps>();
+    default: return bf ? CtasPerSm<true, 256, kWarps>() : CtasPerSm<false, 256, kWarps>();
   }
 }
 
 int UnitsFor(int tokens) { return std::max(1, (tokens + kUnitTokens - 1) / kUnitTokens); }
+
+// True when the host lengths describe an uneven batch (the longest > 1.5x the mean).
+bool UnevenBatch(const PagedDecodeParams& p) {
+  if (p.host_context_lens == nullptr || p.num_seqs <= 1 || p.num_seqs > 1024) return false;
+  long sum = 0;
+  int mx = 0;
+  for (int i = 0; i < p.num_seqs; ++i) {
+    const int l = std::clamp(p.host_context_lens[i], 0, p.max_context_len);
+    sum += l;
+    mx = std::max(mx, l);
+  }
+  return sum > 0 && 2 * long(mx) * p.num_seqs > 3 * sum;
+}
 
 // A batch whose longest context is far above the mean: the wave-filling plan above, made for
 // max_context_len as if every sequence were that long, gives the long sequences a few CTAs that
@@ -603,49 +829,140 @@ int UnevenBatchSplits(const PagedDecodeParams& p, int units, long ctas_per_seq_s
   return best;
 }
 
-Plan MakePlan(const PagedDecodeParams& p, int sm_count, int ctas_per_sm) {
+// v2's plan: fill whole waves of resident CTAs - the smallest split count whose last wave is
+// >= 90% full, with at least kMinUnitsPerSplit units (one per warp) per split.
+int WaveFillSplits(long base, int units, long slots) {
+  const int max_splits = std::clamp(units / kMinUnitsPerSplit, 1, kMaxSplits);
+  int splits = 1;
+  double best_eff = -1.0;
+  for (int s = 1; s <= max_splits; ++s) {
+    const long ctas = base * s;
+    const long waves = (ctas + slots - 1) / slots;
+    const double eff = double(ctas) / double(waves * slots);
+    if (eff >= 0.9) return s;
+    if (eff > best_eff + 1e-9) {
+      best_eff = eff;
+      splits = s;
+    }
+  }
+  return splits;
+}
+
+// v3's plan where one wave of CTAs holds every split (base < slots): the fewest loads-then-
+// compute rounds per warp (units per split rounded up to whole rounds of `warps` units) among
+// the split counts whose CTAs fit one wave, then the fewest splits. v2 took 57 splits of 18
+// units at llama-3-8b batch 1 ctx 16k (rounds 5,5,4,4 per warp: the last one half empty); this
+// takes 64 of 16 (4 rounds each, 512 CTAs of 528 slots).
+int OneWaveSplits(long base, int units, long slots, int warps) {
+  const int max_splits = std::clamp(units / warps, 1, kMaxSplits);
+  int best = 1;
+  long best_rounds = (units + warps - 1) / warps;
+  for (int s = 2; s <= max_splits; ++s) {
+    const int ups = ((units + s - 1) / s + warps - 1) / warps * warps;
+    const int ns = (units + ups - 1) / ups;
+    if (base * ns > slots) break;
+    const long rounds = ups / warps;
+    if (rounds < best_rounds) {
+      best_rounds = rounds;
+      best = ns;
+    }
+  }
+  return best;
+}
+
+bool ScheduleWide(Schedule s) { return s == Schedule::kWideKernel || s == Schedule::kWideFused; }
+bool ScheduleFused(Schedule s) { return s == Schedule::kFused || s == Schedule::kWideFused; }
+
+// kAuto's choice by (MHA | GQA) x batch class x context class: the schedule and early-prefetch
+// setting that measured fastest on an H200, each variant timed against v2 in the same process
+// (bench/results/decode_attention_2026-11-29_v3.md; measured at batch 1, 8, 32, 64, 128 and
+// ctx 1k, 4k, 8k, 16k, 32k; fp16, head 128, block 16). Where nothing beat v2 by more than the
+// run-to-run spread (~1 %), v2 stays. Uneven batches keep v2 (their planner was measured there).
+// Classes: batch 1 | 2-8 | 9-32 | > 32; context < 4096 | < 8192 | < 16384 | longer.
+struct AutoChoice {
+  Schedule schedule;
+  bool early;
+};
+constexpr AutoChoice kV2Choice{Schedule::kV2, false};
+constexpr AutoChoice kWide{Schedule::kWideKernel, false};
+constexpr AutoChoice kWideEarly{Schedule::kWideKernel, true};
+constexpr AutoChoice kKernelEarly{Schedule::kKernel, true};
+constexpr AutoChoice kAutoTable[2][4][4] = {
+    // MHA. B1: wide 1.07x (1k), wide+early 1.01-1.03x; B8 >= 8k: wide 1.01-1.02x.
+    {{kWide, kWideEarly, kWideEarly, kWideEarly},
+     {kV2Choice, kV2Choice, kWide, kWide},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+    // GQA. B1: kernel+early 1.17-1.23x (1k), wide+early 1.02-1.10x (4k-32k); B8: wide+early
+    // 1.02-1.19x at 1k-4k, 0.99-1.04x at 8k-32k; B32 ctx 1k: kernel+early 1.02-1.06x.
+    {{kKernelEarly, kWideEarly, kWideEarly, kWideEarly},
+     {kWideEarly, kWideEarly, kWideEarly, kWideEarly},
+     {kKernelEarly, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+};
+
+const AutoChoice& AutoFor(const PagedDecodeParams& p) {
+  const bool gqa = p.num_kv_heads > 0 && p.num_heads != p.num_kv_heads;
+  const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
+  const int ccls = p.max_context_len < 4096   ? 0
+                   : p.max_context_len < 8192  ? 1
+                   : p.max_context_len < 16384 ? 2
+                                               : 3;
+  return kAutoTable[gqa ? 1 : 0][bcls][ccls];
+}
+
+Schedule AutoSchedule(const PagedDecodeParams& p) { return AutoFor(p).schedule; }
+
+bool AutoEarlyPrefetch(const PagedDecodeParams& p, const Plan& plan) {
+  (void)plan;
+  return p.schedule == Schedule::kAuto && !UnevenBatch(p) && AutoFor(p).early;
+}
+
+Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
   Plan plan;
+  Schedule sched = p.schedule != Schedule::kAuto ? p.schedule
+                   : UnevenBatch(p)                ? Schedule::kV2
+                                                   : AutoSchedule(p);
+  // Uneven batches keep the 4-warp kernel (their planner's costs are made for it); the 16-warp
+  // CTA needs head <= 128 (registers).
+  if (ScheduleWide(sched) && (p.head_dim > 128 || UnevenBatch(p)))
+    sched = sched == Schedule::kWideFused ? Schedule::kFused : Schedule::kKernel;
+  plan.schedule = sched;
+  plan.warps = ScheduleWide(sched) ? kWideWarps : kWarps;
+  plan.pdl = sched != Schedule::kV2;
+  const int ctas_per_sm = CtasPerSmFor(p.dtype, p.head_dim, plan.warps);
   const int group = p.num_heads / p.num_kv_heads;
   plan.head_chunks = (group + kHeadsPerCta - 1) / kHeadsPerCta;
   const int units = UnitsFor(p.max_context_len);
   const long base = long(p.num_seqs) * p.num_kv_heads * plan.head_chunks;
+  const long slots = long(std::max(sm_count, 1)) * ctas_per_sm;
   int splits = 1;
   if (p.num_splits > 0) {
     splits = std::min({p.num_splits, units, kMaxSplits});
+  } else if (sched != Schedule::kV2 && base < slots) {
+    splits = OneWaveSplits(base, units, slots, plan.warps);
   } else {
-    // Fill whole waves of resident CTAs: the smallest split count whose last wave is >= 90%
-    // full, with at least kMinUnitsPerSplit units (one per warp) per split.
-    const long slots = long(std::max(sm_count, 1)) * ctas_per_sm;
-    const int max_splits = std::clamp(units / kMinUnitsPerSplit, 1, kMaxSplits);
-    double best_eff = -1.0;
-    for (int s = 1; s <= max_splits; ++s) {
-      const long ctas = base * s;
-      const long waves = (ctas + slots - 1) / slots;
-      const double eff = double(ctas) / double(waves * slots);
-      if (eff >= 0.9) {
-        splits = s;
-        break;
-      }
-      if (eff > best_eff + 1e-9) {
-        best_eff = eff;
-        splits = s;
-      }
-    }
+    splits = WaveFillSplits(base, units, slots);
   }
-  if (p.num_splits <= 0 && p.host_context_lens != nullptr && p.num_seqs > 1 &&
-      p.num_seqs <= 1024) {
-    splits = UnevenBatchSplits(p, units, base / p.num_seqs,
-                               long(std::max(sm_count, 1)) * ctas_per_sm, splits);
+  if (p.num_splits <= 0 && !ScheduleWide(sched) && UnevenBatch(p)) {
+    splits = UnevenBatchSplits(p, units, base / p.num_seqs, slots, splits);
   }
   plan.units_per_split = (units + splits - 1) / splits;
   plan.num_splits = (units + plan.units_per_split - 1) / plan.units_per_split;
+  plan.fused = plan.num_splits > 1 && ScheduleFused(sched) &&
+               long(p.num_seqs) * p.num_kv_heads * plan.head_chunks <= kMaxFusedCounters;
+  plan.early = plan.pdl && p.num_blocks > 0 &&
+               (p.early_prefetch == Prefetch::kOn ||
+                (p.early_prefetch == Prefetch::kAuto && AutoEarlyPrefetch(p, plan)));
   return plan;
 }
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// Workspace when the context is split: [counters: kCounterBytes][partial O][partial lse].
 struct WorkspaceLayout {
-  size_t o_bytes = 0;
+  size_t o_offset = 0;
+  size_t lse_offset = 0;
   size_t total = 0;
 };
 
@@ -653,8 +970,9 @@ WorkspaceLayout LayoutFor(const PagedDecodeParams& p, const Plan& plan) {
   WorkspaceLayout w;
   if (plan.num_splits <= 1) return w;
   const size_t rows = size_t(p.num_seqs) * p.num_heads * plan.num_splits;
-  w.o_bytes = AlignUp(rows * p.head_dim * sizeof(float), 256);
-  w.total = w.o_bytes + AlignUp(rows * sizeof(float), 256);
+  w.o_offset = kCounterBytes;
+  w.lse_offset = w.o_offset + AlignUp(rows * p.head_dim * sizeof(float), 256);
+  w.total = w.lse_offset + AlignUp(rows * sizeof(float), 256);
   return w;
 }
 
@@ -665,23 +983,51 @@ bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
     (void)cudaGetLastError();
     return false;
   }
-  *plan = MakePlan(p, sms, CtasPerSmFor(p.dtype, p.head_dim));
+  *plan = MakePlan(p, sms);
   return true;
+}
+
+template <bool kBf16, int D, bool kPrefetch, int W>
+cudaError_t LaunchMain(const KernelArgs& a, const Plan& plan, dim3 grid, cudaStream_t stream) {
+  auto* k = PagedDecodeKernel<kBf16, D, kPrefetch, W>;
+  const size_t smem = OSmemBytes(D, W);
+  if (smem > 48 * 1024) {
+    static const cudaError_t attr_err =
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (attr_err != cudaSuccess) return attr_err;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(W * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = plan.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, k, a);
 }
 
 template <bool kBf16, int D>
 cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
                    cudaStream_t stream) {
   const WorkspaceLayout wl = LayoutFor(p, plan);
+  char* ws = static_cast<char*>(p.workspace);
   KernelArgs a{};
   a.out = p.out;
   a.q = p.q;
   a.kv = p.kv_layer;
   a.block_tables = p.block_tables;
   a.context_lens = p.context_lens;
-  a.ws_o = wl.total ? static_cast<float*>(p.workspace) : nullptr;
-  a.ws_lse = wl.total ? reinterpret_cast<float*>(static_cast<char*>(p.workspace) + wl.o_bytes)
-                      : nullptr;
+  a.ws_o = wl.total ? reinterpret_cast<float*>(ws + wl.o_offset) : nullptr;
+  a.ws_lse = wl.total ? reinterpret_cast<float*>(ws + wl.lse_offset) : nullptr;
+  a.counters = wl.total ? reinterpret_cast<unsigned*>(ws) : nullptr;
+  a.fused = plan.fused ? 1 : 0;
+  // v2 let only its combine kernel start early; v3 lets whatever PDL-launched grid comes next.
+  a.trigger = plan.pdl || plan.num_splits > 1;
+  a.early_units = plan.early ? (p.early_prefetch_units > 0 ? p.early_prefetch_units : kDefaultEarlyUnits) : 0;
+  a.num_blocks = p.num_blocks;
   a.num_heads = p.num_heads;
   a.num_kv_heads = p.num_kv_heads;
   a.group = p.num_heads / p.num_kv_heads;
@@ -693,13 +1039,24 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.prefetch_distance = p.prefetch_distance > 0 ? p.prefetch_distance : kDefaultPrefetchDistance;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   const dim3 grid(plan.num_splits, p.num_kv_heads * plan.head_chunks, p.num_seqs);
-  if (prefetch) {
-    PagedDecodeKernel<kBf16, D, true><<<grid, kThreads, 0, stream>>>(a);
+  cudaError_t err;
+  if constexpr (D <= 128) {
+    if (plan.warps == kWideWarps) {
+      err = prefetch ? LaunchMain<kBf16, D, true, kWideWarps>(a, plan, grid, stream)
+                     : LaunchMain<kBf16, D, false, kWideWarps>(a, plan, grid, stream);
+    } else {
+      err = prefetch ? LaunchMain<kBf16, D, true, kWarps>(a, plan, grid, stream)
+                     : LaunchMain<kBf16, D, false, kWarps>(a, plan, grid, stream);
+    }
   } else {
-    PagedDecodeKernel<kBf16, D, false><<<grid, kThreads, 0, stream>>>(a);
+    err = prefetch ? LaunchMain<kBf16, D, true, kWarps>(a, plan, grid, stream)
+                   : LaunchMain<kBf16, D, false, kWarps>(a, plan, grid, stream);
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || plan.num_splits == 1) return err;
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return err;
+  }
+  if (plan.num_splits == 1 || plan.fused) return cudaSuccess;
 
   // The combine kernel may start launching while the last CTAs of the main kernel drain; it
   // waits (griddepcontrol.wait) for the main grid's memory before reading the partials.
@@ -746,6 +1103,12 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
   if (p.num_splits < 0 || p.prefetch_distance < 0 || p.prefetch_distance > 16) return false;
   if (p.prefetch != Prefetch::kAuto && p.prefetch != Prefetch::kOff && p.prefetch != Prefetch::kOn)
     return false;
+  if (int(p.schedule) < int(Schedule::kAuto) || int(p.schedule) > int(Schedule::kWideFused))
+    return false;
+  if (p.early_prefetch != Prefetch::kAuto && p.early_prefetch != Prefetch::kOff &&
+      p.early_prefetch != Prefetch::kOn)
+    return false;
+  if (p.num_blocks < 0 || p.early_prefetch_units < 0 || p.early_prefetch_units > 4) return false;
   if (p.num_seqs > 0 && (!p.out || !p.q || !p.kv_layer || !p.block_tables || !p.context_lens))
     return false;
   // 16-byte vector access to q, out and KV tiles.
@@ -784,6 +1147,15 @@ bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
   const int ccls = p.max_context_len < 4096 ? 0 : (p.max_context_len < 16384 ? 1 : 2);
   return kTable[gqa ? 1 : 0][ccls][bcls];
+}
+
+Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p) {
+  if (!PagedDecodeSupported(p) || p.num_seqs == 0) return Schedule::kV2;
+  Plan plan;
+  if (!PlanFor(p, &plan)) return Schedule::kV2;
+  if (plan.num_splits > 1 && ScheduleFused(plan.schedule) && !plan.fused)
+    return plan.schedule == Schedule::kWideFused ? Schedule::kWideKernel : Schedule::kKernel;
+  return plan.schedule;
 }
 
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {

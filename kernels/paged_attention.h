@@ -12,6 +12,18 @@
 // Guarantees: launches only (no synchronisation, no allocation); returns the launch error or
 // cudaErrorInvalidValue for an unsupported shape (see PagedDecodeSupported); workspace must be
 // at least PagedDecodeWorkspaceBytes(...) bytes of device memory, or null when that is 0.
+//
+// Workspace contract (split contexts): the workspace must be ZERO-FILLED once before its first
+// use (e.g. cudaMemsetAsync right after allocating it): its first 16 KiB hold the arrival
+// counters of the fused split combine. Every launch that completes leaves those counters zero
+// again, so a workspace can be reused by any later launch of any shape on the same stream
+// without another memset. Do not use it for anything else in between, and never share one
+// workspace between launches that may run concurrently (other streams).
+//
+// Launch overlap: every schedule except kV2 launches its kernels with programmatic dependent
+// launch (PDL). The kernels wait (griddepcontrol.wait) for the previous work in the stream to
+// complete before they read or write any memory, so stream order semantics are unchanged; only
+// the launch itself overlaps the tail of the previous kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,6 +36,20 @@
 namespace kvstream::kernels {
 
 enum class Prefetch : int { kAuto = -1, kOff = 0, kOn = 1 };
+
+// How the work is laid out and the split partials merged (all compute the same attention; only
+// the schedule's own prefetch variants are bit-identical to each other).
+enum class Schedule : int {
+  kAuto = -1,       // measured choice by shape (PagedDecodeResolvedSchedule)
+  kV2 = 0,          // the v2 kernel: 4-warp CTAs, wave-filling split plan, separate combine
+                    // kernel (PDL), main kernel launched plainly
+  kKernel = 1,      // 4-warp CTAs; where one wave holds all splits, the split count with the
+                    // fewest whole per-warp rounds; separate combine; PDL launches
+  kFused = 2,       // kKernel's plan; the last CTA of each (sequence, KV head) merges the
+                    // splits (no second kernel; needs the zeroed workspace)
+  kWideKernel = 3,  // one 16-warp CTA per SM (head <= 128; else as kKernel): 4x fewer splits
+  kWideFused = 4,   // kWideKernel's plan with the fused merge
+};
 
 struct PagedDecodeParams {
   void* out = nullptr;
@@ -53,6 +79,17 @@ struct PagedDecodeParams {
   // Lookahead of the L2 prefetch in the warp's own loop strides (1 = the paper's
   // block_idx + NUM_WARPS); 0 = the default (1). Only used when the prefetch variant runs.
   int prefetch_distance = 0;
+  Schedule schedule = Schedule::kAuto;
+  // Early L2 prefetch (PDL schedules only, i.e. not kV2): before waiting for the previous
+  // kernel in the stream, each warp issues cp.async.bulk.prefetch.L2 for the K and V tiles of
+  // its first units (early_prefetch_units), so that they stream in during that kernel's tail. A hint only (no
+  // value read before the wait is used after it). Needs num_blocks. kAuto = the measured table
+  // when schedule is kAuto too, off with an explicit schedule.
+  Prefetch early_prefetch = Prefetch::kAuto;
+  int early_prefetch_units = 0;  // units per warp the early prefetch covers: 1..4, 0 = 2
+  // Number of blocks in kv_layer's pool (0 = unknown: no early prefetch). Block ids read before
+  // the wait may be stale, and only ids below this are prefetched.
+  int num_blocks = 0;
 };
 
 // True when the shape is implemented: dtype kF16/kBF16, head_dim 64/128/256, block_size 16/32,
@@ -72,8 +109,13 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p);
 // The variant Prefetch::kAuto runs for this shape (true = with the L2 prefetch): a table
 // measured on an H200, see docs/kernels.md.
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);
+// The schedule a launch with these params runs (kAuto resolved; a wide schedule at head 256 or
+// for an uneven batch runs its 4-warp counterpart; a fused one with more than 4096
+// (sequence, KV head) pairs its kernel-combine counterpart). kV2 for unsupported shapes.
+Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p);
 // Enqueues the decode attention on `stream` (one kernel, plus a combine kernel when the
-// context is split). Both prefetch variants compute bit-identical outputs.
+// context is split and the schedule does not fuse the merge). Both prefetch variants of a
+// schedule compute bit-identical outputs.
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream);
 
 }  // namespace kvstream::kernels

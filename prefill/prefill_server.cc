@@ -120,15 +120,23 @@ grpc::Status PrefillServer::Prefill(grpc::ServerContext* ctx, const v1::PrefillR
                                     grpc::ServerWriter<v1::PrefillProgress>* writer) {
   ++total_;
   ++in_flight_;
+  const auto t0 = Clock::now();
+  // One line when a call arrives and one when it ends (like the decode's generate/done): a
+  // load that never lands on the decode side shows here whether the prefill had it at all.
+  KV_LOG_INFO << "[req " << req->request_id() << "] prefill call from " << req->decode_instance_id()
+              << ": " << req->tokens_size() << " tokens";
   Status s = RunPrefill(ctx, *req, writer);
   --in_flight_;
   // RunPrefill returns only once nothing it posted can still land.
   ctx->AddTrailingMetadata(connector::kQuiescedTrailer, "1");
   if (s.ok()) {
     ++ok_;
+    KV_LOG_INFO << "[req " << req->request_id() << "] prefill done in "
+                << MicrosBetween(t0, Clock::now()) / 1000 << " ms";
   } else {
     (s.code() == StatusCode::kCanceled ? cancelled_ : failed_)++;
-    KV_LOG_WARN << "[req " << req->request_id() << "] prefill ended: " << s.ToString();
+    KV_LOG_WARN << "[req " << req->request_id() << "] prefill ended after "
+                << MicrosBetween(t0, Clock::now()) / 1000 << " ms: " << s.ToString();
   }
   return ToGrpc(s);
 }
@@ -178,6 +186,13 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
                       connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
   KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined()
                << (hit ? ", from the prompt cache" : "");
+  {
+    // Tells the decode side the request is taken (see PrefillProgress.accepted).
+    v1::PrefillProgress accepted;
+    accepted.set_accepted(true);
+    accepted.set_layer(-1);
+    if (!writer->Write(accepted)) KV_LOG_DEBUG << "[req " << id << "] decode side gone before the forward";
+  }
 
   // From the cache, every layer is complete: each is written at once, in order.
   const bool pipelined = req.pipelined() || hit;

@@ -4,6 +4,13 @@
 //   transfer_gpu [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=20]
 //                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
 //
+// ucx_staged variants: "ucx_staged" (zero-copy on a same-host peer when the mapping works),
+// "ucx_staged_put" (zero-copy off: device -> pinned send buffer -> UCX put), either with
+// ":cN" for N MiB chunks (both processes) and ":kN" for N credits (slots granted to the writer)
+// and N send buffers, ":mN" for at least N chunks per write (min_chunks_per_write), e.g.
+// ucx_staged:c16 or ucx_staged:c8:k3. Their rows carry "path"
+// (zero_copy / ucx_put: what the endpoint actually used).
+//
 // Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
 //   layer_contig   one layer, destination contiguous (1 run)
 //   layer_scatter  one layer, destination blocks scattered over a pool twice that size
@@ -123,9 +130,31 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
     o.backend = "ucx";
     return transport::ucx::CreateUcxTransport(o);
   }
-  if (name == "ucx_staged") {
+  if (name.rfind("ucx_staged", 0) == 0) {
     transport::staged::StagedOptions o;
     o.device = device;
+    const std::string base = name.substr(0, name.find(':'));
+    if (auto c = name.find(":c"); c != std::string::npos) {
+      const int mib = std::atoi(name.c_str() + c + 2);
+      if (mib < 1 || mib > 256) return InvalidArgument("bad chunk size in " + name);
+      o.chunk_bytes = size_t(mib) << 20;
+    }
+    if (auto m = name.find(":m"); m != std::string::npos) {
+      const int n = std::atoi(name.c_str() + m + 2);
+      if (n < 1 || n > 64) return InvalidArgument("bad min chunks in " + name);
+      o.min_chunks_per_write = n;
+    }
+    if (auto k = name.find(":k"); k != std::string::npos) {
+      const int n = std::atoi(name.c_str() + k + 2);
+      if (n < 1 || n > 64) return InvalidArgument("bad credit count in " + name);
+      o.credits_per_peer = o.send_buffers = n;
+      o.recv_slots = std::max(o.recv_slots, 2 * n);
+    }
+    if (base == "ucx_staged_put") {
+      o.zero_copy = transport::staged::ZeroCopy::kOff;
+    } else if (base != "ucx_staged") {
+      return NotSupported("backend " + name + " is not built into transfer_gpu");
+    }
     return transport::staged::CreateStagedTransport(o);
   }
 #endif
@@ -289,6 +318,7 @@ struct Row {
   size_t writes = 0, runs = 0;
   double seconds = 0, gbps = 0, baseline_gbps = 0;
   double ucx_host_gbps = 0;  // ucx_staged rows: its UCX leg alone, same case, same run
+  std::string path;          // ucx_staged rows: zero_copy or ucx_put
   double write_host_us = -1;  // mean host time per Write() call (bench clock)
   double device_us = -1;      // device time of the same bytes, D2D copy (event clock)
   bool have_profile = false;
@@ -311,6 +341,7 @@ void Emit(const Row& r, int tokens) {
     j << ",\"baseline\":\"" << r.baseline << "\",\"baseline_gbps\":" << r.baseline_gbps
       << ",\"ratio\":" << (r.baseline_gbps > 0 ? r.gbps / r.baseline_gbps : 0);
   }
+  if (!r.path.empty()) j << ",\"path\":\"" << r.path << "\"";
   if (r.ucx_host_gbps > 0) {
     j << ",\"ucx_host_gbps\":" << r.ucx_host_gbps << ",\"ratio_vs_ucx_host\":" << r.gbps / r.ucx_host_gbps;
   }
@@ -350,6 +381,7 @@ double TimeIt(int iters, Fn fn) {
 
 struct Baselines {
   double d2d_layer = 0, d2d_prompt = 0, h2d_layer = 0, h2d_prompt = 0, d2h_layer = 0, d2h_prompt = 0;
+  double bidir_layer = 0, bidir_prompt = 0;  // H2D and D2H of the same bytes at once, per direction
   double d2d_layer_dev_us = 0, d2d_prompt_dev_us = 0, d2d_tiny_dev_us = 0;  // event clock
 };
 
@@ -428,6 +460,31 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
   b.h2d_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, layers); }) / 1e9;
   b.d2h_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, 1); }) / 1e9;
   b.d2h_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, layers); }) / 1e9;
+  {
+    // The staged path runs D2H (writer) and H2D (receiver) at once: the same bytes both ways
+    // concurrently, on two streams of this process, each direction with its own pinned buffer.
+    void* pinned2 = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&pinned2, prompt_bytes, cudaHostAllocPortable));
+    std::memset(pinned2, 0x5A, prompt_bytes);
+    cudaStream_t s2;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    auto both = [&](int n) {
+      for (int l = 0; l < n; ++l) {
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + l * layer_bytes,
+                                   static_cast<const char*>(pinned2) + l * layer_bytes, layer_bytes,
+                                   cudaMemcpyHostToDevice, s2));
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(pinned) + l * layer_bytes,
+                                   static_cast<const char*>(src) + l * layer_bytes, layer_bytes,
+                                   cudaMemcpyDeviceToHost, s));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      CHECK_CUDA(cudaStreamSynchronize(s2));
+    };
+    b.bidir_layer = layer_bytes / TimeIt(iters, [&] { both(1); }) / 1e9;
+    b.bidir_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { both(layers); }) / 1e9;
+    CHECK_CUDA(cudaStreamDestroy(s2));
+    CHECK_CUDA(cudaFreeHost(pinned2));
+  }
   auto base_row = [&](const std::string& name, const std::string& kase, uint64_t bytes, size_t writes, double gbps) {
     Row r;
     r.model = model_name;
@@ -446,6 +503,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
   base_row("pinned_h2d", "prompt_contig", prompt_bytes, layers, b.h2d_prompt);
   base_row("pinned_d2h", "layer_contig", layer_bytes, 1, b.d2h_layer);
   base_row("pinned_d2h", "prompt_contig", prompt_bytes, layers, b.d2h_prompt);
+  base_row("pinned_bidir", "layer_contig", layer_bytes, 1, b.bidir_layer);
+  base_row("pinned_bidir", "prompt_contig", prompt_bytes, layers, b.bidir_prompt);
   CHECK_CUDA(cudaFreeHost(pinned));
   CHECK_CUDA(cudaFree(dst));
 
@@ -530,12 +589,19 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
         expected_notes++;
       }
       for (auto& h : hs) {
-        Status st = h->Wait(DeadlineAfterMs(30000));
+        Status st = h->Wait(DeadlineAfterMs(10000));
         if (!st.ok()) Die(backend + " wait: " + st.ToString());
       }
       next_req++;
     };
-    const bool staged = backend == "ucx_staged" || host;
+    const bool staged = backend.rfind("ucx_staged", 0) == 0 || host;
+    std::string path;
+#if KVSTREAM_HAVE_UCX_STAGED
+    if (!host && staged) {
+      path = transport::staged::EndpointPath(*ep.value());
+      std::fprintf(stderr, "[%s] path %s\n", backend.c_str(), path.c_str());
+    }
+#endif
     const double base_layer = staged ? std::min(b.h2d_layer, b.d2h_layer) : b.d2d_layer;
     const double base_prompt = staged ? std::min(b.h2d_prompt, b.d2h_prompt) : b.d2d_prompt;
     const std::string base_name = staged ? "min(pinned_h2d,pinned_d2h)" : "cudaMemcpy_d2d";
@@ -551,7 +617,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
       r.gbps = bytes / sec / 1e9;
       r.baseline = base_name;
       r.baseline_gbps = base;
-      if (backend == "ucx_staged" && g_ucx_host.count(model_name + "/" + kase)) {
+      r.path = path;
+      if (staged && !host && g_ucx_host.count(model_name + "/" + kase)) {
         r.ucx_host_gbps = g_ucx_host[model_name + "/" + kase];
       }
       if (host) g_ucx_host[model_name + "/" + kase] = r.gbps;
@@ -637,6 +704,7 @@ void PrintTable() {
     }
     if (!r.baseline.empty()) std::printf(" %7.3f  (vs %s %.1f GB/s)", r.gbps / r.baseline_gbps,
                                          r.baseline.c_str(), r.baseline_gbps);
+    if (!r.path.empty()) std::printf("  [%s]", r.path.c_str());
     if (r.ucx_host_gbps > 0) std::printf("  %.3f of ucx_host %.1f GB/s", r.gbps / r.ucx_host_gbps, r.ucx_host_gbps);
     if (r.have_profile && r.profile.writes > 0) {
       const double w = double(r.profile.writes);

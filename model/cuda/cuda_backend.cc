@@ -556,12 +556,15 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
     dp.scale = scale;
     dp.dtype = kd;
     dp.kv_layer = pool.layer_base(0);
+    dp.num_blocks = int(pool.num_blocks());  // bounds the kernel's early L2 prefetch
     if (kernels::PagedDecodeSupported(dp)) {
       use_decode_kernel = true;
       const size_t ws = kernels::PagedDecodeWorkspaceBytes(dp);
       if (ws > decode_ws_.size()) {
         KV_CUDA(cudaStreamSynchronize(stream_));
         KV_RETURN_IF_ERROR(decode_ws_.Reserve(ws));
+        // The launcher's contract: zero once after allocating (fused-combine counters).
+        KV_CUDA(cudaMemsetAsync(decode_ws_.get(), 0, decode_ws_.size(), stream_));
       }
       dp.workspace = ws ? decode_ws_.get() : nullptr;
       dp.workspace_bytes = ws ? decode_ws_.size() : 0;

@@ -28,6 +28,7 @@ class DecodeConnectorTest : public ::testing::Test {
     cfg.threads = 1;
     cfg.pool_blocks = kBlocks;
     cfg.cancel_timeout_ms = 2000;
+    cfg.fault_layer_delay_ms = fault_layer_delay_ms_;
     auto pm = LoadServingModel(cfg);
     ASSERT_TRUE(pm.ok()) << pm.status().ToString();
     prefill_model_ = std::move(pm).value();
@@ -84,6 +85,7 @@ class DecodeConnectorTest : public ::testing::Test {
     return p;
   }
 
+  int64_t fault_layer_delay_ms_ = 0;  // the prefill's forward sleeps this long per layer
   ServingModel prefill_model_, decode_model_;
   FakeTransport* prefill_transport_ = nullptr;
   FakeTransport* decode_transport_ = nullptr;
@@ -181,6 +183,26 @@ TEST_F(DecodeConnectorTest, UnreachablePrefillFailsWithinTheDeadline) {
   EXPECT_TRUE(Released(weak, 5000));
 }
 
+TEST_F(DecodeConnectorTest, TimeoutBeforeAnyCallSaysTheHandshakeIsPendingAndWhy) {
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_.reset();
+  DecodeConnectorOptions opt;
+  opt.prefill_address = "127.0.0.1:" + std::to_string(port_);
+  opt.handshake_timeout_ms = 200;  // each attempt gives up fast, so one has failed by the wait
+  auto c = DecodeConnector::Create(opt, FakeTransport::Create(), decode_model_.pool.get(),
+                                   MakeLayoutDescriptor(decode_model_.backend->config(), 16));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto lease = Lease(20);
+  ASSERT_TRUE((*c)->StartLoad(7, Prompt(20), lease->ids(), true, DeadlineAfterMs(3000), lease).ok());
+  Status s = (*c)->WaitForLayer(7, 0, DeadlineAfterMs(1200));
+  ASSERT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_NE(s.message().find("no Prefill call made yet (handshake pending"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("last attempt: TIMEOUT: handshake with prefill"), std::string::npos)
+      << s.ToString();
+  (*c)->Finished(7);
+}
+
 TEST_F(DecodeConnectorTest, LayoutMismatchIsRefusedAtHandshakeNamingTheField) {
   DecodeConnectorOptions opt;
   opt.prefill_address = "127.0.0.1:" + std::to_string(port_);
@@ -205,6 +227,51 @@ TEST_F(DecodeConnectorTest, LayoutMismatchIsRefusedAtHandshakeNamingTheField) {
   EXPECT_NE(w.message().find("block_size"), std::string::npos) << w.ToString();
   (*c)->Finished(9);
   EXPECT_TRUE(Released(weak, 5000));
+}
+
+// A load that does not land within the wait ends with a status that says what was missing:
+// which layers landed, whether the prefill ever acknowledged the request, where its call is.
+class SlowPrefillTest : public DecodeConnectorTest {
+ protected:
+  void SetUp() override {
+    fault_layer_delay_ms_ = 1000;
+    DecodeConnectorTest::SetUp();
+  }
+};
+
+TEST_F(SlowPrefillTest, TimeoutSaysWhichLayerAndWhetherThePrefillHadTheRequest) {
+  ASSERT_TRUE(decode_->Handshake(DeadlineAfterMs(5000)).ok());
+  // Request 5 holds the prefill's forward (1 s before each layer); request 6 queues behind it.
+  auto lease5 = Lease(20), lease6 = Lease(20);
+  ASSERT_TRUE(decode_->StartLoad(5, Prompt(20), lease5->ids(), true, DeadlineAfterMs(20000), lease5).ok());
+  Status s5;
+  for (auto until = DeadlineAfterMs(5000); Clock::now() < until;) {
+    s5 = decode_->WaitForLayer(5, 0, DeadlineAfterMs(50));
+    if (s5.code() != StatusCode::kTimeout || s5.message().find("never acknowledged") == std::string::npos) break;
+  }
+  ASSERT_TRUE(decode_->StartLoad(6, Prompt(21), lease6->ids(), true, DeadlineAfterMs(20000), lease6).ok());
+  Status s6 = decode_->WaitForLayer(6, 0, DeadlineAfterMs(400));
+  ASSERT_EQ(s5.code(), StatusCode::kTimeout) << s5.ToString();
+  EXPECT_NE(s5.message().find("waiting for layer 0 of request 5"), std::string::npos) << s5.ToString();
+  EXPECT_NE(s5.message().find("layers landed 0 of 2"), std::string::npos) << s5.ToString();
+  EXPECT_NE(s5.message().find(" acknowledged the request"), std::string::npos) << s5.ToString();
+  EXPECT_EQ(s5.message().find("never acknowledged"), std::string::npos) << s5.ToString();
+  EXPECT_NE(s5.message().find("Prefill call still open"), std::string::npos) << s5.ToString();
+  ASSERT_EQ(s6.code(), StatusCode::kTimeout) << s6.ToString();
+  EXPECT_NE(s6.message().find("never acknowledged the request"), std::string::npos) << s6.ToString();
+  // Layer 0 of request 5 lands after its delay; the next timeout names layer 1 and the landed 0.
+  ASSERT_TRUE(decode_->WaitForLayer(5, 0, DeadlineAfterMs(10000)).ok());
+  Status s5b = decode_->WaitForLayer(5, 1, DeadlineAfterMs(100));
+  if (!s5b.ok()) {  // layer 1 may have landed already on a slow machine
+    EXPECT_NE(s5b.message().find("waiting for layer 1 of request 5"), std::string::npos) << s5b.ToString();
+    EXPECT_NE(s5b.message().find("layers landed 1 of 2 (0)"), std::string::npos) << s5b.ToString();
+  }
+  // Both loads then complete normally.
+  for (uint64_t id : {5u, 6u}) {
+    auto info = decode_->WaitForLoad(id, DeadlineAfterMs(15000));
+    EXPECT_TRUE(info.ok()) << id << ": " << info.status().ToString();
+    decode_->Finished(id);
+  }
 }
 
 }  // namespace

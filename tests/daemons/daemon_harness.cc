@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,17 +31,40 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-int PickFreePort() {
+namespace {
+// True if a TCP socket could bind 127.0.0.1:port just now (0: any port; *port gets it).
+bool BindsNow(int* port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
+  if (ok && getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) *port = ntohs(addr.sin_port);
   close(fd);
+  return ok;
+}
+}  // namespace
+
+int PickFreePort() {
+  // Below the kernel's ephemeral range: a port from bind(0) or an outgoing connection (of any
+  // daemon or test running beside this one) can never take it between now and the daemon's
+  // bind; only another test's pick could, one in thousands.
+  int lo = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> lo;
+  if (lo > 11000) {
+    std::mt19937 rng(static_cast<unsigned>(getpid()) * 2654435761u ^
+                     static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::uniform_int_distribution<int> pick(10000, lo - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      int port = pick(rng);
+      if (BindsNow(&port)) return port;
+    }
+  }
+  int port = 0;
+  BindsNow(&port);
   return port;
 }
 

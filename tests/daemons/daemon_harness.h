@@ -29,7 +29,9 @@ class TempDir {
   std::string path_;
 };
 
-// A TCP port that was free a moment ago (for daemons that must come back on the same port).
+// A TCP port that was free a moment ago (for daemons that must come back on the same port),
+// picked below the kernel's ephemeral port range so no bind(0) or outgoing connection on the
+// host takes it before the daemon binds it.
 int PickFreePort();
 
 class DaemonProcess {

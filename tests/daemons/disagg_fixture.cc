@@ -36,8 +36,17 @@ std::string RunCapture(const std::string& cmd, int* rc, bool with_stderr) {
 
 std::vector<std::string> DefaultDaemonFlags() {
   const char* tls = std::getenv("KVSTREAM_TEST_UCX_TLS");
-  return {"--ucx_tls=" + std::string(tls ? tls : "tcp"), "--threads=1", "--quarantine_ms=300",
-          "--cancel_timeout_ms=2000"};
+  std::vector<std::string> flags = {"--ucx_tls=" + std::string(tls ? tls : "tcp"), "--threads=1",
+                                    "--quarantine_ms=300", "--cancel_timeout_ms=2000"};
+  // Pinned to loopback: unpinned, UCX puts every interface of the host into the address, and
+  // its TCP lanes may run over one that another test made (daemons_netns_test's veth, also
+  // from another checkout's ctest on the same host). When that test deletes it, the segments
+  // in flight are black-holed and TCP retransmits with backoff: the KV load hangs until its
+  // deadline with no error anywhere.
+  const char* devices = std::getenv("KVSTREAM_TEST_UCX_NET_DEVICES");
+  const std::string dev = devices ? devices : "lo";
+  if (!dev.empty()) flags.push_back("--ucx_net_devices=" + dev);
+  return flags;
 }
 
 void DisaggTest::TearDown() {

@@ -31,6 +31,19 @@ void WaitForPrefillBusy(const std::string& address) {
   FAIL() << "prefill never got busy";
 }
 
+// Waits until the decode has admitted n requests (so a signal finds all of them in flight,
+// not some still queued in gRPC, which a server shutdown answers with CANCELLED).
+void WaitForDecodeInFlight(const std::string& address, int n) {
+  auto stub = DecodeStub(address);
+  auto deadline = DeadlineAfterMs(10000);
+  while (Clock::now() < deadline) {
+    auto st = CallStats(*stub, 1000);
+    if (st.ok() && st->requests_in_flight() >= n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  FAIL() << "the decode never had " << n << " requests in flight";
+}
+
 TEST_F(DisaggTest, PrefillKilledMidRequestFailsClearlyThenDecodeRecovers) {
   DaemonPair pair;
   pair.common = kTiny;
@@ -98,6 +111,7 @@ TEST_F(DisaggTest, DecodeSigtermEndsRequestsInFlightAndFreesEveryBlock) {
     futs.push_back(AsyncGenerate(decode_address(), MakePrompt(30 + i, 512, 50 + i), 50,
                                  v1::LOAD_MODE_PIPELINED, 20000));
   ASSERT_NO_FATAL_FAILURE(WaitForPrefillBusy(prefill_address()));
+  ASSERT_NO_FATAL_FAILURE(WaitForDecodeInFlight(decode_address(), 4));
   decode_->Signal(SIGTERM);
   for (auto& f : futs) {
     GenerateResult r = f.get();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
@@ -22,6 +23,16 @@ class MultiPrefillTest : public DisaggTest {
     EXPECT_TRUE(s.ok()) << s.ToString();
     return s.ok() ? std::move(p) : nullptr;
   }
+  void TearDown() override {
+    if (HasFailure()) {
+      for (auto* p : {&a, &b})
+        if (*p) std::fprintf(stderr, "---- %s log ----\n%s\n", p == &a ? "prefill a" : "prefill b",
+                             (*p)->Log().c_str());
+    }
+    DisaggTest::TearDown();
+  }
+  // Members, so that a failure prints their logs.
+  std::unique_ptr<DaemonProcess> a, b;
   uint64_t PrefillOk(const std::string& address) {
     auto stub = PrefillStub(address);
     auto st = CallStats(*stub);
@@ -31,8 +42,8 @@ class MultiPrefillTest : public DisaggTest {
 
 TEST_F(MultiPrefillTest, LoadsSpreadOverBothAndSurviveOneDying) {
   const int port_a = PickFreePort(), port_b = PickFreePort();
-  auto a = StartPrefillOn("prefill_a", port_a);
-  auto b = StartPrefillOn("prefill_b", port_b);
+  a = StartPrefillOn("prefill_a", port_a);
+  b = StartPrefillOn("prefill_b", port_b);
   ASSERT_TRUE(a && b);
   std::vector<std::string> args = DefaultDaemonFlags();
   for (const char* f : {"--model=tiny", "--pool_blocks=256", "--on_load_failure=recompute"})

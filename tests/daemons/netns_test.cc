@@ -88,6 +88,34 @@ TEST_F(NetnsTest, KvCrossesAVethPairAndTokensMatchColocated) {
   EXPECT_TRUE(WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(5000)).ok());
 }
 
+// Regression (the "KV of the prompt did not land" flake under ctest -j2): a pair of daemons on
+// this host, started with the default test flags while another test's interface exists (here
+// the veth end in this namespace), must not carry the KV over it. Unpinned, UCX's TCP lanes
+// used it, and once it was deleted the next load hung until its deadline with no error.
+TEST_F(NetnsTest, LoopbackDaemonsSurviveAnotherTestsInterfaceVanishing) {
+  DaemonPair pair;
+  pair.common = {"--model=tiny"};
+  pair.decode = {"--load_timeout_ms=5000", "--on_load_failure=fail"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto prompt = MakePrompt(40, 512, 77);
+  const auto expected = Colocated(pair.common, prompt, 3);
+  auto r = CallGenerate(*stub_, prompt, 3, v1::LOAD_MODE_PIPELINED, 20000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, expected);
+  // The other test ends: its interface goes away.
+  ASSERT_EQ(Sh("ip link del " + N().veth_d), 0);
+  for (int i = 0; i < 3; ++i) {
+    auto p = MakePrompt(30 + i, 512, 80 + i);
+    r = CallGenerate(*stub_, p, 3, v1::LOAD_MODE_PIPELINED, 20000);
+    ASSERT_TRUE(r.status.ok()) << "request " << i << " after the interface vanished: "
+                               << r.status.error_message();
+    EXPECT_EQ(r.tokens, Colocated(pair.common, p, 3));
+    EXPECT_TRUE(r.messages.front().load().loaded_remotely());
+  }
+  // Later tests get their network back.
+  ASSERT_EQ(SetUpNetwork(), "");
+}
+
 }  // namespace
 }  // namespace kvstream::testing
 

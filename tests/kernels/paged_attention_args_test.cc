@@ -39,6 +39,11 @@ TEST(PagedDecodeArgs, ValidShapesAreSupported) {
         p.head_dim = d;
         p.block_size = bs;
         EXPECT_TRUE(PagedDecodeSupported(p)) << d << " " << bs;
+        for (Schedule sc : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
+                            Schedule::kWideKernel, Schedule::kWideFused}) {
+          p.schedule = sc;
+          EXPECT_TRUE(PagedDecodeSupported(p)) << d << " " << bs << " schedule " << int(sc);
+        }
       }
 }
 
@@ -64,6 +69,9 @@ TEST(PagedDecodeArgs, UnsupportedShapesAreRefused) {
   refused([](auto& p) { p.num_splits = -2; }, "negative splits");
   refused([](auto& p) { p.prefetch = static_cast<Prefetch>(7); }, "bad prefetch");
   refused([](auto& p) { p.prefetch_distance = 99; }, "prefetch distance");
+  refused([](auto& p) { p.schedule = static_cast<Schedule>(5); }, "bad schedule");
+  refused([](auto& p) { p.schedule = static_cast<Schedule>(-2); }, "bad schedule (negative)");
+  refused([](auto& p) { p.early_prefetch_units = 5; }, "early prefetch over 4 units");
   refused([](auto& p) { p.q = nullptr; }, "null q");
   refused([](auto& p) { p.context_lens = nullptr; }, "null lens");
   refused([](auto& p) { p.kv_layer = fake + 2; }, "misaligned kv");

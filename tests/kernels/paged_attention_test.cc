@@ -63,9 +63,14 @@ std::string Describe(const Shape& s) {
   return o.str();
 }
 
-// Runs both prefetch variants (and kAuto) on one random instance and checks them against the
-// CPU reference and against each other (bit-identical).
-void RunCase(const Shape& s, uint32_t seed) {
+constexpr Schedule kSchedules[] = {Schedule::kAuto, Schedule::kV2, Schedule::kKernel,
+                                   Schedule::kFused, Schedule::kWideKernel, Schedule::kWideFused};
+
+// Runs every schedule, each with both prefetch variants (and kAuto), on one random instance and
+// checks them against the CPU reference, and the variants of one schedule against each other
+// (bit-identical). `ext_ws` (zero-filled once by the caller, PagedDecodeParams' contract): use
+// that workspace instead of a fresh one, to test reuse across shapes.
+void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_ws_bytes = 0) {
   SCOPED_TRACE(Describe(s));
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
@@ -165,24 +170,40 @@ void RunCase(const Shape& s, uint32_t seed) {
   p.scale = scale;
   p.dtype = s.dtype;
   p.num_splits = s.num_splits;
+  p.num_blocks = num_blocks;
   if (s.host_lens) {
     // The planner sees the lengths: an uneven batch gets more (shorter) splits than the plan
     // made for max_context_len alone, and the result is still exact.
+    p.schedule = Schedule::kKernel;
     const int even = PagedDecodeNumSplits(p);
     p.host_context_lens = s.context_lens.data();
     EXPECT_GT(PagedDecodeNumSplits(p), even);
+    p.schedule = Schedule::kAuto;
   }
   ASSERT_TRUE(PagedDecodeSupported(p));
-  const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
-  DeviceBuf<char> ws(ws_bytes);
-  p.workspace = ws.p;
-  p.workspace_bytes = ws_bytes;
+  size_t ws_bytes = 0;
+  for (Schedule sc : kSchedules) {
+    PagedDecodeParams q = p;
+    q.schedule = sc;
+    ws_bytes = std::max(ws_bytes, PagedDecodeWorkspaceBytes(q));
+  }
+  DeviceBuf<char> own_ws(ext_ws ? 0 : ws_bytes);
+  if (ext_ws) {
+    ASSERT_GE(ext_ws_bytes, ws_bytes);
+  }
+  p.workspace = ext_ws ? ext_ws : own_ws.p;
+  p.workspace_bytes = ext_ws ? ext_ws_bytes : ws_bytes;
   if (ws_bytes) {
-    ASSERT_NE(ws.p, nullptr);
+    ASSERT_NE(p.workspace, nullptr);
+    if (!ext_ws) CUDA_OK(cudaMemset(own_ws.p, 0, ws_bytes));
     // Too small a workspace is refused, nothing launched.
     PagedDecodeParams small = p;
-    small.workspace_bytes = ws_bytes - 1;
-    EXPECT_EQ(PagedDecodeAttention(small, nullptr), cudaErrorInvalidValue);
+    small.schedule = Schedule::kV2;
+    small.workspace_bytes = PagedDecodeWorkspaceBytes(small);
+    if (small.workspace_bytes > 0) {
+      small.workspace_bytes -= 1;
+      EXPECT_EQ(PagedDecodeAttention(small, nullptr), cudaErrorInvalidValue);
+    }
   }
   if (s.num_splits > 0) {
     // A forced count is honoured up to the number of 16-token units (and 128), then evened out
@@ -192,20 +213,35 @@ void RunCase(const Shape& s, uint32_t seed) {
     EXPECT_EQ(PagedDecodeNumSplits(p), (units + per - 1) / per);
   }
 
+  for (Schedule sc : kSchedules) {
+  SCOPED_TRACE("schedule " + std::to_string(int(sc)));
+  p.schedule = sc;
   std::vector<std::vector<uint16_t>> outs;
-  for (Prefetch pf : {Prefetch::kOff, Prefetch::kOn, Prefetch::kAuto}) {
-    for (int dist : {1, 3}) {
-      if (pf != Prefetch::kOn && dist != 1) continue;
-      p.prefetch = pf;
-      p.prefetch_distance = dist;
-      CUDA_OK(cudaMemset(d_out.p, 0xff, q.size() * 2));  // poison: NaN in both dtypes
-      CUDA_OK(PagedDecodeAttention(p, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      std::vector<uint16_t> out(q.size());
-      CUDA_OK(cudaMemcpy(out.data(), d_out.p, out.size() * 2, cudaMemcpyDeviceToHost));
-      outs.push_back(std::move(out));
-    }
+  // (prefetch, distance, early prefetch): the last two run the early L2 prefetch before the
+  // wait for the previous kernel (a hint; the same arithmetic).
+  struct V {
+    Prefetch pf;
+    int dist;
+    Prefetch early;
+    int early_units = 0;
+  };
+  for (V v : {V{Prefetch::kOff, 1, Prefetch::kOff}, V{Prefetch::kOn, 1, Prefetch::kOff},
+              V{Prefetch::kOn, 3, Prefetch::kOff}, V{Prefetch::kAuto, 1, Prefetch::kAuto},
+              V{Prefetch::kOff, 1, Prefetch::kOn}, V{Prefetch::kOn, 1, Prefetch::kOn},
+              V{Prefetch::kOff, 1, Prefetch::kOn, 4}}) {
+    p.prefetch = v.pf;
+    p.prefetch_distance = v.dist;
+    p.early_prefetch = v.early;
+    p.early_prefetch_units = v.early_units;
+    CUDA_OK(cudaMemset(d_out.p, 0xff, q.size() * 2));  // poison: NaN in both dtypes
+    CUDA_OK(PagedDecodeAttention(p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint16_t> out(q.size());
+    CUDA_OK(cudaMemcpy(out.data(), d_out.p, out.size() * 2, cudaMemcpyDeviceToHost));
+    outs.push_back(std::move(out));
   }
+  p.early_prefetch = Prefetch::kAuto;
+  p.early_prefetch_units = 0;
   // Tolerances: P is rounded to the KV type for the tensor-core product, then the output.
   const double atol = s.dtype == DType::kBF16 ? 2e-2 : 3e-3;
   const double rtol = s.dtype == DType::kBF16 ? 2e-2 : 5e-3;
@@ -230,6 +266,15 @@ void RunCase(const Shape& s, uint32_t seed) {
   for (size_t k = 1; k < outs.size(); ++k)
     EXPECT_EQ(0, std::memcmp(outs[k].data(), out.data(), out.size() * 2))
         << "variant " << k << " differs from prefetch-off";
+  if (::testing::Test::HasFailure()) return;
+  }
+  if (p.workspace && ws_bytes) {
+    // Every completed launch leaves the fused combine's counters (the first 16 KiB) zero.
+    std::vector<uint32_t> ctr(std::min<size_t>(ws_bytes, 16384) / 4);
+    CUDA_OK(cudaMemcpy(ctr.data(), p.workspace, ctr.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(ctr.begin(), ctr.end(), [](uint32_t x) { return x == 0; }))
+        << "fused-combine counters not reset";
+  }
 }
 
 TEST(SmallCase, F16Head128Gqa4) {
@@ -243,6 +288,18 @@ TEST(SmallCase, Bf16Head64Block32Split) {
 // More than 8 splits: the sliced combine kernel (<= 8 take the per-row one above).
 TEST(SmallCase, F16Head256ManySplits) {
   RunCase({DType::kF16, 256, 16, 8, 2, {700, 5}, 40}, 3);
+}
+
+// The fused combine's last-CTA merge with many splits (16-warp CTAs, >= 16 units a split) and
+// one workspace reused across shapes without a memset in between.
+TEST(SmallCase, FusedManySplitsWorkspaceReuse) {
+  const size_t bytes = size_t(8) << 20;
+  DeviceBuf<char> ws(bytes);
+  ASSERT_NE(ws.p, nullptr);
+  CUDA_OK(cudaMemset(ws.p, 0, bytes));
+  RunCase({DType::kF16, 128, 16, 28, 4, {3000}}, 4, ws.p, bytes);
+  RunCase({DType::kBF16, 64, 32, 8, 2, {900, 1, 2000}, 0}, 5, ws.p, bytes);
+  RunCase({DType::kF16, 128, 16, 28, 4, {3000}}, 4, ws.p, bytes);
 }
 
 // Every dtype x head size x block size x group (1, 4, 7, 8, 16) on lengths 1, not multiples of

@@ -1,22 +1,28 @@
 #include "transport/staged/staged_transport.h"
 
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "transport/cuda_ipc/cuda_util.h"
 #include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/staged/slot_ledger.h"
 #include "transport/ucx/ucx_transport.h"
+#include "transport/write_plan.h"
 
 namespace kvstream::transport::staged {
 namespace {
@@ -24,22 +30,33 @@ namespace {
 using cuda::CopyRun;
 using cuda::CudaStatus;
 using cuda::DeviceGuard;
+using internal::CompletionHandle;
+using internal::WriteCompletion;
 
 // ---- wire formats (same as the peer's build: versioned by the magics) -----------------------
 
 // Protocol messages ride on the inner transport's notifications: flags = kMagic | type | bits.
 constexpr int32_t kFlagMagic = 0x4B500000;
 constexpr int32_t kFlagMagicMask = 0x7FF00000;
-enum MsgType : int32_t { kHello = 1, kChunk = 2, kBye = 3, kCredit = 4, kByeAck = 5, kPing = 6 };
+enum MsgType : int32_t {
+  kHello = 1,
+  kChunk = 2,
+  kBye = 3,
+  kCredit = 4,
+  kByeAck = 5,
+  kPing = 6,
+  kAbandon = 7,  // writer -> receiver: forget the progress of write `request_id` (never finishes)
+};
 constexpr int32_t kBitWriteDone = 1 << 8;
 constexpr int32_t kBitError = 1 << 9;
 
 constexpr uint64_t kHeaderBytes = 64 * 1024;    // chunk descriptor area in front of each slot
 constexpr uint64_t kMailboxBytes = 16 * 1024;   // one hello record
 constexpr uint32_t kMailboxes = 16;
+constexpr uint64_t kStagingAlign = 64 * 1024;   // staging area length rounded up to this
 
 struct AddrWire {
-  char magic[8];  // "KVSTGA01"
+  char magic[8];  // "KVSTGA02"
   uint64_t staging_addr;
   uint64_t staging_len;
   uint64_t chunk_bytes;
@@ -50,17 +67,17 @@ struct AddrWire {
   uint32_t staging_key_len;
 };
 struct HelloWire {
-  char magic[8];  // "KVSTHL01"
+  char magic[8];  // "KVSTHL02"
   uint64_t nonce;
   uint32_t conn_id;
   uint32_t addr_len;
   uint32_t key_len;
-  uint32_t pad;
+  uint32_t writer_pid;  // != 0: a zero-copy writer on the receiver's host (its pid there)
   uint64_t box_addr;
   uint64_t box_len;
 };
 struct ChunkWire {
-  char magic[8];  // "KVSTCK01"
+  char magic[8];  // "KVSTCK02"
   uint32_t conn_id;
   uint32_t npieces;
   uint64_t write_seq;
@@ -86,9 +103,9 @@ struct KeyWire {
   int32_t device;
   uint64_t length;
 };
-constexpr char kAddrMagic[8] = {'K', 'V', 'S', 'T', 'G', 'A', '0', '1'};
-constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '1'};
-constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '1'};
+constexpr char kAddrMagic[8] = {'K', 'V', 'S', 'T', 'G', 'A', '0', '2'};
+constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '2'};
+constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '2'};
 constexpr char kKeyMagic[8] = {'K', 'V', 'S', 'T', 'R', 'K', '0', '1'};
 constexpr uint64_t kMaxPieces = (kHeaderBytes - sizeof(ChunkWire)) / sizeof(PieceWire);
 
@@ -144,48 +161,6 @@ constexpr size_t kTableEntriesPerSlot = 4096;  // >= pieces after splitting into
 
 // ---- shared state ----------------------------------------------------------------------------
 
-struct WriteState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  uint64_t bytes = 0;
-  bool IsDone() {
-    std::lock_guard<std::mutex> lock(mu);
-    return done;
-  }
-  void Complete(Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (done) return;
-      done = true;
-      status = std::move(s);
-    }
-    cv.notify_all();
-  }
-};
-
-class StagedWriteHandle : public WriteHandle {
- public:
-  explicit StagedWriteHandle(std::shared_ptr<WriteState> w) : w_(std::move(w)) {}
-  bool Done() const override {
-    std::lock_guard<std::mutex> lock(w_->mu);
-    return w_->done;
-  }
-  Status Wait(Deadline deadline) override {
-    std::unique_lock<std::mutex> lock(w_->mu);
-    if (!w_->cv.wait_until(lock, deadline, [&] { return w_->done; })) {
-      return Timeout("ucx_staged: write of " + std::to_string(w_->bytes) +
-                     " bytes not complete by the deadline (it may still be in flight)");
-    }
-    return w_->status;
-  }
-  uint64_t bytes() const override { return w_->bytes; }
-
- private:
-  std::shared_ptr<WriteState> w_;
-};
-
 struct RegionInfo {
   uint64_t addr = 0;
   uint64_t length = 0;
@@ -200,10 +175,18 @@ struct Shared {
   std::unique_ptr<Transport> inner;
   cuda::EventPool events;
   explicit Shared(int dev) : device(dev), events(dev) {}
+  ~Shared() {
+    // Before the members below free or unmap the memory.
+    if (staging_host_registered) (void)cudaHostUnregister(staging);
+  }
 
-  // Receive side.
-  std::unique_ptr<cuda::PinnedBuffer> staging;
-  std::unique_ptr<Registration> staging_reg;
+  // Receive side. The staging area is the inner transport's Allocate()d memory (a memfd a
+  // same-host writer maps) page-locked here, or, where that fails, cudaHostAlloc'd memory.
+  std::unique_ptr<cuda::PinnedBuffer> staging_pinned;  // the fallback's memory
+  std::unique_ptr<Registration> staging_reg;           // inner registration (owns Allocate()d memory)
+  char* staging = nullptr;
+  uint64_t staging_len = 0;
+  bool staging_host_registered = false;  // cudaHostRegister'ed by us (Allocate()d memory)
   uint64_t slot_stride = 0;
   std::unique_ptr<cuda::PinnedBuffer> recv_tables;  // kTableEntriesPerSlot per slot
   std::mutex regions_mu;
@@ -244,7 +227,6 @@ class StagedRegistration : public Registration {
     k.length = region_.length;
     return std::string(reinterpret_cast<const char*>(&k), sizeof(k));
   }
-  const Shared* owner() const { return shared_.get(); }
 
  private:
   std::shared_ptr<Shared> shared_;
@@ -252,11 +234,19 @@ class StagedRegistration : public Registration {
   uint32_t id_;
 };
 
+bool ProcessExited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
 // ---- receive side: one thread per transport ---------------------------------------------------
 
 class Receiver {
  public:
-  explicit Receiver(Shared* shared) : shared_(shared) {}
+  explicit Receiver(Shared* shared)
+      : shared_(shared),
+        ledger_(uint32_t(shared->options.recv_slots), uint32_t(shared->options.credits_per_peer),
+                std::chrono::milliseconds(shared->options.reclaim_quarantine_ms)) {}
   ~Receiver() { Stop(); }
 
   Status Start() {
@@ -264,8 +254,6 @@ class Receiver {
     KV_ASSIGN_OR_RETURN(scratch_, cuda::DeviceBuffer::Allocate(
                                       shared_->device, size_t(shared_->options.recv_slots) *
                                                            shared_->options.chunk_bytes));
-    for (int s = 0; s < shared_->options.recv_slots; ++s) free_slots_.push_back(uint32_t(s));
-    slot_owner_.assign(size_t(shared_->options.recv_slots), 0);
     thread_ = std::thread([this] { Run(); });
     return OkStatus();
   }
@@ -279,7 +267,11 @@ class Receiver {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (stream_) (void)cuda::WaitStreamIdle(stream_->get(), DeadlineAfterMs(5000));
+    for (auto& [id, c] : conns_) {
+      if (c.pidfd >= 0) close(c.pidfd);
+    }
     conns_.clear();
+    pending_sends_.clear();
     closing_.clear();
     stream_.reset();
     scratch_.reset();
@@ -296,8 +288,17 @@ class Receiver {
  private:
   struct Conn {
     std::unique_ptr<Endpoint> back;
-    uint32_t granted = 0;
-    std::map<uint64_t, uint32_t> progress;  // write_seq -> chunks on the device
+    // Per write (write_seq): chunks on the device, and its notification once the chunk that
+    // carries it (the last one) has arrived. Chunks may land in any order.
+    struct Progress {
+      uint32_t landed = 0;
+      bool has_note = false;
+      Notification note;
+    };
+    std::map<uint64_t, Progress> progress;
+    int pidfd = -1;                         // zero-copy writer's process (same host)
+    Clock::time_point last_sent{};
+    bool lost = false;
   };
   struct Item {
     bool bye = false;
@@ -310,8 +311,13 @@ class Receiver {
     cudaEvent_t event = nullptr;
     Status error;  // a rejected chunk: no copy, error credit
   };
+  struct PendingSend {
+    uint32_t conn_id;
+    std::unique_ptr<WriteHandle> handle;
+  };
 
   void Send(uint32_t conn_id, Conn& c, const Notification& n) {
+    if (c.lost) return;
     WriteRequest wr;
     wr.local = shared_->staging_reg.get();
     wr.remote_region = 0;
@@ -319,26 +325,37 @@ class Receiver {
     wr.notification = n;
     auto h = c.back->Write(wr);
     if (!h.ok()) {
-      KV_LOG_WARN << "ucx_staged: writer " << conn_id << " unreachable: " << h.status().ToString();
+      Lose(conn_id, c, h.status());
       return;
     }
-    pending_sends_.push_back(std::move(h).value());
+    c.last_sent = Clock::now();
+    pending_sends_.push_back({conn_id, std::move(h).value()});
   }
 
-  void Grant(uint32_t conn_id, Conn& c) {
-    while (c.granted < uint32_t(shared_->options.credits_per_peer) && !free_slots_.empty()) {
-      uint32_t slot = free_slots_.front();
-      free_slots_.pop_front();
-      slot_owner_[slot] = conn_id;
-      c.granted++;
-      Send(conn_id, c, Msg(kCredit, uint64_t(slot), int32_t(conn_id)));
+  void SendGrants(const std::vector<SlotLedger::Grant>& grants) {
+    for (const SlotLedger::Grant& g : grants) {
+      auto it = conns_.find(g.writer);
+      if (it != conns_.end()) Send(g.writer, it->second, Msg(kCredit, uint64_t(g.slot), int32_t(g.writer)));
     }
+  }
+
+  // A writer gone without a goodbye: drop its chunks from now on; its slots come back through
+  // the ledger once idle and safe.
+  void Lose(uint32_t conn_id, Conn& c, const Status& why) {
+    if (c.lost) return;
+    c.lost = true;
+    c.progress.clear();
+    ledger_.MarkLost(conn_id, Clock::now());
+    KV_LOG_WARN << "ucx_staged: writer " << conn_id << " lost (" << why.ToString() << "); its "
+                << ledger_.held(conn_id) << " staging slots return once idle and "
+                << (c.pidfd >= 0 ? "its process has exited" : "the quarantine has passed")
+                << " (at most " << shared_->options.reclaim_quarantine_ms << " ms)";
   }
 
   void HandleHello(const Notification& n) {
     uint32_t box = uint32_t(n.layer);
     if (box >= kMailboxes) return;
-    const char* rec = static_cast<const char*>(shared_->staging->data()) + shared_->MailboxOffset(box);
+    const char* rec = shared_->staging + shared_->MailboxOffset(box);
     HelloWire h;
     std::memcpy(&h, rec, sizeof(h));
     if (std::memcmp(h.magic, kHelloMagic, sizeof(h.magic)) != 0 || h.nonce != n.request_id ||
@@ -346,7 +363,7 @@ class Receiver {
       KV_LOG_WARN << "ucx_staged: ignoring a malformed or overwritten hello in mailbox " << box;
       return;
     }
-    if (conns_.count(h.conn_id)) {
+    if (conns_.count(h.conn_id) || ledger_.known(h.conn_id)) {
       KV_LOG_WARN << "ucx_staged: hello from an already known connection id " << h.conn_id;
       return;
     }
@@ -361,13 +378,20 @@ class Receiver {
     }
     Conn& c = conns_[h.conn_id];
     c.back = std::move(ep).value();
-    Grant(h.conn_id, c);
-    if (c.granted < uint32_t(shared_->options.credits_per_peer)) starved_.push_back(h.conn_id);
+    c.last_sent = Clock::now();
+    if (h.writer_pid != 0) {
+      // A zero-copy writer copies straight into our slots: once it is lost, its process having
+      // exited is what makes its slots safe to hand out again (no copy of it can still land).
+      c.pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(h.writer_pid), 0));
+    }
+    for (uint32_t slot : ledger_.AddWriter(h.conn_id)) {
+      Send(h.conn_id, c, Msg(kCredit, uint64_t(slot), int32_t(h.conn_id)));
+    }
   }
 
   Status ParseChunk(uint32_t conn_id, uint32_t slot, Item* item, std::vector<CopyRun>* runs,
                     uint64_t* data_bytes) {
-    const char* base = static_cast<const char*>(shared_->staging->data()) + shared_->SlotOffset(slot);
+    const char* base = shared_->staging + shared_->SlotOffset(slot);
     ChunkWire cw;
     std::memcpy(&cw, base, sizeof(cw));
     if (std::memcmp(cw.magic, kChunkMagic, sizeof(cw.magic)) != 0 || cw.conn_id != conn_id) {
@@ -407,8 +431,10 @@ class Receiver {
     uint32_t conn_id = uint32_t(n.request_id >> 32);
     uint32_t slot = uint32_t(n.request_id & 0xFFFFFFFFu);
     auto it = conns_.find(conn_id);
-    if (it == conns_.end() || slot >= slot_owner_.size() || slot_owner_[slot] != conn_id) {
-      KV_LOG_WARN << "ucx_staged: dropping a chunk of unknown connection " << conn_id << " slot " << slot;
+    if (it == conns_.end() || !ledger_.BeginChunk(conn_id, slot)) {
+      if (it == conns_.end() || !it->second.lost) {
+        KV_LOG_WARN << "ucx_staged: dropping a chunk of unknown connection " << conn_id << " slot " << slot;
+      }
       return;
     }
     Item item;
@@ -419,8 +445,7 @@ class Receiver {
     item.error = ParseChunk(conn_id, slot, &item, &runs, &data_bytes);
     if (item.error.ok()) {
       CopyRun* table = static_cast<CopyRun*>(shared_->recv_tables->data()) + size_t(slot) * kTableEntriesPerSlot;
-      const uint64_t staging = reinterpret_cast<uint64_t>(shared_->staging->data()) +
-                               shared_->SlotOffset(slot) + kHeaderBytes;
+      const uint64_t staging = reinterpret_cast<uint64_t>(shared_->staging) + shared_->SlotOffset(slot) + kHeaderBytes;
       void* scratch = static_cast<char*>(scratch_->data()) + size_t(slot) * shared_->options.chunk_bytes;
       Status s = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
                            kTableEntriesPerSlot, stream_->get());
@@ -442,48 +467,80 @@ class Receiver {
       if (it == conns_.end()) return;
       Conn c = std::move(it->second);
       conns_.erase(it);
-      starved_.erase(std::remove(starved_.begin(), starved_.end(), item.conn_id), starved_.end());
-      for (uint32_t s = 0; s < slot_owner_.size(); ++s) {
-        if (slot_owner_[s] == item.conn_id) {
-          slot_owner_[s] = 0;
-          free_slots_.push_back(s);
-        }
-      }
+      if (c.pidfd >= 0) close(c.pidfd);
+      // Every chunk it sent before the goodbye has ended (the items run in order).
+      std::vector<SlotLedger::Grant> grants = ledger_.RemoveWriter(item.conn_id);
+      c.lost = false;  // the goodbye's acknowledgement still goes out
       Send(item.conn_id, c, Msg(kByeAck, item.conn_id, int32_t(item.conn_id)));
       closing_.push_back(std::move(c.back));  // kept until the ack has gone out
-      RegrantStarved();
+      SendGrants(grants);
       return;
     }
-    if (it == conns_.end()) return;
+    const bool credit = ledger_.EndChunk(item.slot);
+    if (it == conns_.end() || it->second.lost || !credit) return;
     Conn& c = it->second;
     int32_t bits = 0;
     if (!item.error.ok()) {
       KV_LOG_WARN << "ucx_staged: rejecting a chunk: " << item.error.ToString();
       c.progress.erase(item.write_seq);
       bits = kBitError;
-    } else if (++c.progress[item.write_seq] == item.total) {
-      c.progress.erase(item.write_seq);
+    } else {
+      Conn::Progress& p = c.progress[item.write_seq];
       if (item.has_note) {
-        std::lock_guard<std::mutex> lock(shared_->sink_mu);
-        if (shared_->sink) shared_->sink(item.note);
+        p.has_note = true;
+        p.note = item.note;
       }
-      bits = kBitWriteDone;
+      if (++p.landed == item.total) {
+        if (p.has_note) {
+          std::lock_guard<std::mutex> lock(shared_->sink_mu);
+          if (shared_->sink) shared_->sink(p.note);
+        }
+        c.progress.erase(item.write_seq);
+        bits = kBitWriteDone;
+      }
     }
     Send(item.conn_id, c, Msg(kCredit, (item.write_seq << 16) | item.slot, int32_t(item.conn_id), bits));
   }
 
-  void RegrantStarved() {
-    for (size_t i = 0; i < starved_.size();) {
-      auto it = conns_.find(starved_[i]);
-      if (it == conns_.end()) {
-        starved_.erase(starved_.begin() + long(i));
+  // Lost writers: noticed through their failed connection back or a failed send; pinged when
+  // idle so that silence becomes a failed send. Their slots go back through the ledger.
+  void Housekeep() {
+    const auto now = Clock::now();
+    for (auto& [id, c] : conns_) {
+      if (c.lost) continue;
+      Status s = c.back->status();
+      if (!s.ok()) {
+        Lose(id, c, s);
+      } else if (ledger_.held(id) > 0 &&
+                 now - c.last_sent > std::chrono::milliseconds(shared_->options.writer_ping_ms)) {
+        Send(id, c, Msg(kPing, id, int32_t(id)));
+      }
+    }
+    for (auto it = pending_sends_.begin(); it != pending_sends_.end();) {
+      if (!it->handle->Done()) {
+        ++it;
         continue;
       }
-      Grant(it->first, it->second);
-      if (it->second.granted >= uint32_t(shared_->options.credits_per_peer)) {
-        starved_.erase(starved_.begin() + long(i));
+      Status s = it->handle->Wait(now);
+      if (!s.ok()) {
+        auto c = conns_.find(it->conn_id);
+        if (c != conns_.end()) Lose(it->conn_id, c->second, s);
+      }
+      it = pending_sends_.erase(it);
+    }
+    SendGrants(ledger_.Reclaim(now, [this](uint32_t id) {
+      auto it = conns_.find(id);
+      return it != conns_.end() && it->second.pidfd >= 0 && ProcessExited(it->second.pidfd);
+    }));
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second.lost && !ledger_.known(it->first)) {
+        KV_LOG_INFO << "ucx_staged: lost writer " << it->first << "'s staging slots are free again ("
+                    << ledger_.free_slots() << " free)";
+        if (it->second.pidfd >= 0) close(it->second.pidfd);
+        closing_.push_back(std::move(it->second.back));
+        it = conns_.erase(it);
       } else {
-        ++i;
+        ++it;
       }
     }
   }
@@ -492,6 +549,7 @@ class Receiver {
     DeviceGuard guard(shared_->device);
     // The 20 us waits below pace the pipeline: keep them 20 us, not 20 + 50 us of default slack.
     (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    auto last_housekeeping = Clock::now();
     for (;;) {
       std::deque<Notification> inbox;
       {
@@ -513,6 +571,12 @@ class Receiver {
             inflight_.push_back(std::move(bye));
             break;
           }
+          case kAbandon: {
+            // Sent once every started chunk of that write came back: none is in flight here.
+            auto it = conns_.find(uint32_t(n.layer));
+            if (it != conns_.end()) it->second.progress.erase(n.request_id);
+            break;
+          }
           default: break;
         }
       }
@@ -530,14 +594,23 @@ class Receiver {
         inflight_.pop_front();
         Complete(item);
       }
+      const auto now = Clock::now();
+      if (now - last_housekeeping > std::chrono::milliseconds(5)) {
+        last_housekeeping = now;
+        Housekeep();
+      }
       pending_sends_.erase(std::remove_if(pending_sends_.begin(), pending_sends_.end(),
-                                          [](const std::unique_ptr<WriteHandle>& h) { return h->Done(); }),
+                                          [](const PendingSend& p) {
+                                            // Failed sends are left for Housekeep to see.
+                                            return p.handle->Done() && p.handle->Wait(Clock::now()).ok();
+                                          }),
                            pending_sends_.end());
       if (pending_sends_.empty()) closing_.clear();
     }
   }
 
   Shared* shared_;
+  SlotLedger ledger_;  // receiver thread only
   std::unique_ptr<cuda::Stream> stream_;
   std::unique_ptr<cuda::DeviceBuffer> scratch_;  // chunk_bytes per slot
   std::mutex mu_;
@@ -547,11 +620,8 @@ class Receiver {
   std::thread thread_;
   // Owned by the thread:
   std::map<uint32_t, Conn> conns_;
-  std::deque<uint32_t> free_slots_;
-  std::vector<uint32_t> slot_owner_;
-  std::vector<uint32_t> starved_;
   std::deque<Item> inflight_;
-  std::vector<std::unique_ptr<WriteHandle>> pending_sends_;
+  std::vector<PendingSend> pending_sends_;
   std::vector<std::unique_ptr<Endpoint>> closing_;
 };
 
@@ -565,7 +635,6 @@ struct Piece {
   uint64_t length = 0;
 };
 struct Chunk {
-  std::shared_ptr<WriteState> write;
   uint64_t write_seq = 0;
   uint32_t index = 0, total = 0;
   bool has_note = false;
@@ -574,14 +643,25 @@ struct Chunk {
   uint64_t bytes = 0;
   cudaEvent_t dep = nullptr;  // first chunk of a write with after_stream
 };
+// One chunk between its start and the moment its bytes are the peer's: the device -> host copy
+// (into a send buffer, or zero-copy straight into the peer's slot), then (put path) the UCX put.
 struct SendBuf {
-  uint64_t offset = 0;  // in the send staging registration
+  uint64_t offset = 0;  // in the send staging registration (put path)
   int state = 0;        // 0 free, 1 copying to host, 2 put in flight
   cudaEvent_t event = nullptr;
   cudaEvent_t dep = nullptr;
   std::unique_ptr<WriteHandle> put;
   Chunk chunk;
   uint32_t slot = 0;
+};
+// A write from Write() until no chunk of it is in flight any more.
+struct WriteEntry {
+  std::shared_ptr<WriteCompletion> completion;
+  uint32_t started = 0;    // chunks started
+  uint32_t in_flight = 0;  // started and not yet handed back by the peer
+  bool delivered = false;  // the peer reported every chunk on the device (completion OK)
+  bool dropped = false;    // a chunk was not started (cancel, failure, shutdown)
+  Status error;            // the first failure of one of its chunks
 };
 
 class WriterCore : public std::enable_shared_from_this<WriterCore> {
@@ -598,6 +678,11 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   AddrWire peer{};
   uint64_t buf_stride = 0;
   uint64_t chunk_cap = 0;  // data bytes per chunk: fits our buffers and the peer's slots
+  // Zero-copy: the peer's staging area mapped here and page-locked by us.
+  std::unique_ptr<ucx::PeerMapping> peer_map;
+  bool peer_map_registered = false;
+  bool zero_copy = false;
+  bool hello_sent = false;
 
   ~WriterCore() { Shutdown(); }
 
@@ -609,15 +694,19 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         bye_acked_ = true;
       } else if (type == kCredit) {
         credits_.push_back(uint32_t(n.request_id & 0xFFFF));
-        const uint64_t seq = n.request_id >> 16;
-        if (n.flags & (kBitWriteDone | kBitError)) {
-          auto it = writes_.find(seq);
-          if (it != writes_.end()) {
-            it->second->Complete((n.flags & kBitError)
-                                     ? DataLoss("ucx_staged: the peer rejected a chunk of this write")
-                                     : OkStatus());
-            writes_.erase(it);
+        const uint64_t seq = n.request_id >> 16;  // 0: a fresh grant
+        auto it = seq == 0 ? writes_.end() : writes_.find(seq);
+        if (it != writes_.end()) {
+          WriteEntry& e = it->second;
+          if (e.in_flight > 0) --e.in_flight;
+          if ((n.flags & kBitError) && e.error.ok()) {
+            e.error = DataLoss("ucx_staged: the peer rejected a chunk of this write");
           }
+          if ((n.flags & kBitWriteDone) && e.error.ok()) {
+            e.delivered = true;
+            e.completion->Complete(OkStatus());
+          }
+          MaybeFinishLocked(it);
         }
       }
     }
@@ -633,7 +722,6 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   }
 
   void Start(int nbufs) {
-    started_ = true;
     for (int i = 0; i < nbufs; ++i) {
       bufs_.emplace_back();
       bufs_.back().offset = uint64_t(i) * buf_stride;
@@ -653,9 +741,20 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       std::lock_guard<std::mutex> lock(mu_);
       if (shut_down_) return;
       shut_down_ = true;
-      for (Chunk& c : queue_) FailWriteLocked(c.write_seq, c.write, Canceled("ucx_staged: endpoint destroyed"));
-      for (Chunk& c : queue_) shared->events.Release(c.dep);
+      // Queued chunks never start; their writes end (kCanceled) once their started chunks are back.
+      std::vector<uint64_t> seqs;
+      for (Chunk& c : queue_) {
+        shared->events.Release(c.dep);
+        seqs.push_back(c.write_seq);
+      }
       queue_.clear();
+      for (uint64_t seq : seqs) {
+        auto it = writes_.find(seq);
+        if (it == writes_.end()) continue;
+        it->second.dropped = true;
+        if (it->second.error.ok()) it->second.error = Canceled("ucx_staged: endpoint destroyed");
+        MaybeFinishLocked(it);
+      }
     }
     cv_.notify_all();
     const Deadline deadline = DeadlineAfterMs(shared->options.close_timeout_ms);
@@ -663,11 +762,12 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     {
       std::unique_lock<std::mutex> lock(mu_);
       drained = cv_.wait_until(lock, deadline, [&] {
-        return !status_.ok() || (writes_.empty() && in_flight_bufs_ == 0);
+        return !status_.ok() || (writes_.empty() && in_flight_bufs_ == 0 && notes_.empty());
       });
       drained = drained && status_.ok();
     }
-    if (drained && started_ && inner_ep) {
+    if (drained && hello_sent && inner_ep) {
+      // Also after a Connect() that got no slot in time: the peer must forget us.
       WriteRequest wr;
       wr.local = send_reg.get();
       wr.remote_region = 0;
@@ -675,20 +775,22 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       wr.notification = Msg(kBye, conn_id, int32_t(conn_id));
       auto h = inner_ep->Write(wr);
       if (h.ok()) {
+        // Without a pipeline thread (Connect() failed) nothing watches the peer: wait briefly.
+        const Deadline ack_deadline = thread_.joinable() ? deadline : std::min(deadline, DeadlineAfterMs(1000));
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_until(lock, deadline, [&] { return bye_acked_ || !status_.ok(); });
+        cv_.wait_until(lock, ack_deadline, [&] { return bye_acked_ || !status_.ok(); });
         if (!bye_acked_) {
           KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
         }
       }
-    } else if (!drained) {
+    } else if (!drained && hello_sent) {
       KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
       if (status_.ok()) status_ = Canceled("ucx_staged: endpoint destroyed");
-      for (auto& [seq, w] : writes_) w->Complete(Canceled("ucx_staged: endpoint destroyed"));
+      for (auto& [seq, e] : writes_) e.completion->Complete(Canceled("ucx_staged: endpoint destroyed"));
       writes_.clear();
     }
     cv_.notify_all();
@@ -699,31 +801,85 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     }
     if (stream) (void)cuda::WaitStreamIdle(stream->get(), DeadlineAfterMs(5000));
     if (ping_) (void)ping_->Wait(DeadlineAfterMs(1000));
+    for (auto& h : notes_) (void)h->Wait(DeadlineAfterMs(1000));
+    for (auto& h : misc_) (void)h->Wait(DeadlineAfterMs(1000));
     for (SendBuf& b : bufs_) {
       shared->events.Release(b.event);
       shared->events.Release(b.dep);
       if (b.put) (void)b.put->Wait(DeadlineAfterMs(1000));
     }
+    UnmapPeer();
     inner_ep.reset();
   }
 
+  // Drops the zero-copy mapping of the peer's staging area (no copy into it may be running).
+  void UnmapPeer() {
+    if (peer_map_registered) {
+      DeviceGuard guard(shared->device);
+      cudaError_t err = cudaHostUnregister(peer_map->data());
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        KV_LOG_WARN << "ucx_staged: cudaHostUnregister of the peer's staging area: " << cudaGetErrorString(err);
+      }
+      peer_map_registered = false;
+    }
+    peer_map.reset();
+  }
+
  private:
-  void FailWriteLocked(uint64_t seq, const std::shared_ptr<WriteState>& w, Status s) {
-    w->Complete(std::move(s));
-    writes_.erase(seq);
+  // Ends the write once no chunk of it is in flight and none will start: delivered ones are
+  // done already; the others complete with their error (kCanceled when canceled) and the peer
+  // is told to forget their progress.
+  void MaybeFinishLocked(std::map<uint64_t, WriteEntry>::iterator it) {
+    WriteEntry& e = it->second;
+    if (e.in_flight > 0) return;
+    if (!e.delivered) {
+      if (!e.dropped && e.error.ok() && !e.completion->done()) return;  // chunks still queued
+      e.completion->Complete(e.error.ok() ? Canceled("ucx_staged: write canceled") : e.error);
+      if (e.started > 0 && status_.ok() && inner_ep) {
+        WriteRequest wr;
+        wr.local = send_reg.get();
+        wr.remote_region = 0;
+        wr.notify = true;
+        wr.notification = Msg(kAbandon, it->first, int32_t(conn_id));
+        auto h = inner_ep->Write(wr);
+        if (h.ok()) misc_.push_back(std::move(h).value());
+      }
+    }
+    writes_.erase(it);
   }
 
   void FailAllLocked(const Status& s) {
-    if (status_.ok()) status_ = s;
-    for (auto& [seq, w] : writes_) w->Complete(s);
+    if (status_.ok()) {
+      status_ = s;
+      KV_LOG_WARN << "ucx_staged: endpoint failed: " << s.ToString();
+    }
+    for (auto& [seq, e] : writes_) e.completion->Complete(s);
     writes_.clear();
     for (Chunk& c : queue_) shared->events.Release(c.dep);
     queue_.clear();
   }
 
-  // Starts the device -> pinned copy of `chunk` into `b` bound for peer slot `slot`.
+  // A started chunk that never reached the peer: its slot is still ours.
+  void ChunkFailedLocked(SendBuf& b, const Status& s) {
+    credits_.push_back(b.slot);
+    auto it = writes_.find(b.chunk.write_seq);
+    if (it != writes_.end()) {
+      if (it->second.in_flight > 0) --it->second.in_flight;
+      if (it->second.error.ok()) it->second.error = s;
+      MaybeFinishLocked(it);
+    }
+  }
+
+  char* PeerSlot(uint32_t slot) const {
+    return static_cast<char*>(peer_map->data()) + uint64_t(peer.mailboxes) * kMailboxBytes +
+           uint64_t(slot) * peer.slot_stride;
+  }
+
+  // Starts the device -> host copy of `chunk` bound for peer slot `slot`: into send buffer `b`,
+  // or (zero-copy) straight into the slot.
   Status StartChunk(SendBuf& b, Chunk chunk, uint32_t slot) {
-    char* base = static_cast<char*>(send_staging->data()) + b.offset;
+    char* base = zero_copy ? PeerSlot(slot) : static_cast<char*>(send_staging->data()) + b.offset;
     ChunkWire cw{};
     std::memcpy(cw.magic, kChunkMagic, sizeof(cw.magic));
     cw.conn_id = conn_id;
@@ -752,11 +908,11 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         runs.push_back(r);
       }
     }
-    if (chunk.dep != nullptr) {
-      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream->get(), chunk.dep, 0), "cudaStreamWaitEvent");
-    }
     b.dep = chunk.dep;
     chunk.dep = nullptr;
+    if (b.dep != nullptr) {
+      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream->get(), b.dep, 0), "cudaStreamWaitEvent");
+    }
     const size_t index = size_t(&b - bufs_.data());
     CopyRun* table = static_cast<CopyRun*>(tables->data()) + index * kTableEntriesPerSlot;
     void* sc = static_cast<char*>(scratch->data()) + index * chunk_cap;
@@ -767,23 +923,53 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     b.chunk = std::move(chunk);
     b.slot = slot;
     b.state = 1;
+    copying_.push_back(&b);
     return OkStatus();
   }
 
+  // The chunk's bytes are on the host: put path, write descriptor + data into the peer's slot
+  // (the notification follows the data); zero-copy, they are in the slot already: announce it.
   Status PostChunk(SendBuf& b) {
-    const uint64_t slot_off = shared->MailboxOffset(0) + uint64_t(peer.mailboxes) * kMailboxBytes +
-                              uint64_t(b.slot) * peer.slot_stride;
     WriteRequest wr;
     wr.local = send_reg.get();
     wr.remote_region = 0;
-    const uint64_t header = sizeof(ChunkWire) + b.chunk.pieces.size() * sizeof(PieceWire);
-    wr.ops.push_back({b.offset, slot_off, header});
-    if (b.chunk.bytes > 0) wr.ops.push_back({b.offset + kHeaderBytes, slot_off + kHeaderBytes, b.chunk.bytes});
+    if (!zero_copy) {
+      const uint64_t slot_off = uint64_t(peer.mailboxes) * kMailboxBytes + uint64_t(b.slot) * peer.slot_stride;
+      const uint64_t header = sizeof(ChunkWire) + b.chunk.pieces.size() * sizeof(PieceWire);
+      wr.ops.push_back({b.offset, slot_off, header});
+      if (b.chunk.bytes > 0) wr.ops.push_back({b.offset + kHeaderBytes, slot_off + kHeaderBytes, b.chunk.bytes});
+    } else {
+      // The copy engine's writes are complete (its event passed) and the descriptor was stored
+      // by this thread; the announcement below must not overtake them.
+      std::atomic_thread_fence(std::memory_order_release);
+    }
     wr.notify = true;
     wr.notification = Msg(kChunk, (uint64_t(conn_id) << 32) | b.slot, int32_t(b.chunk.index));
-    KV_ASSIGN_OR_RETURN(b.put, inner_ep->Write(wr));
-    b.state = 2;
+    KV_ASSIGN_OR_RETURN(auto h, inner_ep->Write(wr));
+    if (zero_copy) {
+      notes_.push_back(std::move(h));
+      b.state = 0;  // the buffer only tracked the copy
+    } else {
+      b.put = std::move(h);
+      b.state = 2;
+    }
     return OkStatus();
+  }
+
+  // Whether the chunk at the queue's front belongs to a write that must not start more chunks.
+  bool DropFrontLocked() {
+    Chunk& c = queue_.front();
+    auto it = writes_.find(c.write_seq);
+    const bool drop = it == writes_.end() || it->second.completion->done() ||
+                      it->second.completion->cancel_requested() || !it->second.error.ok();
+    if (!drop) return false;
+    shared->events.Release(c.dep);
+    queue_.pop_front();
+    if (it != writes_.end()) {
+      it->second.dropped = true;
+      MaybeFinishLocked(it);
+    }
+    return true;
   }
 
   void Run() {
@@ -792,25 +978,29 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       bool active = false;
-      for (SendBuf& b : bufs_) {
-        if (b.state == 1) {
-          cudaError_t err = cudaEventQuery(b.event);
-          if (err == cudaErrorNotReady) {
-            active = true;
-            continue;
-          }
-          shared->events.Release(b.event);
-          shared->events.Release(b.dep);
-          b.event = b.dep = nullptr;
-          Status s = CudaStatus(err, "staging copy to host");
-          if (s.ok()) s = PostChunk(b);
-          if (!s.ok()) {
-            FailWriteLocked(b.chunk.write_seq, b.chunk.write, s);
-            credits_.push_back(b.slot);  // the slot was never used
-            b.state = 0;
-            in_flight_bufs_--;
-          }
+      // Copies to the host finish in stream order: announce chunks in the order they started,
+      // so that the peer copies them to the device in that order too.
+      while (!copying_.empty()) {
+        SendBuf& b = *copying_.front();
+        cudaError_t err = cudaEventQuery(b.event);
+        if (err == cudaErrorNotReady) {
+          active = true;
+          break;
         }
+        copying_.pop_front();
+        shared->events.Release(b.event);
+        shared->events.Release(b.dep);
+        b.event = b.dep = nullptr;
+        Status s = CudaStatus(err, "staging copy to host");
+        if (s.ok() && !status_.ok()) s = status_;
+        if (s.ok()) s = PostChunk(b);
+        if (!s.ok()) {
+          ChunkFailedLocked(b, s);
+          b.state = 0;
+        }
+        if (b.state == 0) in_flight_bufs_--;
+      }
+      for (SendBuf& b : bufs_) {
         if (b.state == 2) {
           if (!b.put->Done()) {
             active = true;
@@ -823,6 +1013,19 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
           if (!s.ok()) FailAllLocked(s);
         }
       }
+      for (auto it = notes_.begin(); it != notes_.end();) {
+        if (!(*it)->Done()) {
+          active = true;
+          ++it;
+          continue;
+        }
+        Status s = (*it)->Wait(Clock::now());
+        it = notes_.erase(it);
+        if (!s.ok()) FailAllLocked(s);
+      }
+      misc_.erase(std::remove_if(misc_.begin(), misc_.end(),
+                                 [](const std::unique_ptr<WriteHandle>& h) { return h->Done(); }),
+                  misc_.end());
       if (status_.ok() && inner_ep) {
         Status s = inner_ep->status();
         if (!s.ok()) FailAllLocked(s);
@@ -850,8 +1053,17 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         last_ping_ = Clock::now();
       }
       if (ping_) active = true;
+      // A lost peer: once our copies into its staging area are over, let go of the mapping.
+      if (!status_.ok() && peer_map && in_flight_bufs_ == 0) {
+        UnmapPeer();
+        KV_LOG_INFO << "ucx_staged: peer lost, its staging area unmapped";
+      }
+      // Canceled or failed writes start no more chunks, whether or not a slot is free.
+      while (!queue_.empty() && DropFrontLocked()) {
+      }
       // Start chunks while a buffer and a peer slot are free.
       while (status_.ok() && !queue_.empty() && !credits_.empty()) {
+        if (DropFrontLocked()) continue;
         SendBuf* free_buf = nullptr;
         for (SendBuf& b : bufs_) {
           if (b.state == 0) {
@@ -862,20 +1074,22 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         if (free_buf == nullptr) break;
         Chunk c = std::move(queue_.front());
         queue_.pop_front();
-        if (c.write->IsDone()) {  // an earlier chunk of it failed or it was canceled
-          shared->events.Release(c.dep);
-          continue;
-        }
+        auto it = writes_.find(c.write_seq);  // present: DropFrontLocked kept it
         uint32_t slot = credits_.front();
         credits_.pop_front();
-        auto seq = c.write_seq;
-        auto w = c.write;
         Status s = StartChunk(*free_buf, std::move(c), slot);
         if (!s.ok()) {
           credits_.push_back(slot);
-          FailWriteLocked(seq, w, s);
+          shared->events.Release(free_buf->dep);
+          shared->events.Release(free_buf->event);
+          free_buf->dep = free_buf->event = nullptr;
+          it->second.dropped = true;
+          if (it->second.error.ok()) it->second.error = s;
+          MaybeFinishLocked(it);
           continue;
         }
+        it->second.started++;
+        it->second.in_flight++;
         in_flight_bufs_++;
         active = true;
       }
@@ -890,68 +1104,54 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   bool stop_ = false;
   bool shut_down_ = false;
   bool bye_acked_ = false;
-  bool started_ = false;
   std::deque<Chunk> queue_;
   std::deque<uint32_t> credits_;
-  std::map<uint64_t, std::shared_ptr<WriteState>> writes_;
+  std::map<uint64_t, WriteEntry> writes_;
   uint64_t next_seq_ = 1;
   int in_flight_bufs_ = 0;
   std::unique_ptr<WriteHandle> ping_;
+  std::vector<std::unique_ptr<WriteHandle>> notes_;  // zero-copy chunk announcements
+  std::vector<std::unique_ptr<WriteHandle>> misc_;   // abandon messages
   Clock::time_point last_ping_ = Clock::now();
   std::vector<SendBuf> bufs_;
+  std::deque<SendBuf*> copying_;  // state 1, in the order their copies started
   std::thread thread_;
 };
 
 Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) {
+  KV_RETURN_IF_ERROR(internal::CheckRequestShape(req, remote.size()).WithContext("ucx_staged Write"));
   const auto* local = dynamic_cast<const StagedRegistration*>(req.local);
   if (local == nullptr) {
-    return InvalidArgument(req.local == nullptr
-                               ? "ucx_staged Write: no local registration"
-                               : "ucx_staged Write: local registration is not from a ucx_staged transport");
-  }
-  if (req.remote_region < 0 || size_t(req.remote_region) >= remote.size()) {
-    return InvalidArgument("ucx_staged Write: remote_region " + std::to_string(req.remote_region) +
-                           " out of range (peer has " + std::to_string(remote.size()) + ")");
+    return InvalidArgument("ucx_staged Write: local registration is not from a ucx_staged transport");
   }
   const RegionInfo& target = remote[size_t(req.remote_region)];
-  const uint64_t local_len = local->region().length;
-  const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
-  struct R { uint64_t src, dst, len; };
-  std::vector<R> runs;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < req.ops.size(); ++i) {
-    const CopyOp& op = req.ops[i];
-    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
-        op.remote_offset > target.length || op.length > target.length - op.remote_offset) {
-      return InvalidArgument("ucx_staged Write: op " + std::to_string(i) + " lies outside the regions");
-    }
-    if (op.length == 0) continue;
-    bytes += op.length;
-    if (!runs.empty() && runs.back().src + runs.back().len == local_base + op.local_offset &&
-        runs.back().dst + runs.back().len == op.remote_offset) {
-      runs.back().len += op.length;
-    } else {
-      runs.push_back({local_base + op.local_offset, op.remote_offset, op.length});
-    }
-  }
+  auto planned = internal::PlanWrite(req.ops, local->region().length, target.length);
+  if (!planned.ok()) return planned.status().WithContext("ucx_staged Write");
+  const internal::WritePlan plan = std::move(planned).value();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!status_.ok()) return status_;
   }
-  auto w = std::make_shared<WriteState>();
-  w->bytes = bytes;
+  const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
+  auto completion = std::make_shared<WriteCompletion>(plan.bytes, plan.runs.size());
   std::vector<Chunk> chunks(1);
-  const uint64_t cap = chunk_cap;
-  for (R r : runs) {
-    while (r.len > 0) {
+  uint64_t cap = chunk_cap;
+  if (const int m = shared->options.min_chunks_per_write; m > 1) {
+    constexpr uint64_t kMinChunk = 1 << 20, kAlign = 64 << 10;
+    const uint64_t want = (plan.bytes / uint64_t(m) + kAlign - 1) / kAlign * kAlign;
+    cap = std::min(cap, std::max(kMinChunk, want));
+  }
+  for (const internal::Run& run : plan.runs) {
+    uint64_t src = local_base + run.local_offset, dst = run.remote_offset, len = run.length;
+    while (len > 0) {
       if (chunks.back().bytes == cap || chunks.back().pieces.size() == kMaxPieces) chunks.emplace_back();
       Chunk& c = chunks.back();
-      uint64_t take = std::min(cap - c.bytes, r.len);
-      c.pieces.push_back({r.src, uint32_t(target.addr), r.dst, c.bytes, take});
+      uint64_t take = std::min(cap - c.bytes, len);
+      c.pieces.push_back({src, uint32_t(target.addr), dst, c.bytes, take});
       c.bytes += take;
-      r.src += take;
-      r.dst += take;
-      r.len -= take;
+      src += take;
+      dst += take;
+      len -= take;
     }
   }
   cudaEvent_t dep = nullptr;
@@ -976,7 +1176,6 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
     const uint64_t seq = next_seq_++;
     for (size_t i = 0; i < chunks.size(); ++i) {
       Chunk& c = chunks[i];
-      c.write = w;
       c.write_seq = seq;
       c.index = uint32_t(i);
       c.total = uint32_t(chunks.size());
@@ -985,10 +1184,10 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
       if (i == 0) c.dep = dep;
       queue_.push_back(std::move(c));
     }
-    writes_[seq] = w;
+    writes_[seq].completion = completion;
   }
   cv_.notify_all();
-  return std::unique_ptr<WriteHandle>(new StagedWriteHandle(w));
+  return std::unique_ptr<WriteHandle>(new CompletionHandle(std::move(completion)));
 }
 
 void Shared::OnInner(const Notification& n) {
@@ -1020,6 +1219,7 @@ class StagedEndpoint : public Endpoint {
     return core_->Write(request);
   }
   Status status() const override { return core_->status(); }
+  bool zero_copy() const { return core_->zero_copy; }
 
  private:
   std::shared_ptr<WriterCore> core_;
@@ -1041,11 +1241,11 @@ class StagedTransport : public Transport {
   Status Init() {
     Shared& s = *shared_;
     s.slot_stride = kHeaderBytes + s.options.chunk_bytes;
-    const uint64_t staging_len = uint64_t(kMailboxes) * kMailboxBytes + uint64_t(s.options.recv_slots) * s.slot_stride;
-    KV_ASSIGN_OR_RETURN(s.staging, cuda::PinnedBuffer::Allocate(staging_len));
+    const uint64_t raw_len = uint64_t(kMailboxes) * kMailboxBytes + uint64_t(s.options.recv_slots) * s.slot_stride;
+    s.staging_len = (raw_len + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    KV_RETURN_IF_ERROR(AllocateStaging());
     KV_ASSIGN_OR_RETURN(s.recv_tables, cuda::PinnedBuffer::Allocate(size_t(s.options.recv_slots) *
                                                                      kTableEntriesPerSlot * sizeof(CopyRun)));
-    KV_ASSIGN_OR_RETURN(s.staging_reg, s.inner->Register({s.staging->data(), staging_len, MemoryKind::kHost, -1}));
     s.box.resize(4096);
     KV_ASSIGN_OR_RETURN(s.box_reg, s.inner->Register({s.box.data(), s.box.size(), MemoryKind::kHost, -1}));
     auto receiver = std::make_shared<Receiver>(shared_.get());
@@ -1060,8 +1260,8 @@ class StagedTransport : public Transport {
     });
     AddrWire a{};
     std::memcpy(a.magic, kAddrMagic, sizeof(a.magic));
-    a.staging_addr = reinterpret_cast<uint64_t>(s.staging->data());
-    a.staging_len = staging_len;
+    a.staging_addr = reinterpret_cast<uint64_t>(s.staging);
+    a.staging_len = s.staging_len;
     a.chunk_bytes = s.options.chunk_bytes;
     a.slot_stride = s.slot_stride;
     a.slots = uint32_t(s.options.recv_slots);
@@ -1120,7 +1320,8 @@ class StagedTransport : public Transport {
       return InvalidArgument("ucx_staged: peer address is not a ucx_staged address (or another version)");
     }
     if (a.chunk_bytes == 0 || a.slots == 0 || a.slot_stride != kHeaderBytes + a.chunk_bytes ||
-        a.mailboxes == 0) {
+        a.mailboxes == 0 ||
+        a.staging_len < uint64_t(a.mailboxes) * kMailboxBytes + uint64_t(a.slots) * a.slot_stride) {
       return InvalidArgument("ucx_staged: peer address describes an unusable staging area");
     }
     auto core = std::make_shared<WriterCore>();
@@ -1147,9 +1348,12 @@ class StagedTransport : public Transport {
     const uint64_t chunk = std::min<uint64_t>(s.options.chunk_bytes, a.chunk_bytes);
     core->buf_stride = kHeaderBytes + chunk;
     core->chunk_cap = chunk;
-    KV_ASSIGN_OR_RETURN(core->send_staging, cuda::PinnedBuffer::Allocate(core->buf_stride * nbufs));
-    KV_ASSIGN_OR_RETURN(core->send_reg, s.inner->Register({core->send_staging->data(),
-                                                           core->buf_stride * nbufs, MemoryKind::kHost, -1}));
+    ChooseZeroCopy(*core);
+    // Zero-copy needs no send buffers: the pinned area only carries the hello record.
+    const uint64_t send_len = core->zero_copy ? kMailboxBytes : core->buf_stride * nbufs;
+    KV_ASSIGN_OR_RETURN(core->send_staging, cuda::PinnedBuffer::Allocate(send_len));
+    KV_ASSIGN_OR_RETURN(core->send_reg, s.inner->Register({core->send_staging->data(), send_len,
+                                                           MemoryKind::kHost, -1}));
     KV_ASSIGN_OR_RETURN(core->tables, cuda::PinnedBuffer::Allocate(size_t(nbufs) * kTableEntriesPerSlot * sizeof(CopyRun)));
     KV_ASSIGN_OR_RETURN(core->stream, cuda::Stream::CreateLowestPriority(s.device));
     KV_ASSIGN_OR_RETURN(core->scratch, cuda::DeviceBuffer::Allocate(s.device, size_t(nbufs) * chunk));
@@ -1176,6 +1380,7 @@ class StagedTransport : public Transport {
     h.conn_id = core->conn_id;
     h.addr_len = uint32_t(my_addr.size());
     h.key_len = uint32_t(my_key.size());
+    h.writer_pid = core->zero_copy ? uint32_t(getpid()) : 0;
     h.box_addr = reinterpret_cast<uint64_t>(s.box.data());
     h.box_len = s.box.size();
     if (sizeof(h) + my_addr.size() + my_key.size() > kMailboxBytes) {
@@ -1193,6 +1398,7 @@ class StagedTransport : public Transport {
     wr.notification = Msg(kHello, nonce, int32_t(mailbox));
     const Deadline deadline = DeadlineAfterMs(s.options.connect_timeout_ms);
     KV_ASSIGN_OR_RETURN(auto hello, core->inner_ep->Write(wr));
+    core->hello_sent = true;
     KV_RETURN_IF_ERROR(hello->Wait(deadline).WithContext("ucx_staged hello"));
     KV_RETURN_IF_ERROR(core->WaitFirstCredit(deadline));
     core->Start(nbufs);
@@ -1205,11 +1411,89 @@ class StagedTransport : public Transport {
   }
 
  private:
+  // The receive staging area: the inner transport's Allocate()d memory (a memfd that a writer
+  // on this host can map), page-locked here so that our host -> device copies run at pinned
+  // speed. Where the allocation or the page-locking fails: cudaHostAlloc + Register (writers
+  // then use UCX puts).
+  Status AllocateStaging() {
+    Shared& s = *shared_;
+    auto allocated = s.inner->Allocate(s.staging_len);
+    if (allocated.ok() && allocated.value()->region().length >= s.staging_len) {
+      void* p = allocated.value()->region().addr;
+      DeviceGuard guard(s.device);
+      cudaError_t err = cudaHostRegister(p, s.staging_len, cudaHostRegisterPortable);
+      if (err == cudaSuccess) {
+        s.staging = static_cast<char*>(p);
+        s.staging_reg = std::move(allocated).value();
+        s.staging_host_registered = true;
+        return OkStatus();
+      }
+      (void)cudaGetLastError();
+      KV_LOG_WARN << "ucx_staged: cannot page-lock the shared staging area (cudaHostRegister: "
+                  << cudaGetErrorString(err) << "); using cudaHostAlloc memory, so writers on this "
+                  << "host use UCX puts";
+    } else if (!allocated.ok()) {
+      KV_LOG_INFO << "ucx_staged: no shared staging area (" << allocated.status().ToString()
+                  << "); using cudaHostAlloc memory";
+    }
+    KV_ASSIGN_OR_RETURN(s.staging_pinned, cuda::PinnedBuffer::Allocate(s.staging_len));
+    s.staging = static_cast<char*>(s.staging_pinned->data());
+    KV_ASSIGN_OR_RETURN(s.staging_reg, s.inner->Register({s.staging, s.staging_len, MemoryKind::kHost, -1}));
+    return OkStatus();
+  }
+
+  // Zero-copy when allowed and the inner endpoint maps the peer's staging area (same host) and
+  // that mapping can be page-locked here; else UCX puts. Logged either way.
+  void ChooseZeroCopy(WriterCore& core) {
+    if (shared_->options.zero_copy == ZeroCopy::kOff) {
+      KV_LOG_INFO << "ucx_staged: UCX puts into the peer's staging slots (zero-copy turned off)";
+      return;
+    }
+    auto map = ucx::MapPeerRegion(*core.inner_ep, 0);
+    if (!map.ok()) {
+      KV_LOG_INFO << "ucx_staged: UCX puts into the peer's staging slots (" << map.status().ToString() << ")";
+      return;
+    }
+    DeviceGuard guard(shared_->device);
+    cudaError_t err = cudaHostRegister(map.value()->data(), map.value()->length(), cudaHostRegisterPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      KV_LOG_WARN << "ucx_staged: the peer's staging area is mapped but cannot be page-locked here "
+                  << "(cudaHostRegister: " << cudaGetErrorString(err) << "); using UCX puts";
+      return;
+    }
+    core.peer_map = std::move(map).value();
+    core.peer_map_registered = true;
+    core.zero_copy = true;
+    KV_LOG_INFO << "ucx_staged: peer on this host, its staging area mapped: device-to-host copies land "
+                << "in its slots directly, UCX carries only announcements and credits (zero-copy; "
+                << "KVSTREAM_STAGED_ZERO_COPY=0 forces UCX puts)";
+  }
+
   std::shared_ptr<Shared> shared_;
   std::string address_;
 };
 
 }  // namespace
+
+void ApplyStagedEnv(StagedOptions* options) {
+  if (const char* z = std::getenv("KVSTREAM_STAGED_ZERO_COPY")) {
+    const std::string v = z;
+    if (v == "0") options->zero_copy = ZeroCopy::kOff;
+    if (v == "1") options->zero_copy = ZeroCopy::kAuto;
+  }
+  if (const char* c = std::getenv("KVSTREAM_STAGED_CHUNK_MIB")) {
+    char* end = nullptr;
+    const long mib = std::strtol(c, &end, 10);
+    if (end != c && *end == '\0' && mib >= 1 && mib <= 256) options->chunk_bytes = size_t(mib) << 20;
+  }
+}
+
+std::string EndpointPath(const Endpoint& endpoint) {
+  const auto* ep = dynamic_cast<const StagedEndpoint*>(&endpoint);
+  if (ep == nullptr) return "";
+  return ep->zero_copy() ? "zero_copy" : "ucx_put";
+}
 
 Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& options) {
   KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
@@ -1246,6 +1530,7 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const TransportOptions&
   o.device = options.device;
   o.ucx_tls = options.ucx_tls;
   o.ucx_net_devices = options.ucx_net_devices;
+  ApplyStagedEnv(&o);
   return CreateStagedTransport(o);
 }
 

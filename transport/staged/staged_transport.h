@@ -4,28 +4,46 @@
 // on UCX directly.
 //
 // How it maps onto transport.h:
-//  - Each transport owns an inner UCX transport and a pinned receive staging area of
-//    `recv_slots` slots (each a descriptor header plus `chunk_bytes` of data) registered with it,
-//    plus hello mailboxes. LocalAddress() encodes the inner address and the staging area's key.
+//  - Each transport owns an inner UCX transport and a receive staging area of `recv_slots`
+//    slots (each a descriptor header plus `chunk_bytes` of data) plus hello mailboxes. The area
+//    comes from the inner transport's Allocate() (a memfd a same-host writer can map) and is
+//    page-locked with cudaHostRegister; where either fails, from cudaHostAlloc + Register().
+//    LocalAddress() encodes the inner address and the staging area's key.
 //  - Register(kCuda region): no UCX registration; the region gets an id, and RemoteKey() names
 //    it (id, length). kHost regions: kNotSupported (use the ucx backend for host memory).
 //  - Connect(): connects the inner UCX endpoint to the peer's staging area and says hello
 //    through a mailbox; the peer connects back (for credits and completions) and grants this
 //    endpoint up to `credits_per_peer` staging slots.
+//  - Two ways for a chunk's bytes into the peer's slot, chosen per endpoint at Connect():
+//    * zero-copy (same host): the inner endpoint maps the peer's staging memfd
+//      (ucx::MapPeerRegion) and this process page-locks its own mapping, so the writer's
+//      device -> host copy lands directly in the peer's slot; UCX then carries only the
+//      descriptor's announcement (an active message) and the credits. Chosen when the mapping
+//      and the page-locking both succeed (logged), unless zero_copy is kOff or the environment
+//      says KVSTREAM_STAGED_ZERO_COPY=0.
+//    * UCX put (any two hosts): device -> one of `send_buffers` pinned send buffers, then a UCX
+//      write of descriptor + data into the peer's slot.
 //  - Write(): validates and coalesces the ops, cuts them into chunks of <= chunk_bytes, and a
-//    per-endpoint pipeline thread, for each chunk: waits for a free local pinned buffer and a
-//    credit (a peer slot), copies device -> pinned on a LOWEST-priority stream (waiting first on
-//    `after_stream`, recorded when Write() was called), puts descriptor + data into the peer's
-//    slot and announces it with a UCX active message. The peer's transport thread copies the
-//    slot pinned -> device (lowest-priority stream), hands the slot back as a credit, and once
-//    every chunk of the write is on the device it calls its NotificationSink (if asked) and
-//    tells the writer, whose WriteHandle then completes. So a handle is done only when the data
-//    is in the peer's device memory.
-//  - Peer death: the inner endpoint's kRemoteDisconnect fails pending and later writes and the
-//    endpoint's status.
+//    per-endpoint pipeline thread, for each chunk: waits for a free send buffer and a credit
+//    (a peer slot), copies device -> host on a LOWEST-priority stream (waiting first on
+//    `after_stream`, recorded when Write() was called), and announces the chunk. The peer's
+//    transport thread copies the slot -> device (lowest-priority stream), hands the slot back
+//    as a credit, and once every chunk of the write is on the device it calls its
+//    NotificationSink (if asked) and tells the writer, whose WriteHandle then completes. So a
+//    handle is done only when the data is in the peer's device memory.
+//  - Cancel(): chunks not started are not started; the handle completes (kCanceled) once every
+//    started chunk has been handed back by the peer; a write whose last chunk had started runs
+//    to its end (OK). No notification for a canceled write.
+//  - Peer death: the inner endpoint's kRemoteDisconnect (or a failed ping) fails pending and
+//    later writes and the endpoint's status; a zero-copy endpoint drops its mapping of the
+//    peer's staging area once its copies into it have finished.
+//  - A writer that is lost without a goodbye (killed, endpoint failed) does not keep its
+//    slots: the receiver notices (its connection back fails, or a ping does) and hands them to
+//    other writers once no copy uses them and the writer process has exited (same host) or
+//    `reclaim_quarantine_ms` has passed (slot_ledger.h).
 //  - ~Endpoint: fails queued chunks with kCanceled, waits (bounded, close_timeout_ms) for the
-//    chunks already sent to complete, then says goodbye; the peer drains and acknowledges, and
-//    drops anything that arrives for this endpoint afterwards, so nothing more lands.
+//    chunks already started to be handed back, then says goodbye; the peer frees the slots,
+//    acknowledges, and drops anything that arrives for this endpoint afterwards.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +55,11 @@
 #include "transport/transport.h"
 
 namespace kvstream::transport::staged {
+
+enum class ZeroCopy {
+  kAuto,  // same-host peers: device -> host copies straight into the peer's slots when possible
+  kOff,   // always UCX puts (to measure both paths side by side)
+};
 
 struct StagedOptions {
   int device = -1;                     // device of registered regions and streams; -1 = current
@@ -52,12 +75,34 @@ struct StagedOptions {
   std::string ucx_net_devices;
   int64_t connect_timeout_ms = 10000;  // hello -> first credits
   int64_t close_timeout_ms = 10000;    // ~Endpoint's bound on draining
+  ZeroCopy zero_copy = ZeroCopy::kAuto;
+  // A write smaller than min_chunks_per_write * chunk_bytes is cut into that many chunks (of at
+  // least 1 MiB) so that the receiver's host -> device copy of its first part overlaps the
+  // device -> host copy of the rest (one layer's latency); 1 = chunks of chunk_bytes always.
+  int min_chunks_per_write = 1;
+  // Receiver: a lost writer's slots are reused once the writer process is known to have exited,
+  // or after this long (a copy or put of it could still be landing).
+  int64_t reclaim_quarantine_ms = 2000;
+  // Receiver: a writer that holds slots and has heard nothing for this long gets a ping, so a
+  // dead one shows up as a failed send.
+  int64_t writer_ping_ms = 250;
 };
+
+// Applies the environment's overrides to `options`: KVSTREAM_STAGED_ZERO_COPY=0 (zero_copy =
+// kOff; 1 = kAuto), KVSTREAM_STAGED_CHUNK_MIB=N (chunk_bytes = N MiB, 1..256); unset or
+// malformed values change nothing. The registry's CreateStagedTransport(TransportOptions) calls
+// it, so the daemons can be switched without a rebuild; the StagedOptions overload does not.
+void ApplyStagedEnv(StagedOptions* options);
 
 // kUnavailable without a usable GPU; kNotSupported when UCX is not built in.
 Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& options);
 // For the registry (backend "ucx_staged").
 Result<std::unique_ptr<Transport>> CreateStagedTransport(const TransportOptions& options);
+
+// How an endpoint made by a ucx_staged transport's Connect() moves chunks: "zero_copy" (device
+// -> host copies straight into the same-host peer's slots) or "ucx_put"; "" for an endpoint of
+// another backend.
+std::string EndpointPath(const Endpoint& endpoint);
 
 // The UCX path for GPU memory on this host: "ucx" when UCX reports CUDA memory support
 // (ucp_context_query lists UCS_MEMORY_TYPE_CUDA, as NVIDIA's HPC-X builds do), else

@@ -143,6 +143,26 @@ uint64_t ProcessStartTime(pid_t pid) {
   return 0;
 }
 
+// Maps the whole memfd `f` of process `pid` (shared, read-write) when it is still the file the
+// key names (inode and device) and covers region `r`; MAP_FAILED otherwise.
+void* MapSharedFile(uint32_t pid, const SharedFile& f, const RemoteRegion& r) {
+  if (f.fd < 0 || f.length == 0 || r.addr < f.base || r.length > f.length ||
+      r.addr - f.base > f.length - r.length) {
+    return MAP_FAILED;
+  }
+  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(f.fd);
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return MAP_FAILED;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_ino == f.ino && st.st_dev == f.dev &&
+      static_cast<uint64_t>(st.st_size) >= f.length) {
+    p = mmap(nullptr, f.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  return p;
+}
+
 HostIdentity LocalIdentity() {
   HostIdentity id;
   std::ifstream b("/proc/sys/kernel/random/boot_id");
@@ -959,6 +979,7 @@ class UcxEndpoint final : public Endpoint {
   }
 
   Status status() const override { return state_->failed.load() ? state_->Error() : OkStatus(); }
+  const EpState& state() const { return *state_; }
 
  private:
   std::shared_ptr<Worker> worker_;
@@ -1087,7 +1108,7 @@ class UcxTransport final : public Transport {
     ep.pidfd = fd;
     ep.cma_pid = static_cast<pid_t>(peer.pid);
     int mapped = 0;
-    for (size_t i = 0; i < ep.regions.size(); ++i) mapped += MapPeerRegion(ep, peer.pid, i);
+    for (size_t i = 0; i < ep.regions.size(); ++i) mapped += MapPeerFile(ep, peer.pid, i);
     KV_LOG_INFO << "ucx: peer pid " << peer.pid << " is on this host: writes copy directly ("
                 << mapped << " of " << ep.regions.size() << " regions mapped, the others with "
                 << "process_vm_writev)";
@@ -1095,25 +1116,10 @@ class UcxTransport final : public Transport {
 
   // Maps the peer's memfd behind region i, when it published one and it is the same file
   // (inode and device) covering the region; true when mapped.
-  static bool MapPeerRegion(EpState& ep, uint32_t pid, size_t i) {
-    const SharedFile& f = ep.shared[i];
-    const RemoteRegion& r = ep.regions[i];
-    if (f.fd < 0 || f.length == 0 || r.addr < f.base || r.length > f.length ||
-        r.addr - f.base > f.length - r.length) {
-      return false;
-    }
-    std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(f.fd);
-    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return false;
-    struct stat st {};
-    void* p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_ino == f.ino && st.st_dev == f.dev &&
-        static_cast<uint64_t>(st.st_size) >= f.length) {
-      p = mmap(nullptr, f.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    close(fd);
+  static bool MapPeerFile(EpState& ep, uint32_t pid, size_t i) {
+    void* p = MapSharedFile(pid, ep.shared[i], ep.regions[i]);
     if (p == MAP_FAILED) return false;
-    ep.maps[i] = EpState::PeerMap{static_cast<uint8_t*>(p), f.length, f.base};
+    ep.maps[i] = EpState::PeerMap{static_cast<uint8_t*>(p), ep.shared[i].length, ep.shared[i].base};
     return true;
   }
 
@@ -1189,6 +1195,35 @@ class UcxTransport final : public Transport {
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
   KV_ASSIGN_OR_RETURN(std::shared_ptr<Worker> worker, Worker::Create(options));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(worker)));
+}
+
+PeerMapping::~PeerMapping() {
+  if (map_ != nullptr) munmap(map_, map_length_);
+}
+
+Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region) {
+  const auto* ep = dynamic_cast<const UcxEndpoint*>(&endpoint);
+  if (ep == nullptr) return NotSupported("ucx MapPeerRegion: not an endpoint of the UCX backend");
+  const EpState& st = ep->state();
+  if (region < 0 || static_cast<size_t>(region) >= st.regions.size()) {
+    return InvalidArgument("ucx MapPeerRegion: region " + std::to_string(region) +
+                           " out of range (peer has " + std::to_string(st.regions.size()) + ")");
+  }
+  const size_t i = static_cast<size_t>(region);
+  // The endpoint's own mapping proves the checks of SetUpCma passed (same host, the pid still
+  // the publisher, a memfd covering the region); map the file once more for the caller.
+  if (st.cma_pid == 0 || st.maps[i].ptr == nullptr) {
+    return NotSupported("ucx: region " + std::to_string(region) +
+                        " is not reachable as a same-host mapping (peer on another host, memory "
+                        "the peer registered rather than allocated, or shared memory off)");
+  }
+  void* p = MapSharedFile(static_cast<uint32_t>(st.cma_pid), st.shared[i], st.regions[i]);
+  if (p == MAP_FAILED) {
+    return Unavailable("ucx: mapping the peer's memfd again failed: " +
+                       std::string(std::strerror(errno)));
+  }
+  return std::make_unique<PeerMapping>(p, st.shared[i].length,
+                                       st.regions[i].addr - st.shared[i].base, st.regions[i].length);
 }
 
 }  // namespace kvstream::transport::ucx

@@ -35,6 +35,7 @@
 // which is why the destination must treat that connection as lost.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "common/status.h"
@@ -43,5 +44,36 @@
 namespace kvstream::transport::ucx {
 
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options);
+
+// A same-host peer's Allocate()d region mapped into this process (MAP_SHARED over the peer's
+// memfd): bytes stored through data() are in the peer's memory at once, with no copy by UCX
+// (the host-staged GPU path lets a device-to-host copy land there directly). The mapping is
+// this object's own (a second mapping of the same file, not the endpoint's): it stays valid
+// after the endpoint is destroyed and after the peer exits (the pages then belong to no one
+// else; nothing written reaches anybody), and it is unmapped when this object is destroyed.
+class PeerMapping {
+ public:
+  PeerMapping(void* map, size_t map_length, size_t offset, size_t length)
+      : map_(map), map_length_(map_length), offset_(offset), length_(length) {}
+  ~PeerMapping();
+  PeerMapping(const PeerMapping&) = delete;
+  PeerMapping& operator=(const PeerMapping&) = delete;
+  // The region's first byte (the peer's RemoteRegion::addr) and its length.
+  void* data() const { return static_cast<char*>(map_) + offset_; }
+  size_t length() const { return length_; }
+
+ private:
+  void* map_;
+  size_t map_length_;
+  size_t offset_;
+  size_t length_;
+};
+
+// Maps region `region` of the peer `endpoint` (made by a UCX transport's Connect) writes into,
+// when that endpoint already reaches it as a same-host memfd mapping (peer on this host, the
+// region made by the peer's Allocate(), UCX_TLS admitting shared memory, KVSTREAM_UCX_CMA not
+// 0). kNotSupported otherwise (peer elsewhere, memory the peer only registered, another
+// backend's endpoint), kInvalidArgument for a region index out of range, or the mmap error.
+Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region);
 
 }  // namespace kvstream::transport::ucx
