@@ -7,7 +7,8 @@
 //  2. The writer (prefill) Connect()s to the peer with that data and posts Write()s: copies
 //     from its own registered memory into the peer's registered memory, optionally followed
 //     by a notification (request id, layer) that the peer's NotificationSink receives ONLY
-//     AFTER every byte of that write is complete at the destination.
+//     AFTER every byte of that write is complete at the destination (unless the receiver asked
+//     its backend for early notifications: see kNotificationLandedOnEvent).
 //  3. The receiver never calls anything per transfer; it just receives notifications.
 //
 // Guarantees:

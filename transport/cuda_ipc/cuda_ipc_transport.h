@@ -25,6 +25,12 @@
 //    completion thread sends the notifications of writes that completed together in one
 //    socket write). Write() takes no lock that a CUDA call or a syscall runs under, allocates
 //    only the op and its handle, and wakes the completion thread only when it is parked.
+//  - Early notifications (the receiver was made with gpu_landed_wait; its address ends in "#ev"):
+//    the writer records one of its interprocess events after each notified write's copy and
+//    sends the notification at once, flagged kNotificationLandedOnEvent (transport.h); the
+//    receiver's StreamWaitLanded makes a stream wait for that event. The WriteHandle still
+//    completes only when the copy has. Writes with non-zero notification flags, and writers
+//    that cannot make interprocess events, notify after completion as usual.
 //  - Peer death: EOF on the control socket -> endpoint status, pending and later writes
 //    kRemoteDisconnect (detected within about 20 ms).
 //  - ~Endpoint: stops the completion thread, waits (bounded, close_timeout_ms) for its copy
