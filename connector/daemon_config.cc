@@ -64,6 +64,9 @@ const std::vector<Field>& Fields() {
       KV_FIELD(first_step_after_load, kStr,
                "decode: auto | true | false: first step only after every layer landed (auto: "
                "when the prefill computes on this same GPU)"),
+      KV_FIELD(gpu_landed_wait, kBool,
+               "decode, cuda_ipc + cuda: compute stream waits for each layer's copy on the GPU "
+               "(early notifications, interprocess events) (true|false)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
       KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
@@ -145,6 +148,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.first_step_after_load != "auto" && c.first_step_after_load != "true" &&
       c.first_step_after_load != "false")
     return InvalidArgument("first_step_after_load must be auto, true or false");
+  if (c.gpu_landed_wait && (c.transport != "cuda_ipc" || c.backend != "cuda"))
+    return InvalidArgument("gpu_landed_wait needs --transport cuda_ipc and --backend cuda");
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
     return InvalidArgument("on_load_failure must be fail or recompute");
   if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");

@@ -61,6 +61,11 @@ struct DaemonConfig {
   // exactly when the handshake showed the prefill computing on this very GPU (same UUID), whose
   // compute a layer-by-layer first step would time-slice with (ResolveFirstStepAfterLoad).
   std::string first_step_after_load = "auto";
+  // decode, cuda_ipc + cuda backend: the prefill sends each layer's notification as soon as its
+  // copy is enqueued and the decode's compute stream waits for the copy on the GPU (an
+  // interprocess event) instead of the host waiting for the completion notification. Off by
+  // default: see docs/transports.md (a prefill killed mid-copy).
+  bool gpu_landed_wait = false;
   // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
   // token sequence; a repeated prompt is written from them without a forward (0 = off).
   int prompt_cache_blocks = 0;

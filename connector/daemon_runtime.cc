@@ -131,6 +131,7 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
   to.itl_device_bw_bytes_per_s = cfg.itl_device_bw_bytes_per_s;
   to.itl_hbm_bytes_per_byte = cfg.itl_hbm_bytes_per_byte;
   to.device = cfg.backend == "cuda" ? cfg.device : -1;
+  to.cuda_ipc_gpu_landed_wait = cfg.gpu_landed_wait;
   // The rate the writes will be held to, in the log (and refused here, with the key named,
   // when the ITL budget has none).
   KV_ASSIGN_OR_RETURN(transport::PacingOptions pacing, transport::ResolvePacing(to));

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 #include "common/log.h"
 #include "connector/grpc_status.h"
@@ -52,8 +53,22 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   c->local_ = std::move(local);
   DecodeConnector* self = c.get();
   transport->SetNotificationSink([self](const transport::Notification& n) {
-    KV_LOG_DEBUG << "[req " << n.request_id << "] layer " << n.layer << " landed (notification)";
+    KV_LOG_DEBUG << "[req " << n.request_id << "] layer " << n.layer << " landed (notification"
+                 << ((n.flags & transport::kNotificationLandedOnEvent) ? ", early)" : ")");
+    if ((n.flags & transport::kNotificationLandedOnEvent) == 0) {
+      self->tracker_.OnLanded(n.request_id, n.layer);
+      return;
+    }
+    // Early: the event must be known before a waiter can see the layer as landed.
+    {
+      std::lock_guard<std::mutex> lock(self->early_mu_);
+      self->early_[{n.request_id, n.layer}] = n;
+    }
     self->tracker_.OnLanded(n.request_id, n.layer);
+    if (!self->tracker_.IsLanded(n.request_id, n.layer)) {  // not a tracked request: ignored
+      std::lock_guard<std::mutex> lock(self->early_mu_);
+      self->early_.erase({n.request_id, n.layer});
+    }
   });
   transport::MemoryRegion region;
   region.addr = pool->base();
@@ -256,6 +271,9 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     break;
   }
   if (st.ok()) {
+    // The prefill confirmed every write complete: no layer of it needs a GPU wait any more (and
+    // a wait must not fail because the writer's connection has closed since).
+    DropEarly(id);
     tracker_.OnAllLanded(id);
   } else {
     tracker_.Fail(id, st.WithContext("loading KV of request " + std::to_string(id) + " from prefill"));
@@ -349,6 +367,21 @@ std::string DecodeConnector::DescribeLoad(uint64_t request_id) const {
   return out;
 }
 
+Status DecodeConnector::WaitForLayerOnStream(uint64_t request_id, int layer, void* stream,
+                                             Deadline deadline) {
+  KV_RETURN_IF_ERROR(tracker_.WaitForLayer(request_id, layer, deadline));
+  transport::Notification n;
+  {
+    std::lock_guard<std::mutex> lock(early_mu_);
+    auto it = early_.find({request_id, layer});
+    if (it == early_.end()) return OkStatus();  // a late notification or the final confirmation
+    n = it->second;
+  }
+  return transport_->StreamWaitLanded(n, stream)
+      .WithContext("waiting on the GPU for layer " + std::to_string(layer) + " of request " +
+                   std::to_string(request_id));
+}
+
 Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -363,8 +396,22 @@ Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline de
   }
 }
 
+bool DecodeConnector::DropEarly(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(early_mu_);
+  bool any = false;
+  auto it = early_.lower_bound({request_id, std::numeric_limits<int>::min()});
+  while (it != early_.end() && it->first.first == request_id) {
+    any = true;
+    it = early_.erase(it);
+  }
+  return any;
+}
+
 void DecodeConnector::Finished(uint64_t request_id) {
-  const bool all_landed = tracker_.AllLanded(request_id);
+  // Early notifications say "enqueued", not "complete": a request that still has some may have
+  // writes in flight, so it must not count as quiesced below.
+  const bool early = DropEarly(request_id);
+  const bool all_landed = tracker_.AllLanded(request_id) && !early;
   tracker_.Finish(request_id);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(request_id);

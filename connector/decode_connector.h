@@ -96,6 +96,12 @@ class DecodeConnector {
   // kTimeout says what was missing: which layers landed, whether the prefill acknowledged the
   // request, and where its Prefill call is.
   Status WaitForLayer(uint64_t request_id, int layer, Deadline deadline);
+  // WaitForLayer, then, when the layer's notification was an early one (the transport's
+  // kNotificationLandedOnEvent: the copy was only enqueued), makes `stream` (the compute
+  // cudaStream_t) wait on the GPU for the copy (Transport::StreamWaitLanded); the host does not
+  // wait for it. With late notifications it is WaitForLayer. A writer whose connection is gone
+  // before the wait is issued: kUnavailable (the layer may not have landed).
+  Status WaitForLayerOnStream(uint64_t request_id, int layer, void* stream, Deadline deadline);
   Result<LoadResult> WaitForLoad(uint64_t request_id, Deadline deadline);
   // Idempotent. If the load still runs it is cancelled at the prefill (asynchronously).
   void Finished(uint64_t request_id);
@@ -115,6 +121,8 @@ class DecodeConnector {
   Status EnsureHandshake(Deadline deadline);
   void MarkPeerLost(const std::string& why);
   void ReapLocked();
+  // Forgets request_id's early notifications; true if it had any.
+  bool DropEarly(uint64_t request_id);
   // The load's state in words (for a timeout status).
   std::string DescribeLoad(uint64_t request_id) const;
 
@@ -126,6 +134,10 @@ class DecodeConnector {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<kvstream::v1::Prefill::Stub> stub_;
   LayerTracker tracker_;
+  // Early notifications of tracked requests, by (request, layer): what WaitForLayerOnStream
+  // hands to the transport. Entered before the tracker sees the layer, dropped in Finished().
+  std::mutex early_mu_;
+  std::map<std::pair<uint64_t, int>, transport::Notification> early_;
 
   std::mutex handshake_mu_;           // serialises handshakes
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid

@@ -308,17 +308,23 @@ namespace {
 class LoadHooks : public model::LayerHooks {
  public:
   // all_layers_first: wait for every layer before layer 0 (see DaemonConfig::first_step_after_load).
+  // gpu_wait (DaemonConfig::gpu_landed_wait): layers announced early are waited for on
+  // `stream` (the compute stream) rather than on the host.
   LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline, int num_layers,
-            bool all_layers_first)
+            bool all_layers_first, bool gpu_wait = false)
       : c_(c), id_(id), deadline_(deadline), num_layers_(num_layers),
-        all_layers_first_(all_layers_first) {}
+        all_layers_first_(all_layers_first), gpu_wait_(gpu_wait) {}
   Status BeforeAttention(int layer, void* stream) override {
     auto t = Clock::now();
+    auto wait = [&](int l) {
+      return gpu_wait_ ? c_->WaitForLayerOnStream(id_, l, stream, deadline_)
+                       : c_->WaitForLayer(id_, l, deadline_);
+    };
     Status s;
     if (all_layers_first_ && layer == 0) {
-      for (int l = 0; l < num_layers_ && s.ok(); ++l) s = c_->WaitForLayer(id_, l, deadline_);
+      for (int l = 0; l < num_layers_ && s.ok(); ++l) s = wait(l);
     } else {
-      s = c_->WaitForLayer(id_, layer, deadline_);
+      s = wait(layer);
     }
     wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
     return s;
@@ -331,6 +337,7 @@ class LoadHooks : public model::LayerHooks {
   Deadline deadline_;
   int num_layers_;
   bool all_layers_first_;
+  bool gpu_wait_;
 };
 }  // namespace
 
@@ -342,7 +349,7 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   Status s;
   if (r.remote) {
     LoadHooks hooks(r.conn, r.id, r.load_deadline, pool_->layout().num_layers,
-                    FirstStepAfterLoad(r));
+                    FirstStepAfterLoad(r), config_.gpu_landed_wait);
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     r.load.set_loaded_remotely(true);

@@ -469,6 +469,9 @@ class PacedTransport final : public Transport {
   void SetNotificationSink(NotificationSink sink) override {
     inner_->SetNotificationSink(std::move(sink));
   }
+  Status StreamWaitLanded(const Notification& n, void* stream) override {
+    return inner_->StreamWaitLanded(n, stream);
+  }
 
  private:
   std::unique_ptr<Transport> inner_;

@@ -7,7 +7,8 @@
 //  2. The writer (prefill) Connect()s to the peer with that data and posts Write()s: copies
 //     from its own registered memory into the peer's registered memory, optionally followed
 //     by a notification (request id, layer) that the peer's NotificationSink receives ONLY
-//     AFTER every byte of that write is complete at the destination.
+//     AFTER every byte of that write is complete at the destination (unless the receiver asked
+//     its backend for early notifications: see kNotificationLandedOnEvent).
 //  3. The receiver never calls anything per transfer; it just receives notifications.
 //
 // Guarantees:
@@ -96,6 +97,13 @@ struct Notification {
   int32_t flags = 0;     // reserved (e.g. last layer / error)
 };
 
+// Notification::flags bit of an EARLY notification: sent when the write's copy was enqueued,
+// not when it completed. Only a receiver that asked for them gets these (cuda_ipc with
+// gpu_landed_wait); the data is complete once the GPU event the notification names fires, so
+// the receiver must call Transport::StreamWaitLanded(n, stream) before work on `stream` reads
+// it. The other flag bits of such a notification are the backend's (which event).
+inline constexpr int32_t kNotificationLandedOnEvent = 1 << 30;
+
 struct WriteRequest {
   const Registration* local = nullptr;
   int remote_region = 0;        // index into PeerDescriptor::regions
@@ -159,6 +167,15 @@ class Transport {
   virtual Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) = 0;
   // Set before peers connect. Notifications that arrive with no sink are dropped.
   virtual void SetNotificationSink(NotificationSink sink) = 0;
+  // For a notification with kNotificationLandedOnEvent: makes `stream` (a cudaStream_t on this
+  // transport's device) wait, on the GPU, until that write's data is complete; the host does not
+  // block. OK at once for any other notification (its data is already complete).
+  // kUnavailable when the writer's connection is gone (its events are closed: treat the layer
+  // as lost); kNotSupported from backends that never send early notifications.
+  virtual Status StreamWaitLanded(const Notification& n, void* stream) {
+    if ((n.flags & kNotificationLandedOnEvent) == 0) return OkStatus();
+    return NotSupported(name() + " sends no early (event) notifications");
+  }
 };
 
 struct TransportOptions {
@@ -166,6 +183,9 @@ struct TransportOptions {
   std::string ucx_tls;           // e.g. "tcp", "sm", "rc"; empty = UCX default / UCX_TLS env
   std::string ucx_net_devices;   // e.g. "lo"; empty = UCX default
   int device = -1;               // CUDA device of registered memory, for GPU backends
+  // cuda_ipc receiver: ask writers for early notifications (kNotificationLandedOnEvent) whose
+  // landing the consumer waits for on a GPU stream (StreamWaitLanded). Off by default.
+  bool cuda_ipc_gpu_landed_wait = false;
   // Pacing (transport/pacing.h): CreateTransport wraps the backend so that every endpoint it
   // connects draws on one rate budget. All 0 = unpaced.
   double pace_bytes_per_s = 0;     // > 0: rate limit of the writes through this transport

@@ -112,13 +112,16 @@ std::vector<std::string> Split(const std::string& s) {
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
   // cuda_ipc_packed: the previous pass's path (packed runs, <= 336 per launch), for
   // before/after in one run; the other cuda_ipc rows use the block-table kernel for paged writes.
+  // cuda_ipc_early: the receiver asks for early notifications (gpu_landed_wait): each write's
+  // notification leaves when its copy is enqueued (Wait() still returns at completion).
   if (name == "cuda_ipc" || name == "cuda_ipc_memcpy" || name == "cuda_ipc_kernel" ||
-      name == "cuda_ipc_packed") {
+      name == "cuda_ipc_packed" || name == "cuda_ipc_early") {
     transport::cuda_ipc::CudaIpcOptions o;
     o.device = device;
     if (name == "cuda_ipc_memcpy") o.copy_mode = transport::cuda_ipc::CopyMode::kMemcpy;
     if (name == "cuda_ipc_kernel") o.copy_mode = transport::cuda_ipc::CopyMode::kKernel;
     o.block_table = name != "cuda_ipc_packed";
+    o.gpu_landed_wait = name == "cuda_ipc_early";
     return transport::cuda_ipc::CreateCudaIpcTransport(o);
   }
 #if KVSTREAM_HAVE_UCX_STAGED

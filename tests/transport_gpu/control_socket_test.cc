@@ -83,6 +83,76 @@ TEST(NotificationSocket, ManyWritersOneListener) {
   EXPECT_TRUE(WaitFor([&] { return count.load() == 800; }));
 }
 
+// Early notifications' plumbing: each writer's event table reaches the events callback with
+// that connection's id, its early frames carry the id and their slot, other frames pass
+// unchanged, and a closing connection that had a table is reported once.
+TEST(NotificationSocket, EventTablesAndEarlyFramesCarryTheirConnection) {
+  std::mutex mu;
+  std::vector<Notification> got;
+  std::vector<std::pair<uint32_t, std::string>> tables;
+  auto l = NotificationListener::Start(
+      "kvstream-test",
+      [&](const Notification& n) {
+        std::lock_guard<std::mutex> lock(mu);
+        got.push_back(n);
+      },
+      [&](uint32_t conn, const std::string& t) {
+        std::lock_guard<std::mutex> lock(mu);
+        tables.push_back({conn, t});
+      });
+  ASSERT_TRUE(l.ok());
+  EXPECT_FALSE(AddressWantsLandedEvents(l.value()->address()));
+  const std::string ev_addr = l.value()->address() + kLandedEventsSuffix;
+  EXPECT_TRUE(AddressWantsLandedEvents(ev_addr));
+  auto a = NotificationChannel::Connect(ev_addr, DeadlineAfterMs(1000));
+  auto b = NotificationChannel::Connect(ev_addr, DeadlineAfterMs(1000));
+  auto plain = NotificationChannel::Connect(l.value()->address(), DeadlineAfterMs(1000));
+  ASSERT_TRUE(a.ok() && b.ok() && plain.ok());
+  const std::string ta(3 * kEventHandleBytes, 'a'), tb(5 * kEventHandleBytes, 'b');
+  ASSERT_TRUE(a.value()->SendEventTable(ta).ok());
+  ASSERT_TRUE(b.value()->SendEventTable(tb).ok());
+  EXPECT_EQ(a.value()->SendEventTable(std::string(10, 'x')).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(a.value()->Send({11, 1, kNotificationLandedOnEvent | 2}).ok());
+  ASSERT_TRUE(b.value()->Send({22, 2, kNotificationLandedOnEvent | 4}).ok());
+  ASSERT_TRUE(a.value()->Send({33, 3, 0}).ok());
+  ASSERT_TRUE(plain.value()->Send({44, 4, kNotificationLandedOnEvent | 5}).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size() == 4 && tables.size() == 2;
+  }));
+  std::lock_guard<std::mutex> lock(mu);
+  uint32_t ida = 0, idb = 0;
+  for (auto& [id, t] : tables) (t == ta ? ida : idb) = id;
+  ASSERT_NE(ida, 0u);
+  ASSERT_NE(idb, 0u);
+  EXPECT_NE(ida, idb);
+  for (const Notification& n : got) {
+    const uint32_t conn = uint32_t(n.flags >> kLandedConnShift) & kLandedConnMask;
+    if (n.request_id == 11) {
+      EXPECT_EQ(conn, ida);
+      EXPECT_EQ(n.flags & kLandedSlotMask, 2);
+      EXPECT_NE(n.flags & kNotificationLandedOnEvent, 0);
+    } else if (n.request_id == 22) {
+      EXPECT_EQ(conn, idb);
+      EXPECT_EQ(n.flags & kLandedSlotMask, 4);
+    } else if (n.request_id == 33) {
+      EXPECT_EQ(n.flags, 0);
+    } else {
+      EXPECT_EQ(n.flags, kNotificationLandedOnEvent | 5);  // no table: passed as sent
+    }
+  }
+  mu.unlock();
+  a.value().reset();
+  plain.value().reset();
+  EXPECT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> l2(mu);
+    return tables.size() == 3;
+  }));
+  mu.lock();
+  EXPECT_EQ(tables.back().first, ida);
+  EXPECT_TRUE(tables.back().second.empty());
+}
+
 TEST(ScatterCopy, SplitsLongRunsIntoPieces) {
   std::vector<CopyRun> runs = {{0, 1000, 16}, {100, 0, 3 * kScatterPieceBytes + 32}, {7, 9, 0}};
   size_t n = ScatterTableEntries(runs.data(), runs.size());

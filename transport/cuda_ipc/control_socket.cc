@@ -44,6 +44,8 @@ Result<sockaddr_un> ParseAddress(const std::string& address, socklen_t* len) {
     return InvalidArgument("cuda_ipc address must be unix:@name or unix:/path, got '" + address + "'");
   }
   std::string path = address.substr(kPrefix.size());
+  if (const size_t hash = path.find('#'); hash != std::string::npos) path.resize(hash);
+  if (path.empty()) return InvalidArgument("cuda_ipc address has no socket name: '" + address + "'");
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   if (path.size() >= sizeof(sa.sun_path)) return InvalidArgument("socket path too long: " + path);
@@ -74,11 +76,17 @@ bool WriteAll(int fd, const void* data, size_t n) {
 
 }  // namespace
 
+bool AddressWantsLandedEvents(const std::string& address) {
+  const std::string_view a(address), s(kLandedEventsSuffix);
+  return a.size() >= s.size() && a.substr(a.size() - s.size()) == s;
+}
+
 Result<std::unique_ptr<NotificationListener>> NotificationListener::Start(
-    const std::string& prefix, Callback on_notification) {
+    const std::string& prefix, Callback on_notification, EventsCallback on_events) {
   static std::atomic<uint64_t> counter{0};
   std::unique_ptr<NotificationListener> l(new NotificationListener());
   l->callback_ = std::move(on_notification);
+  l->on_events_ = std::move(on_events);
   l->address_ = "unix:@" + prefix + "." + std::to_string(::getpid()) + "." +
                 std::to_string(counter.fetch_add(1));
   socklen_t len = 0;
@@ -109,8 +117,11 @@ void NotificationListener::Run() {
   struct Conn {
     std::string buf;
     bool hello_done = false;
+    uint32_t id = 0;
+    bool had_events = false;
   };
   std::map<int, Conn> conns;
+  uint32_t next_id = 0;
   for (;;) {
     std::vector<pollfd> fds;
     fds.push_back({wake_fd_, POLLIN, 0});
@@ -127,7 +138,10 @@ void NotificationListener::Run() {
       for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
-        conns.emplace(fd, Conn{});
+        Conn c;
+        next_id = next_id % static_cast<uint32_t>(kLandedConnMask) + 1;  // 1..65535
+        c.id = next_id;
+        conns.emplace(fd, std::move(c));
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
@@ -162,11 +176,30 @@ void NotificationListener::Run() {
       while (c.hello_done && c.buf.size() - pos >= sizeof(Frame)) {
         Frame f;
         std::memcpy(&f, c.buf.data() + pos, sizeof(f));
+        if (f.flags == kFrameEventTable) {
+          if (f.layer < 0 || f.layer > kLandedSlotMask + 1) {
+            KV_LOG_WARN << "cuda_ipc listener: event table of " << f.layer << " events, closing";
+            close_it = true;
+            pos = c.buf.size();
+            break;
+          }
+          const size_t need = sizeof(Frame) + static_cast<size_t>(f.layer) * kEventHandleBytes;
+          if (c.buf.size() - pos < need) break;  // the rest of the table is still on its way
+          c.had_events = true;
+          if (on_events_) on_events_(c.id, c.buf.substr(pos + sizeof(Frame), need - sizeof(Frame)));
+          pos += need;
+          continue;
+        }
         pos += sizeof(f);
+        if (c.had_events && (f.flags & kNotificationLandedOnEvent)) {
+          f.flags = kNotificationLandedOnEvent | static_cast<int32_t>(c.id << kLandedConnShift) |
+                    (f.flags & kLandedSlotMask);
+        }
         if (callback_) callback_(Notification{f.request_id, f.layer, f.flags});
       }
       c.buf.erase(0, pos);
       if (close_it) {
+        if (c.had_events && on_events_) on_events_(c.id, std::string());
         ::close(fd);
         conns.erase(fd);
       }
@@ -230,6 +263,22 @@ Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
       return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
     }
     done += k;
+  }
+  return OkStatus();
+}
+
+Status NotificationChannel::SendEventTable(const std::string& handles) {
+  const size_t count = handles.size() / kEventHandleBytes;
+  if (handles.size() % kEventHandleBytes != 0 || count > size_t(kLandedSlotMask) + 1) {
+    return InvalidArgument("cuda_ipc: event table of " + std::to_string(handles.size()) + " bytes");
+  }
+  std::string msg(sizeof(Frame), '\0');
+  Frame f{0, static_cast<int32_t>(count), kFrameEventTable};
+  std::memcpy(msg.data(), &f, sizeof(f));
+  msg += handles;
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (!WriteAll(fd_, msg.data(), msg.size())) {
+    return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
   }
   return OkStatus();
 }

@@ -98,6 +98,61 @@ struct Shared {
   std::mutex sink_mu;
   NotificationSink sink;
 
+  // Receiver (gpu_landed_wait): each writer connection's interprocess events, opened from the
+  // table it sent (listener connection id -> events by slot).
+  std::mutex landed_mu;
+  std::map<uint32_t, std::vector<cudaEvent_t>> landed;
+
+  static void DestroyEvents(int device, std::vector<cudaEvent_t>& evs) {
+    if (evs.empty()) return;
+    DeviceGuard guard(device);
+    for (cudaEvent_t e : evs) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
+    evs.clear();
+  }
+
+  // Listener thread: a connection's event table arrived (open it) or the connection closed
+  // (empty bytes: close them; later StreamWaitLanded for it is kUnavailable).
+  void OnEvents(uint32_t conn, const std::string& bytes) {
+    std::vector<cudaEvent_t> evs;
+    if (!bytes.empty()) {
+      DeviceGuard guard(device);
+      const size_t n = bytes.size() / cuda::kEventHandleBytes;
+      for (size_t i = 0; i < n; ++i) {
+        cudaIpcEventHandle_t h;
+        static_assert(sizeof(h) == cuda::kEventHandleBytes);
+        std::memcpy(&h, bytes.data() + i * sizeof(h), sizeof(h));
+        cudaEvent_t e = nullptr;
+        cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          KV_LOG_WARN << "cuda_ipc: cudaIpcOpenEventHandle of a writer's landed event: "
+                      << cudaGetErrorName(err) << "; its early notifications will fail";
+          DestroyEvents(device, evs);
+          break;
+        }
+        evs.push_back(e);
+      }
+    }
+    std::vector<cudaEvent_t> old;
+    {
+      std::lock_guard<std::mutex> lock(landed_mu);
+      auto it = landed.find(conn);
+      if (it != landed.end()) old.swap(it->second);
+      if (bytes.empty()) {
+        if (it != landed.end()) landed.erase(it);
+      } else {
+        landed[conn] = std::move(evs);
+      }
+    }
+    DestroyEvents(device, old);
+  }
+
+  ~Shared() {
+    for (auto& [conn, evs] : landed) DestroyEvents(device, evs);
+  }
+
   Result<std::shared_ptr<Mapping>> Open(const KeyWire& k) {
     std::string id(reinterpret_cast<const char*>(&k.pid), sizeof(k.pid));
     id.append(reinterpret_cast<const char*>(&k.handle), sizeof(k.handle));
@@ -186,8 +241,16 @@ class Core : public std::enable_shared_from_this<Core> {
   size_t table_capacity = 0;
   int wake_fd = -1;
 
+  // Early notifications (the receiver asked, gpu_landed_wait): interprocess events recorded
+  // after each notified write's copy, used round robin. Re-recording a slot later in the same
+  // stream order can only make a waiter wait for a later copy, never release it early.
+  std::vector<cudaEvent_t> landed;
+  uint32_t next_landed = 0;  // under submit_mu_
+
   ~Core() {
     Shutdown();
+    // After Shutdown drained the copy stream: every record of these events has completed.
+    Shared::DestroyEvents(shared->device, landed);
     if (wake_fd >= 0) ::close(wake_fd);
   }
 
@@ -513,6 +576,10 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
     return InvalidArgument("cuda_ipc Write: remote_region " + std::to_string(req.remote_region) +
                            " out of range (peer has " + std::to_string(targets.size()) + ")");
   }
+  if (req.notify &&
+      (req.notification.flags & (kNotificationLandedOnEvent | cuda::kFrameEventTable)) != 0) {
+    return InvalidArgument("cuda_ipc Write: notification flags bits 29 and 30 are the transport's");
+  }
   if (failed_.load(std::memory_order_acquire)) {
     Status s = status();
     if (!s.ok()) return s;
@@ -636,16 +703,40 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
   const uint64_t tc1 = profiling ? NowNs() : 0;
   cudaError_t err = cudaEventRecord(done_event, s);
   if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord"));
+  // Early notification: the receiver waits for the copy on its GPU stream, so it may learn of
+  // the write now (its user flags must be 0: the flag bits carry the event slot).
+  const bool early = req.notify && !landed.empty() && req.notification.flags == 0;
+  Notification early_note = req.notification;
+  if (early) {
+    const uint32_t slot = next_landed++ % static_cast<uint32_t>(landed.size());
+    err = cudaEventRecord(landed[slot], s);
+    if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord (landed event)"));
+    early_note.flags = kNotificationLandedOnEvent | static_cast<int32_t>(slot);
+  }
   const uint64_t t2 = profiling ? NowNs() : 0;
   auto op = std::make_shared<Op>();
   op->done_event = done_event;
   op->dep_event = dep_event;
-  op->notify = req.notify;
+  op->notify = req.notify && !early;
   op->notification = req.notification;
   op->bytes = block ? block_planner_.bytes() : planner_.bytes();
   op->transfers = block ? block_planner_.runs() : runs.size();
   op->ring_end = ring_end;
   Enqueue(op);
+  if (early) {
+    // Still under submit_mu_: early notifications leave in write order.
+    std::shared_ptr<cuda::NotificationChannel> ch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ch = channel;
+    }
+    Status sent = ch == nullptr ? Canceled("cuda_ipc: endpoint destroyed before the notification was sent")
+                                : ch->Send(early_note);
+    if (!sent.ok()) {
+      if (sent.code() == StatusCode::kRemoteDisconnect) MarkDisconnected(sent);
+      Finish(*op, sent);
+    }
+  }
   auto handle = std::unique_ptr<WriteHandle>(new IpcWriteHandle(shared_from_this(), std::move(op)));
   if (profiling) {
     const uint64_t t3 = NowNs();
@@ -693,8 +784,30 @@ class CudaIpcTransport : public Transport {
                                          if (!sh) return;
                                          std::lock_guard<std::mutex> lock(sh->sink_mu);
                                          if (sh->sink) sh->sink(n);
+                                       },
+                                       [weak](uint32_t conn, const std::string& table) {
+                                         if (auto sh = weak.lock()) sh->OnEvents(conn, table);
                                        }));
     return OkStatus();
+  }
+
+  Status StreamWaitLanded(const Notification& n, void* stream) override {
+    if ((n.flags & kNotificationLandedOnEvent) == 0) return OkStatus();
+    if (stream == nullptr) return InvalidArgument("cuda_ipc StreamWaitLanded: no stream");
+    const uint32_t conn = static_cast<uint32_t>(n.flags >> cuda::kLandedConnShift) & cuda::kLandedConnMask;
+    const size_t slot = static_cast<size_t>(n.flags & cuda::kLandedSlotMask);
+    std::lock_guard<std::mutex> lock(shared_->landed_mu);
+    auto it = shared_->landed.find(conn);
+    if (it == shared_->landed.end() || slot >= it->second.size()) {
+      return Unavailable("cuda_ipc: the writer of request " + std::to_string(n.request_id) +
+                         " layer " + std::to_string(n.layer) +
+                         " is gone (its connection and landed events are closed); the layer may "
+                         "not have landed");
+    }
+    DeviceGuard guard(shared_->device);
+    KV_RETURN_IF_ERROR(guard.status());
+    return CudaStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), it->second[slot], 0),
+                      "cudaStreamWaitEvent (landed event)");
   }
 
   std::string name() const override { return "cuda_ipc"; }
@@ -706,7 +819,9 @@ class CudaIpcTransport : public Transport {
     c.notifications = true;
     return c;
   }
-  std::string LocalAddress() const override { return listener_->address(); }
+  std::string LocalAddress() const override {
+    return listener_->address() + (shared_->options.gpu_landed_wait ? cuda::kLandedEventsSuffix : "");
+  }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::kCuda) {
@@ -779,6 +894,14 @@ class CudaIpcTransport : public Transport {
                         cuda::PinnedBuffer::Allocate(core->table_capacity * sizeof(CopyRun)));
     core->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (core->wake_fd < 0) return Internal("cuda_ipc: eventfd failed");
+    if (cuda::AddressWantsLandedEvents(peer.address) && shared_->options.landed_event_slots > 0) {
+      // Without interprocess events the writes still work, with notifications after completion.
+      Status s = MakeLandedEvents(*core);
+      if (!s.ok()) {
+        KV_LOG_WARN << "cuda_ipc: no early notifications for " << peer.address << ": " << s.ToString();
+        Shared::DestroyEvents(shared_->device, core->landed);
+      }
+    }
     core->Start();
     return std::unique_ptr<Endpoint>(new IpcEndpoint(std::move(core)));
   }
@@ -789,6 +912,25 @@ class CudaIpcTransport : public Transport {
   }
 
  private:
+  Status MakeLandedEvents(Core& core) {
+    DeviceGuard guard(shared_->device);
+    KV_RETURN_IF_ERROR(guard.status());
+    const int n = std::min(shared_->options.landed_event_slots, int(cuda::kLandedSlotMask) + 1);
+    std::string table;
+    for (int i = 0; i < n; ++i) {
+      cudaEvent_t e = nullptr;
+      KV_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
+          "cudaEventCreateWithFlags (interprocess)");
+      core.landed.push_back(e);
+      cudaIpcEventHandle_t h;
+      KV_CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&h, e), "cudaIpcGetEventHandle");
+      table.append(reinterpret_cast<const char*>(&h), sizeof(h));
+    }
+    // The table goes before any notification (the channel is this endpoint's alone so far).
+    return core.channel->SendEventTable(table);
+  }
+
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<cuda::NotificationListener> listener_;
 };
@@ -828,7 +970,7 @@ CopyMode CopyModeFromEnv() {
 
 bool BlockTableFromEnv() {
   const char* v = std::getenv("KVSTREAM_CUDA_IPC_TABLE");
-  return v != nullptr && std::string(v) == "block";
+  return v == nullptr || std::string(v) != "packed";
 }
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options) {
@@ -860,6 +1002,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions
   o.device = options.device;
   o.copy_mode = CopyModeFromEnv();
   o.block_table = BlockTableFromEnv();
+  o.gpu_landed_wait = options.cuda_ipc_gpu_landed_wait;
   return CreateCudaIpcTransport(o);
 }
 

@@ -25,6 +25,12 @@
 //    completion thread sends the notifications of writes that completed together in one
 //    socket write). Write() takes no lock that a CUDA call or a syscall runs under, allocates
 //    only the op and its handle, and wakes the completion thread only when it is parked.
+//  - Early notifications (the receiver was made with gpu_landed_wait; its address ends in "#ev"):
+//    the writer records one of its interprocess events after each notified write's copy and
+//    sends the notification at once, flagged kNotificationLandedOnEvent (transport.h); the
+//    receiver's StreamWaitLanded makes a stream wait for that event. The WriteHandle still
+//    completes only when the copy has. Writes with non-zero notification flags, and writers
+//    that cannot make interprocess events, notify after completion as usual.
 //  - Peer death: EOF on the control socket -> endpoint status, pending and later writes
 //    kRemoteDisconnect (detected within about 20 ms).
 //  - ~Endpoint: stops the completion thread, waits (bounded, close_timeout_ms) for its copy
@@ -56,10 +62,20 @@ struct CudaIpcOptions {
   // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
   // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
   // 4088 units with CUDA >= 12.1 (scatter_copy.h). false: the packed-run path of the previous
-  // pass (<= 336 runs per launch) for every kernel write. Off until measured on the H200
-  // (KVSTREAM_CUDA_IPC_TABLE=block turns it on for the registry's transports).
-  bool block_table = false;
+  // pass (<= 336 runs per launch) for every kernel write (KVSTREAM_CUDA_IPC_TABLE=packed for
+  // the registry's transports).
+  bool block_table = true;
   size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
+  // Receiver: ask writers for early notifications (transport.h kNotificationLandedOnEvent): a
+  // notified write's notification leaves as soon as its copy is enqueued, naming an
+  // interprocess event the writer records after the copy; the consumer makes its GPU stream
+  // wait on it with StreamWaitLanded instead of waiting on the host for completion. The
+  // address then ends in "#ev". A writer that cannot make interprocess events sends late
+  // notifications instead (logged). Off by default: see docs/transports.md for what a writer
+  // killed mid-copy does to a waiting stream.
+  bool gpu_landed_wait = false;
+  // Writer: interprocess events per endpoint for early notifications, used round robin.
+  int landed_event_slots = 256;
   int64_t connect_timeout_ms = 5000;
   int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
 };
@@ -71,7 +87,7 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
 
 CopyMode CopyModeFromEnv();
-// true when KVSTREAM_CUDA_IPC_TABLE=block, false when unset or "packed" (the previous path).
+// false when KVSTREAM_CUDA_IPC_TABLE=packed (the previous pass's path), else true.
 bool BlockTableFromEnv();
 
 // Host-side cost of Write(), for benchmarks: summed over every cuda_ipc endpoint of the process

@@ -1,0 +1,322 @@
+// cuda_ipc early notifications (gpu_landed_wait) between real processes on one GPU: the
+// receiver learns of a write while its copy is only enqueued and makes its own stream wait for
+// the copy on the GPU (StreamWaitLanded), and what a writer SIGKILLed before its copy ran does to
+// such a waiting stream.
+//
+// Three processes: this test (orchestrator), a "waiter" (the receiver: a cuda_ipc transport with
+// gpu_landed_wait, a pool, a stream) and a "writer" (connects, holds its copy back behind a
+// kernel that spins on its producer stream, then writes into the waiter's pool). The waiter
+// runs apart from the orchestrator so that a stream stuck forever cannot take the test down
+// with it (the orchestrator kills it and checks the GPU still works).
+//
+// Without a usable GPU the binary prints why and exits 77 (CTest: skipped).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport_gpu/spin_kernel.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/transport.h"
+
+namespace kvstream::transport {
+namespace {
+
+using kvstream::testing::FromHex;
+using kvstream::testing::PeerProcess;
+using kvstream::testing::ToHex;
+
+constexpr uint64_t kBlock = 64 * 1024;
+constexpr uint64_t kBlocks = 64;                 // 4 MiB per write, scattered
+constexpr uint64_t kPoolBytes = 4 * kBlocks * kBlock;
+constexpr unsigned char kByte = 0x5A;
+
+void Say(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+// ---- writer ------------------------------------------------------------------------------
+// argv: --helper=writer --addr=HEX --key=HEX --raddr=N --rlen=N --hold-ms=N
+// Fills its source with kByte, then writes kBlocks blocks (destination block 4*i+1) with
+// after_stream = a stream held by a kernel spinning hold-ms, notify {7, 0}. Prints POSTED, then
+// DONE <status> when its handle completes; exits when stdin closes. (A host callback held the
+// stream in the first sitting: the waiter then got no notification for the whole hold, see
+// bench/results/transfer_gpu_2026-11-29_v3.md.)
+int RunWriter(const std::map<std::string, std::string>& a) {
+  const int hold_ms = std::stoi(a.at("hold-ms"));
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  cuda_ipc::CudaIpcOptions o;
+  o.device = 0;
+  o.block_table = true;
+  auto t = cuda_ipc::CreateCudaIpcTransport(o);
+  if (!t.ok()) { Say("ERROR " + t.status().ToString()); return 1; }
+  PeerDescriptor peer;
+  peer.address = FromHex(a.at("addr"));
+  peer.regions.push_back({std::stoull(a.at("raddr")), std::stoull(a.at("rlen")), FromHex(a.at("key"))});
+  auto ep = t.value()->Connect(peer);
+  if (!ep.ok()) { Say("ERROR " + ep.status().ToString()); return 1; }
+  void* src = nullptr;
+  if (cudaMalloc(&src, kBlocks * kBlock) != cudaSuccess) return 2;
+  if (cudaMemset(src, kByte, kBlocks * kBlock) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 2;
+  auto reg = t.value()->Register({src, kBlocks * kBlock, MemoryKind::kCuda, 0});
+  if (!reg.ok()) { Say("ERROR " + reg.status().ToString()); return 1; }
+  cudaStream_t producer;
+  if (cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking) != cudaSuccess) return 2;
+  if (kvstream::testing::LaunchSpin(producer, static_cast<unsigned long long>(hold_ms) * 1000000ull) !=
+      cudaSuccess) {
+    return 2;
+  }
+  WriteRequest wr;
+  wr.local = reg.value().get();
+  wr.remote_region = 0;
+  for (uint64_t i = 0; i < kBlocks; ++i) wr.ops.push_back({i * kBlock, (4 * i + 1) * kBlock, kBlock});
+  wr.notify = true;
+  wr.notification = {7, 0, 0};
+  wr.after_stream = producer;
+  auto h = ep.value()->Write(wr);
+  if (!h.ok()) { Say("ERROR " + h.status().ToString()); return 1; }
+  Say("POSTED");
+  Status s = h.value()->Wait(DeadlineAfterMs(30000));
+  Say("DONE " + s.ToString());
+  std::string line;
+  while (std::getline(std::cin, line)) {}
+  return 0;
+}
+
+// ---- waiter ------------------------------------------------------------------------------
+// argv: --helper=waiter --poll-ms=N
+// Prints READY <addr> <key> <raddr> <rlen>; on the notification: makes its stream wait
+// (StreamWaitLanded), enqueues a copy of the pool to pinned memory and a marker event, and
+// prints EARLY <flags> <marker state right after> ; then polls the marker for up to poll-ms:
+// RELEASED <ms> or STUCK <ms>; if released, checks the bytes (DATA OK / DATA BAD) ; then asks
+// StreamWaitLanded again with the same notification: AFTER <status code name>. If stuck it
+// leaves with _exit (nothing that could wait on the stream).
+int RunWaiter(const std::map<std::string, std::string>& a) {
+  const int poll_ms = std::stoi(a.at("poll-ms"));
+  if (cudaSetDevice(0) != cudaSuccess) return 2;
+  cuda_ipc::CudaIpcOptions o;
+  o.device = 0;
+  o.gpu_landed_wait = true;
+  auto t = cuda_ipc::CreateCudaIpcTransport(o);
+  if (!t.ok()) { Say("ERROR " + t.status().ToString()); return 1; }
+  void* pool = nullptr;
+  if (cudaMalloc(&pool, kPoolBytes) != cudaSuccess) return 2;
+  if (cudaMemset(pool, 0, kPoolBytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 2;
+  auto reg = t.value()->Register({pool, kPoolBytes, MemoryKind::kCuda, 0});
+  if (!reg.ok()) { Say("ERROR " + reg.status().ToString()); return 1; }
+  std::mutex mu;
+  std::vector<Notification> notes;
+  t.value()->SetNotificationSink([&](const Notification& n) {
+    std::lock_guard<std::mutex> lock(mu);
+    notes.push_back(n);
+  });
+  cudaStream_t s;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 2;
+  unsigned char* host = nullptr;
+  if (cudaHostAlloc(reinterpret_cast<void**>(&host), kPoolBytes, cudaHostAllocDefault) != cudaSuccess) return 2;
+  cudaEvent_t marker;
+  if (cudaEventCreateWithFlags(&marker, cudaEventDisableTiming) != cudaSuccess) return 2;
+  Say("READY " + ToHex(t.value()->LocalAddress()) + " " + ToHex(reg.value()->RemoteKey()) + " " +
+      std::to_string(reinterpret_cast<uint64_t>(pool)) + " " + std::to_string(kPoolBytes));
+  Notification n;
+  for (auto d = DeadlineAfterMs(10000);;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!notes.empty()) {
+        n = notes.front();
+        break;
+      }
+    }
+    if (Expired(d)) { Say("ERROR no notification within 10 s"); return 1; }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  Status w = t.value()->StreamWaitLanded(n, s);
+  if (!w.ok()) { Say("ERROR StreamWaitLanded: " + w.ToString()); return 1; }
+  if (cudaMemcpyAsync(host, pool, kPoolBytes, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 2;
+  if (cudaEventRecord(marker, s) != cudaSuccess) return 2;
+  const cudaError_t right_after = cudaEventQuery(marker);
+  Say("EARLY " + std::to_string(n.flags) + " " + (right_after == cudaErrorNotReady ? "pending" : "complete"));
+  const Clock::time_point t0 = Clock::now();
+  bool released = false;
+  while (MsSince(t0) < poll_ms) {
+    cudaError_t q = cudaEventQuery(marker);
+    if (q != cudaErrorNotReady) {
+      released = true;
+      Say("RELEASED " + std::to_string(MsSince(t0)) + " " + cudaGetErrorName(q));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!released) {
+    Say("STUCK " + std::to_string(MsSince(t0)));
+  } else {
+    bool ok = true;
+    for (uint64_t b = 0; b < kPoolBytes / kBlock && ok; ++b) {
+      const unsigned char want = b % 4 == 1 && b / 4 < kBlocks ? kByte : 0;
+      for (uint64_t i = 0; i < kBlock; i += 4096) ok = ok && host[b * kBlock + i] == want;
+    }
+    Say(ok ? "DATA OK" : "DATA BAD");
+  }
+  // The writer's connection may be gone by now: a wait issued after that must say so.
+  auto d = DeadlineAfterMs(3000);
+  Status after = t.value()->StreamWaitLanded(n, s);
+  while (after.ok() && !Expired(d) && a.count("expect-gone")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    after = t.value()->StreamWaitLanded(n, s);
+  }
+  Say("AFTER " + std::string(StatusCodeName(after.code())));
+  std::string line;
+  if (!released) {
+    // Leave without any call that could wait on the stuck stream.
+    std::fflush(stdout);
+    _exit(0);
+  }
+  while (std::getline(std::cin, line)) {}
+  return 0;
+}
+
+std::map<std::string, std::string> Args(int argc, char** argv) {
+  std::map<std::string, std::string> m;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) != 0) continue;
+    auto eq = s.find('=');
+    if (eq == std::string::npos) m[s.substr(2)] = "1";
+    else m[s.substr(2, eq - 2)] = s.substr(eq + 1);
+  }
+  return m;
+}
+
+struct Pair {
+  PeerProcess waiter, writer;
+  std::string addr, key, raddr, rlen;
+};
+
+// Starts the waiter and the writer; returns after the waiter's EARLY line (in *early).
+::testing::AssertionResult StartPair(Pair* p, int hold_ms, int poll_ms, bool expect_gone,
+                                     std::string* early) {
+  std::vector<std::string> wargs = {"--helper=waiter", "--poll-ms=" + std::to_string(poll_ms)};
+  if (expect_gone) wargs.push_back("--expect-gone");
+  if (!p->waiter.Start(wargs)) return ::testing::AssertionFailure() << "fork waiter";
+  std::string line = p->waiter.ReadLine(DeadlineAfterMs(30000));
+  std::istringstream in(line);
+  std::string tag;
+  in >> tag >> p->addr >> p->key >> p->raddr >> p->rlen;
+  if (tag != "READY") return ::testing::AssertionFailure() << "waiter: " << line;
+  if (!p->writer.Start({"--helper=writer", "--addr=" + p->addr, "--key=" + p->key,
+                        "--raddr=" + p->raddr, "--rlen=" + p->rlen,
+                        "--hold-ms=" + std::to_string(hold_ms)})) {
+    return ::testing::AssertionFailure() << "fork writer";
+  }
+  line = p->writer.ReadLine(DeadlineAfterMs(30000));
+  if (line != "POSTED") return ::testing::AssertionFailure() << "writer: " << line;
+  *early = p->waiter.ReadLine(DeadlineAfterMs(10000));
+  if (early->rfind("EARLY ", 0) != 0) return ::testing::AssertionFailure() << "waiter: " << *early;
+  return ::testing::AssertionSuccess();
+}
+
+class LandedEventTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(cudaSetDevice(0), cudaSuccess); }
+};
+
+// The notification arrives while the copy is held back (the waiter's marker is still pending
+// right after its wait was issued), and the waiter's stream reads the bytes only after they
+// landed.
+TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
+  Pair p;
+  std::string early;
+  ASSERT_TRUE(StartPair(&p, /*hold_ms=*/400, /*poll_ms=*/10000, false, &early));
+  std::istringstream in(early);
+  std::string tag, state;
+  int flags = 0;
+  in >> tag >> flags >> state;
+  EXPECT_NE(flags & kNotificationLandedOnEvent, 0) << early;
+  EXPECT_EQ(state, "pending") << "the notification should precede the held-back copy: " << early;
+  std::string line = p.waiter.ReadLine(DeadlineAfterMs(15000));
+  EXPECT_EQ(line.rfind("RELEASED ", 0), 0u) << line;
+  EXPECT_NE(line.find("cudaSuccess"), std::string::npos) << line;
+  // The waiter's stream stayed held for most of the writer's 400 ms: the notification came
+  // before the copy (a late one would release it at once).
+  long long released_ms = -1;
+  std::sscanf(line.c_str(), "RELEASED %lld", &released_ms);
+  EXPECT_GE(released_ms, 100) << line;
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "DATA OK");
+  EXPECT_EQ(p.writer.ReadLine(DeadlineAfterMs(15000)), "DONE OK");
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "AFTER OK");  // writer still connected
+  EXPECT_EQ(p.writer.Finish(DeadlineAfterMs(10000)), 0);
+  EXPECT_EQ(p.waiter.Finish(DeadlineAfterMs(10000)), 0);
+}
+
+// The writer is SIGKILLed after the early notification, before its copy (and the event record
+// behind it) ran. What the waiting stream does then decides whether gpu_landed_wait may be on
+// by default: released (with which status) or stuck. Either way a wait issued after the
+// writer's connection closed must be refused with kUnavailable, and the GPU must stay usable
+// for other processes once the waiter is gone.
+TEST_F(LandedEventTest, WriterKilledBeforeItsCopy) {
+  Pair p;
+  std::string early;
+  ASSERT_TRUE(StartPair(&p, /*hold_ms=*/20000, /*poll_ms=*/8000, true, &early));
+  EXPECT_NE(early.find("pending"), std::string::npos) << early;
+  const Clock::time_point killed = Clock::now();
+  p.writer.Kill();
+  std::string verdict = p.waiter.ReadLine(DeadlineAfterMs(20000));
+  std::printf("RESULT writer SIGKILLed before its copy: waiting stream %s (%lld ms after the kill)\n",
+              verdict.c_str(), static_cast<long long>(MsSince(killed)));
+  std::string next = p.waiter.ReadLine(DeadlineAfterMs(10000));
+  if (verdict.rfind("RELEASED ", 0) == 0) {
+    std::printf("RESULT data after release: %s\n", next.c_str());
+    next = p.waiter.ReadLine(DeadlineAfterMs(10000));
+  } else {
+    ASSERT_EQ(verdict.rfind("STUCK ", 0), 0u) << verdict;
+    // A stream that can hang forever: the option must stay off by default.
+    EXPECT_FALSE(cuda_ipc::CudaIpcOptions{}.gpu_landed_wait);
+    EXPECT_FALSE(TransportOptions{}.cuda_ipc_gpu_landed_wait);
+  }
+  std::printf("RESULT wait issued after the writer's death: %s\n", next.c_str());
+  EXPECT_EQ(next, "AFTER UNAVAILABLE");
+  const Clock::time_point gone = Clock::now();
+  const int rc = p.waiter.Finish(DeadlineAfterMs(10000));
+  std::printf("RESULT waiter process exit: rc %d after %lld ms\n", rc,
+              static_cast<long long>(MsSince(gone)));
+  // The GPU still works for this process.
+  void* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 1, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(x);
+}
+
+}  // namespace
+}  // namespace kvstream::transport
+
+int main(int argc, char** argv) {
+  auto a = kvstream::transport::Args(argc, argv);
+  if (a.count("helper") && a["helper"] == "writer") return kvstream::transport::RunWriter(a);
+  if (a.count("helper") && a["helper"] == "waiter") return kvstream::transport::RunWaiter(a);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("SKIP landed_event_test: no usable CUDA device (%s)\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}
