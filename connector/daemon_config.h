@@ -63,8 +63,9 @@ struct DaemonConfig {
   std::string first_step_after_load = "auto";
   // decode, cuda_ipc + cuda backend: the prefill sends each layer's notification as soon as its
   // copy is enqueued and the decode's compute stream waits for the copy on the GPU (an
-  // interprocess event) instead of the host waiting for the completion notification. Off by
-  // default: see docs/transports.md (a prefill killed mid-copy).
+  // interprocess event) instead of the host waiting for the completion notification. Refused
+  // by Validate: measured unsafe (the GPU wait was released before the copy landed;
+  // docs/transports.md).
   bool gpu_landed_wait = false;
   // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
   // token sequence; a repeated prompt is written from them without a forward (0 = off).

@@ -107,23 +107,19 @@ TEST(DaemonConfig, FirstStepAfterLoadAutoByDefaultAndResolvedByDevice) {
   EXPECT_FALSE(ResolveFirstStepAfterLoad("false", gpu0, gpu0));
 }
 
-// gpu_landed_wait: off by default (a writer killed mid-copy, docs/transports.md), accepted only
-// where the GPU wait exists (cuda_ipc between CUDA-backend daemons).
-TEST(DaemonConfig, GpuLandedWaitOffByDefaultAndOnlyForCudaIpcOnCuda) {
+// gpu_landed_wait: off by default and refused when asked for, on any transport: measured
+// unsafe on the H200 (the decode's GPU wait was released before the copy landed).
+TEST(DaemonConfig, GpuLandedWaitIsRefusedAsUnsafe) {
   auto c = Parse({"--peer=127.0.0.1:1"}, "decode");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->gpu_landed_wait);
-  auto on = Parse({"--peer=127.0.0.1:1", "--backend=cuda", "--transport=cuda_ipc",
-                   "--gpu_landed_wait=true"}, "decode");
-  ASSERT_TRUE(on.ok()) << on.status().ToString();
-  EXPECT_TRUE(on->gpu_landed_wait);
   for (auto args : {std::vector<std::string>{"--peer=127.0.0.1:1", "--backend=cuda",
-                                             "--transport=ucx", "--gpu_landed_wait=true"},
-                    std::vector<std::string>{"--peer=127.0.0.1:1", "--backend=cpu",
-                                             "--transport=cuda_ipc", "--gpu_landed_wait=true"}}) {
+                                             "--transport=cuda_ipc", "--gpu_landed_wait=true"},
+                    std::vector<std::string>{"--peer=127.0.0.1:1", "--backend=cuda",
+                                             "--transport=ucx", "--gpu_landed_wait=true"}}) {
     auto bad = Parse(args, "decode");
     EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(bad.status().message().find("gpu_landed_wait"), std::string::npos);
+    EXPECT_NE(bad.status().message().find("unsafe"), std::string::npos) << bad.status().ToString();
   }
 }
 

@@ -238,7 +238,15 @@ class LandedEventTest : public ::testing::Test {
 // The notification arrives while the copy is held back (the waiter's marker is still pending
 // right after its wait was issued), and the waiter's stream reads the bytes only after they
 // landed.
-TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
+//
+// DISABLED (both tests): on the H200 (2026-11-29 16:21 UTC, main cbd00f7) this test failed: the
+// waiter's stream was released 1 ms after its wait on the interprocess event was issued, while
+// the writer's copy was still held back for 400 ms — a record queued behind a dependency is not
+// what another process's cudaStreamWaitEvent sees — and with a 20 s hold no early notification
+// reached the waiter within 10 s. gpu_landed_wait is therefore refused by the daemons
+// (connector/daemon_config.cc). Re-enable these when the design is fixed (e.g. notify only once
+// the record has been pushed past its dependency).
+TEST_F(LandedEventTest, DISABLED_EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
   Pair p;
   std::string early;
   ASSERT_TRUE(StartPair(&p, /*hold_ms=*/400, /*poll_ms=*/10000, false, &early));
@@ -268,7 +276,7 @@ TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
 // by default: released (with which status) or stuck. Either way a wait issued after the
 // writer's connection closed must be refused with kUnavailable, and the GPU must stay usable
 // for other processes once the waiter is gone.
-TEST_F(LandedEventTest, WriterKilledBeforeItsCopy) {
+TEST_F(LandedEventTest, DISABLED_WriterKilledBeforeItsCopy) {
   Pair p;
   std::string early;
   ASSERT_TRUE(StartPair(&p, /*hold_ms=*/20000, /*poll_ms=*/8000, true, &early));
