@@ -10,7 +10,11 @@
 //
 //   decode_under_load [--json FILE] [--models a,b] [--batches 8,32] [--contexts 4096,16384]
 //                     [--kinds d2d,h2d] [--rates 0,25,50,75,100] [--window-ms 240]
-//                     [--itl-slowdown 1.2] [--quick]
+//                     [--itl-slowdown 1.2] [--quick] [--early]
+//
+// --early: the prefetch compared off/on is the early L2 prefetch (issued before the PDL wait,
+// kernels/paged_attention.h) of the 16-warp schedule (kWideKernel), the variant the kernel's
+// automatic choice uses at batch 1-8 GQA, instead of the in-loop prefetch of the v2 kernel.
 //
 // Per point and prefetch variant: kernel time (median per launch over the window) against idle
 // (rate 0 of the same kind), achieved transfer rate (payload bytes completed / transfer time),
@@ -186,6 +190,7 @@ int main(int argc, char** argv) {
   std::vector<int> rates = {0, 25, 50, 75, 100};
   int window_ms = 240;
   double itl_slowdown = 1.2;
+  bool early = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -202,6 +207,7 @@ int main(int argc, char** argv) {
     else if (a == "--kinds") kinds = ParseStrs(next());
     else if (a == "--window-ms") window_ms = std::max(20, std::atoi(next().c_str()));
     else if (a == "--itl-slowdown") itl_slowdown = std::atof(next().c_str());
+    else if (a == "--early") early = true;
     else if (a == "--models") {
       const std::string m = next();
       std::vector<Model> keep;
@@ -364,9 +370,17 @@ int main(int argc, char** argv) {
         p.context_lens = d_lens;
         p.kv_layer = pool;
         p.block_tables = d_tables;
+        if (early) {
+          p.schedule = Schedule::kWideKernel;
+          p.prefetch = Prefetch::kOff;
+          p.num_blocks = int(set_blocks);
+        }
         const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
         void* ws = nullptr;
-        if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
+        if (ws_bytes) {
+          CK(cudaMalloc(&ws, ws_bytes));
+          CK(cudaMemset(ws, 0, ws_bytes));  // the workspace contract: zeroed once
+        }
         p.workspace = ws;
         p.workspace_bytes = ws_bytes;
         const Prefetch variants[2] = {Prefetch::kOff, Prefetch::kOn};
@@ -374,7 +388,11 @@ int main(int argc, char** argv) {
           PagedDecodeParams q = p;
           q.kv_layer = reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes;
           q.block_tables = d_tables + size_t(s) * set_blocks;
-          q.prefetch = v;
+          if (early) {
+            q.early_prefetch = v;
+          } else {
+            q.prefetch = v;
+          }
           return q;
         };
         // Both variants compute the same output (checked once per shape).
@@ -488,7 +506,8 @@ int main(int argc, char** argv) {
                 << ",\"kind\":\"" << kinds[k] << "\",\"rate_pct\":" << pct
                 << ",\"rate_set_gbps\":" << (pct == 100 ? full[k] : set_rate) / 1e9
                 << ",\"unlimited\":" << (pct == 100 ? "true" : "false")
-                << ",\"prefetch\":" << (v == 1 ? "true" : "false") << ",\"us\":" << us
+                << ",\"prefetch\":" << (v == 1 ? "true" : "false")
+                << ",\"prefetch_kind\":\"" << (early ? "early" : "in_loop") << "\"" << ",\"us\":" << us
                 << ",\"us_idle\":" << idle << ",\"slowdown\":" << us / idle
                 << ",\"pf_gain\":" << us_off / us_on << ",\"pf_gain_idle\":" << idle_off / idle_on
                 << ",\"kernel_gbps\":" << kg << ",\"xfer_gbps\":" << xfer / 1e9
