@@ -14,32 +14,47 @@
 namespace kvstream::testing {
 namespace {
 
-TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
+// `kvstream bench itl` against the running pair, and the JSON lines it wrote, by kind/phase.
+class BenchItlTest : public DisaggTest {
+ protected:
+  std::string RunBenchItl(const std::string& flags, int* rc) {
+    return RunCapture(std::string(KVSTREAM_CLI_BIN) + " bench itl --decode " + decode_address() +
+                          " --prefill " + prefill_address() + " " + flags + " --json-out " +
+                          json_path(),
+                      rc, /*with_stderr=*/true);
+  }
+  std::string json_path() const { return dir_.path() + "/itl.jsonl"; }
+  // "idle" / "landing" -> that phase's itl_phase line; "comparison" -> the itl_comparison line.
+  std::map<std::string, nlohmann::json> ReadJson() const {
+    std::map<std::string, nlohmann::json> out;
+    std::ifstream in(json_path());
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "itl_phase") out[j["phase"].get<std::string>()] = j;
+      if (j["kind"] == "itl_comparison") out["comparison"] = j;
+    }
+    return out;
+  }
+};
+
+TEST_F(BenchItlTest, MeasuresIdleAndLandingPhases) {
   DaemonPair pair;
   pair.common = {"--model=tiny"};
   pair.prefill = {"--pool_blocks=64", "--prompt_cache_blocks=32"};
   pair.decode = {"--pool_blocks=1024", "--max_batch=16"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
-  const std::string json_path = dir_.path() + "/itl.jsonl";
   int rc = 0;
-  std::string out = RunCapture(
-      std::string(KVSTREAM_CLI_BIN) + " bench itl --decode " + decode_address() + " --prefill " +
-          prefill_address() +
-          " --streams 4 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 2"
-          " --landing-prompt-len 200 --rounds 2 --phase-s 0.6 --settle-ms 100 --warmup-s 0.2"
-          " --label cpu-test --json-out " + json_path,
-      &rc, /*with_stderr=*/true);
+  std::string out = RunBenchItl(
+      "--streams 4 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 2"
+      " --landing-prompt-len 200 --rounds 2 --phase-s 0.6 --settle-ms 100 --warmup-s 0.2"
+      " --label cpu-test",
+      &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("ITL p50"), std::string::npos) << out;
-  std::ifstream in(json_path);
-  std::map<std::string, nlohmann::json> phases;
-  nlohmann::json comparison;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "itl_phase") phases[j["phase"]] = j;
-    if (j["kind"] == "itl_comparison") comparison = j;
-  }
+  auto phases = ReadJson();
+  const nlohmann::json comparison = phases["comparison"];
+  phases.erase("comparison");
   ASSERT_EQ(phases.size(), 2u) << out;
   for (auto& [name, j] : phases) {
     SCOPED_TRACE(name);
@@ -86,29 +101,20 @@ TEST_F(DisaggTest, BenchItlMeasuresIdleAndLandingPhases) {
 // itl_target_ms on the decode: a target no step can meet (1 us) puts every landed prompt's
 // join off to every other step at best (decode/join_budget.h's progress rule), so joins are
 // deferred while prompts keep landing and finishing, and every block comes back.
-TEST_F(DisaggTest, DecodeItlTargetPutsJoinsOffButTheyStillLand) {
+TEST_F(BenchItlTest, DecodeItlTargetPutsJoinsOffButTheyStillLand) {
   DaemonPair pair;
   pair.common = {"--model=tiny"};
   pair.prefill = {"--pool_blocks=64", "--prompt_cache_blocks=32"};
   pair.decode = {"--pool_blocks=1024", "--max_batch=16", "--itl_target_ms=0.001"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
-  const std::string json_path = dir_.path() + "/itl.jsonl";
   int rc = 0;
-  std::string out = RunCapture(
-      std::string(KVSTREAM_CLI_BIN) + " bench itl --decode " + decode_address() + " --prefill " +
-          prefill_address() +
-          " --streams 3 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 4"
-          " --landing-prompt-len 120 --rounds 1 --phase-s 1.0 --settle-ms 100 --warmup-s 0.2"
-          " --phases landing --json-out " + json_path,
-      &rc, /*with_stderr=*/true);
+  std::string out = RunBenchItl(
+      "--streams 3 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 4"
+      " --landing-prompt-len 120 --rounds 1 --phase-s 1.0 --settle-ms 100 --warmup-s 0.2"
+      " --phases landing",
+      &rc);
   ASSERT_EQ(rc, 0) << out;
-  std::ifstream in(json_path);
-  nlohmann::json landing;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "itl_phase" && j["phase"] == "landing") landing = j;
-  }
+  const nlohmann::json landing = ReadJson()["landing"];
   ASSERT_TRUE(landing.is_object()) << out;
   EXPECT_GT(landing["landed_requests"].get<int>(), 0) << landing.dump();
   ASSERT_TRUE(landing.contains("decode_step_ms")) << landing.dump();
