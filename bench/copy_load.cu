@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   using Clock = std::chrono::steady_clock;
+  auto wall = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  const double wall_start = wall();
   const auto t0 = Clock::now();
   double issued = 0;
   size_t off = 0;
@@ -96,8 +100,8 @@ int main(int argc, char** argv) {
   CK(cudaStreamSynchronize(st));
   const double el = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("{\"bench\":\"copy_load\",\"mode\":\"%s\",\"target_gbps\":%.1f,\"achieved_gbps\":%.1f,"
-              "\"seconds\":%.2f,\"chunk_bytes\":%zu}\n",
-              mode.c_str(), gbps, issued / el / 1e9, el, chunk);
+              "\"seconds\":%.2f,\"chunk_bytes\":%zu,\"wall_start\":%.6f,\"wall_end\":%.6f}\n",
+              mode.c_str(), gbps, issued / el / 1e9, el, chunk, wall_start, wall());
   cudaFree(src);
   cudaFree(dst);
   return 0;

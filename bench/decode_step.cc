@@ -13,7 +13,7 @@
 //
 //   decode_step [--model llama-3-8b] [--device 0] [--streams 32] [--ctx 4096] [--joiners 1,2,4]
 //               [--joiner-ctx 16384] [--sweep 32:40|none] [--sweep-ctx 1024] [--iters 30]
-//               [--json FILE]
+//               [--json FILE] [--trace FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,6 +44,7 @@ struct Args {
   int sweep_ctx = 1024;
   int iters = 30;
   std::string json;
+  std::string trace;  // every step: case, wall-clock seconds, ms (to line up with other processes)
 };
 
 std::vector<int> ParseInts(const std::string& s) {
@@ -77,6 +78,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     } else if (k == "--sweep-ctx") a->sweep_ctx = std::atoi(val().c_str());
     else if (k == "--iters") a->iters = std::atoi(val().c_str());
     else if (k == "--json") a->json = val();
+    else if (k == "--trace") a->trace = val();
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return false;
@@ -164,6 +166,7 @@ int main(int argc, char** argv) {
   const double wbytes = WeightBytes(c);
   const double kv_tok = double(c.kv_bytes_per_token());
   std::FILE* json = a.json.empty() ? nullptr : std::fopen(a.json.c_str(), "w");
+  std::FILE* trace = a.trace.empty() ? nullptr : std::fopen(a.trace.c_str(), "w");
   std::printf("decode_step: %s on cuda:%d, block %d, %d iterations per case, weights %.2f GB\n",
               c.name.c_str(), a.device, bs, a.iters, wbytes / 1e9);
   std::printf("%-24s %5s %12s %10s %10s %9s %9s %9s\n", "case", "seqs", "KV GB/step", "p50 ms",
@@ -196,6 +199,10 @@ int main(int argc, char** argv) {
         return 1;
       }
       if (it >= 0) ms.push_back(dt);
+      if (trace && it >= 0)
+        std::fprintf(trace, "%s %.6f %.4f\n", k.name.c_str(),
+                     std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count(), dt);
     }
     std::sort(ms.begin(), ms.end());
     const double p50 = ms[ms.size() / 2], p90 = ms[ms.size() * 9 / 10];
@@ -213,5 +220,6 @@ int main(int argc, char** argv) {
                    p50 / base_ms, bytes / base_bytes);
   }
   if (json) std::fclose(json);
+  if (trace) std::fclose(trace);
   return 0;
 }

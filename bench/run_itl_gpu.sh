@@ -208,17 +208,19 @@ log "A: idle ITL p50 ${idle_p50:-?} ms, unpaced landing ${land_gbps:-?} GB/s"
 
 if [[ -n "$idle_p50" && "$idle_p50" != "nan" ]]; then
   stop_pid "$PID_P"
+  target=$(python3 -c "print(round($ITL_SLOWDOWN * $idle_p50, 4))")  # also D's decode target
+  B_LABEL=pacing=itl
+  [[ -n "$PACE_BYTES_PER_S" ]] && B_LABEL=pacing=rate
   if [[ -n "$PACE_BYTES_PER_S" ]]; then
     pflags=(--pace_bytes_per_s "$PACE_BYTES_PER_S")
   else
-    target=$(python3 -c "print(round($ITL_SLOWDOWN * $idle_p50, 4))")
     pflags=(--itl_target_ms "$target" --itl_idle_step_ms "$idle_p50"
             --itl_device_bw_bytes_per_s "$DEVICE_BW" --itl_hbm_bytes_per_byte "$ITL_K")
   fi
   log "B: prefill restarted with ${pflags[*]}"
   if start_prefill B "${pflags[@]}"; then
     log "B: $(grep -o 'KV writes paced at [^(]*([^)]*)' "$TMP/prefill_B.log" | head -1)"
-    run_bench pacing=itl
+    run_bench "$B_LABEL"
   else
     log "B: prefill did not come up: $(tail -n 3 "$TMP/prefill_B.log")"
   fi
@@ -232,7 +234,7 @@ if [[ -n "${target:-}" && "$DECODE_TARGET" == 1 ]] && (( TOTAL_BUDGET - $(elapse
   if wait_port "$TMP/decode.port" "$PID_D"; then
     DPORT=$(cat "$TMP/decode.port")
     log "D: decode restarted with --itl_target_ms $target (join budget), prefill as in B"
-    run_bench pacing=itl+join
+    run_bench "$B_LABEL+join"
   else
     log "D: decode did not come up: $(tail -n 3 "$TMP/decode.log")"
   fi

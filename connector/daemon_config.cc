@@ -150,9 +150,9 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     return InvalidArgument("first_step_after_load must be auto, true or false");
   // Refused, not just off: on the H200 the decode stream's wait on the interprocess event was
   // released ~1 ms after it was issued while the prefill's copy was still held back for 400 ms
-  // (landed_event_gpu_test, bench/results/transfer_gpu_2026-11-29_v3.md): an event record
-  // queued behind a dependency is not seen by another process's wait, so attention could read
-  // blocks before they land. The transport-level option stays for that test and the benchmark.
+  // (landed_event_gpu_test, bench/results/transfer_gpu_2026-11-29_v3.md), so attention could
+  // read blocks before they land (likely cause, not confirmed: an event record queued behind a
+  // dependency is not what another process's wait sees). The transport-level option stays for that test and the benchmark.
   if (c.gpu_landed_wait)
     return InvalidArgument("gpu_landed_wait is not available: measured unsafe (the decode's GPU "
                            "wait was released before the prefill's copy landed; see "

@@ -241,8 +241,8 @@ class LandedEventTest : public ::testing::Test {
 //
 // DISABLED (both tests): on the H200 (2026-11-29 16:21 UTC, main cbd00f7) this test failed: the
 // waiter's stream was released 1 ms after its wait on the interprocess event was issued, while
-// the writer's copy was still held back for 400 ms — a record queued behind a dependency is not
-// what another process's cudaStreamWaitEvent sees — and with a 20 s hold no early notification
+// the writer's copy was still held back for 400 ms (most likely: a record queued behind a
+// dependency is not what another process's cudaStreamWaitEvent sees; not confirmed) — and with a 20 s hold no early notification
 // reached the waiter within 10 s. gpu_landed_wait is therefore refused by the daemons
 // (connector/daemon_config.cc). Re-enable these when the design is fixed (e.g. notify only once
 // the record has been pushed past its dependency).
