@@ -89,16 +89,6 @@ bool ParseArgs(int argc, char** argv, Args* a) {
          (no_sweep || (a->sweep_lo > 0 && a->sweep_hi >= a->sweep_lo)) && a->sweep_ctx > 0;
 }
 
-// Weight bytes one decode step reads: every layer's projections and the LM head (the
-// embedding rows of the new tokens are negligible).
-double WeightBytes(const model::ModelConfig& c) {
-  const double per_layer = double(c.hidden_size) * (c.q_dim() + 2.0 * c.kv_dim()) +
-                           double(c.q_dim()) * c.hidden_size +
-                           3.0 * c.hidden_size * c.intermediate_size;
-  return (per_layer * c.num_layers + double(c.vocab_size) * c.hidden_size) *
-         DTypeSize(c.weight_dtype);
-}
-
 struct Case {
   std::string name;
   std::vector<int> ctx;  // context (tokens already cached) of each sequence
@@ -163,7 +153,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(7);
   std::shuffle(order.begin(), order.end(), rng);
 
-  const double wbytes = WeightBytes(c);
+  const double wbytes = double(c.decode_step_weight_bytes());
   const double kv_tok = double(c.kv_bytes_per_token());
   std::FILE* json = a.json.empty() ? nullptr : std::fopen(a.json.c_str(), "w");
   std::FILE* trace = a.trace.empty() ? nullptr : std::fopen(a.trace.c_str(), "w");

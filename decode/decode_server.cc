@@ -18,14 +18,6 @@ int64_t WallMicros() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-// Weight bytes one decode step reads: every parameter but the input embedding (only the new
-// tokens' rows of it are read), which the LM head is when the embeddings are tied.
-double StepWeightBytes(const model::ModelConfig& c) {
-  double params = double(c.num_parameters());
-  if (!c.tie_word_embeddings) params -= double(c.vocab_size) * c.hidden_size;
-  return params * DTypeSize(c.weight_dtype);
-}
-
 int64_t MicrosSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
 }
@@ -68,7 +60,8 @@ DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBa
       backend_(backend),
       pool_(pool),
       connectors_(std::move(connectors)),
-      join_budget_(config.itl_target_ms * 1e-3, StepWeightBytes(backend->config())) {
+      join_budget_(config.itl_target_ms * 1e-3,
+                   double(backend->config().decode_step_weight_bytes())) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   if (connectors_.size() > 1) {
     prober_ = std::thread([this] {

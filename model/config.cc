@@ -89,6 +89,12 @@ uint64_t ModelConfig::num_parameters() const {
   return total;
 }
 
+uint64_t ModelConfig::decode_step_weight_bytes() const {
+  uint64_t params = num_parameters();
+  if (!tie_word_embeddings) params -= uint64_t(vocab_size) * uint64_t(hidden_size);
+  return params * DTypeSize(weight_dtype);
+}
+
 uint64_t ModelConfig::hash() const {
   Hasher x;
   x.Str("kvstream.model.v1");

@@ -39,6 +39,10 @@ struct ModelConfig {
     return 2ull * num_layers * num_kv_heads * head_dim * DTypeSize(kv_dtype);
   }
   uint64_t num_parameters() const;
+  // Bytes of weights one decode step reads (weight_dtype): every parameter but the input
+  // embedding, of which only the new tokens' rows are read (with tied embeddings the same
+  // matrix is still read whole as the LM head).
+  uint64_t decode_step_weight_bytes() const;
   // Stable 64-bit hash of every field that changes the numbers a forward pass produces
   // (shapes, rope, eps, dtypes, seed or checkpoint identity). Compared at handshake.
   uint64_t hash() const;

@@ -95,6 +95,12 @@ TEST(Config, HfJsonLlamaAndQwen) {
   EXPECT_EQ(llama->weight_dtype, DType::kBF16);
   EXPECT_FALSE(llama->qkv_bias);
   EXPECT_NEAR(double(llama->num_parameters()) / 8.03e9, 1.0, 0.005);
+  // A decode step reads every weight but the input embedding (untied: 128256 x 4096 of them).
+  EXPECT_EQ(llama->decode_step_weight_bytes(),
+            (llama->num_parameters() - 128256ull * 4096) * DTypeSize(llama->weight_dtype));
+  ModelConfig tied = *llama;
+  tied.tie_word_embeddings = true;  // the embedding is the LM head: read whole
+  EXPECT_EQ(tied.decode_step_weight_bytes(), tied.num_parameters() * DTypeSize(tied.weight_dtype));
 
   auto qwen = ConfigFromHfJson(R"({
     "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
