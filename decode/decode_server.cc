@@ -487,6 +487,7 @@ void DecodeServer::SchedulerLoop() {
     // latency never waits on a prefill (the newcomer's TTFT grows by at most one step).
     const size_t max_batch = static_cast<size_t>(config_.max_batch);
     std::vector<std::shared_ptr<Request>> joining;
+    double joining_kv = 0;  // KV bytes the joiners' first steps read
     if (!waiting_.empty()) {
       auto pick = waiting_.begin();
       if (!running_.empty()) {
@@ -505,7 +506,10 @@ void DecodeServer::SchedulerLoop() {
           for (auto& r : running_) running_kv += KvBytes(r->cache_len);
           const size_t k = join_budget_.Admit(running_kv, landed_kv);
           joins_deferred_ += landed.size() - k;
-          for (size_t i = 0; i < k; ++i) joining.push_back(waiting_[landed[i]]);
+          for (size_t i = 0; i < k; ++i) {
+            joining.push_back(waiting_[landed[i]]);
+            joining_kv += landed_kv[i];
+          }
           for (size_t i = k; i-- > 0;) waiting_.erase(waiting_.begin() + landed[i]);
         }
         // The others whose first step cannot wait on a prefill: local prompts, failed loads.
@@ -530,9 +534,8 @@ void DecodeServer::SchedulerLoop() {
         for (size_t i = 0; i < max_batch; ++i) batch.push_back(running_[(rr_ + i) % running_.size()]);
         rr_ = (rr_ + max_batch) % running_.size();
       }
-      double step_kv = 0;
+      double step_kv = joining_kv;
       for (auto& r : batch) step_kv += KvBytes(r->cache_len);
-      for (auto& r : joining) step_kv += KvBytes(int(r->prompt.size()) - 1);
       DecodeStep(batch, joining);
       std::erase_if(running_, [](const std::shared_ptr<Request>& r) { return r->complete; });
       ++steps_;
