@@ -162,13 +162,20 @@ int RunWaiter(const std::map<std::string, std::string>& a) {
     if (Expired(d)) { Say("ERROR no notification within 10 s"); return 1; }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  const Clock::time_point c0 = Clock::now();
   Status w = t.value()->StreamWaitLanded(n, s, DeadlineAfterMs(wait_ms));
   if (!w.ok()) { Say("ERROR StreamWaitLanded: " + w.ToString()); return 1; }
+  const Clock::time_point c1 = Clock::now();
   if (cudaMemcpyAsync(host, pool, kPoolBytes, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 2;
   if (cudaEventRecord(marker, s) != cudaSuccess) return 2;
   const cudaError_t right_after = cudaEventQuery(marker);
+  const auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+  };
+  // (Host time of the wait call and of the copy + marker enqueue, in us: neither may block.)
+  const std::string host_us = " wait_call_us=" + us(c0, c1) + " enqueue_us=" + us(c1, Clock::now());
   Say("EARLY " + std::to_string(n.flags) + " " + std::to_string(n.landed_seq) + " " +
-      (right_after == cudaErrorNotReady ? "pending" : "complete"));
+      (right_after == cudaErrorNotReady ? "pending" : "complete") + host_us);
   const Clock::time_point t0 = Clock::now();
   bool released = false;
   while (MsSince(t0) < poll_ms) {
