@@ -148,8 +148,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.first_step_after_load != "auto" && c.first_step_after_load != "true" &&
       c.first_step_after_load != "false")
     return InvalidArgument("first_step_after_load must be auto, true or false");
-  // The interprocess-event version was refused (measured releasing the wait before the copy
-  // landed); the landed-flag version passed the same GPU test (landed_event_gpu_test,
+  // The interprocess-event version was refused; the landed-flag version passed the GPU tests
+  // (landed_event_gpu_test: held copy, killed writer, deadline; daemons_gpu_test with it on;
   // bench/results/landed_wait_2026-11-29.md). Off by default.
   if (c.gpu_landed_wait && (c.transport != "cuda_ipc" || c.backend != "cuda"))
     return InvalidArgument("gpu_landed_wait needs --transport cuda_ipc and --backend cuda");

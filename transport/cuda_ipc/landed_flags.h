@@ -10,9 +10,9 @@
 //    that number. Its copy stream is in order, so a slot's value only grows.
 //  - The receiver's stream waits with cuStreamWaitValue32(GEQ), which compares
 //    (int32_t)(*flag - seq) >= 0: sequence numbers may wrap.
-//  - A memory wait sees only what was written: unlike an interprocess event (whose wait sees
-//    the last record that executed, so a record still queued behind a dependency lets it pass),
-//    it cannot pass before the writer's flag write ran.
+//  - A memory wait sees only what was written: unlike a wait on an interprocess event (which
+//    sees the last record that executed, so a record still queued behind a dependency in the
+//    writer's process may not hold it), it cannot pass before the writer's flag write ran.
 //  - Nothing can leave a stream waiting forever: when the writer's connection closes (it died
 //    or went away) or a wait's deadline passes before its flag was written, the table reads
 //    the flag (what truly landed), then writes the highest announced number into it from its own
