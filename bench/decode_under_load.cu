@@ -12,7 +12,8 @@
 //         two-rank communicator made in this process (ncclCommInitAll); send and receive
 //         streams at the lowest priority, as the nccl transport's are. The receive is a kernel on
 //         GPU 0, so it competes with the decode kernel for SMs as well as for HBM. Needs two GPUs
-//         and a build that found NCCL (bench/CMakeLists.txt).
+//         and a build that found NCCL (bench/CMakeLists.txt). NCCL_NVLS_ENABLE is set to 0
+//         unless the caller set it (send/receive does not use NVLink multicast).
 // Rates: 0, 25, 50, 75, 100% of the transfer's own full speed (measured alone in this run), plus
 // the rate PaceRateForItlTarget gives for a slowdown target (--itl-slowdown, default 1.2).
 //
