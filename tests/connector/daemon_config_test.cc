@@ -128,7 +128,6 @@ TEST(DaemonConfig, GpuLandedWaitNeedsCudaIpcAndTheCudaBackend) {
         << bad.status().ToString();
   }
 }
-}
 
 // Several prefills: a comma-separated flag, or a JSON array in the file; each element must be
 // host:port.
