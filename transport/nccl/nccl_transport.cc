@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -172,19 +173,34 @@ Status CommFailed(ncclResult_t st, ncclComm_t comm, const std::string& what) {
 
 // Polls a non-blocking communicator until its last call completed. `alive` is asked between
 // polls (socket EOF, shutdown); its error ends the wait.
+//
+// A non-blocking ncclGroupEnd hands the launch to a thread of its own and returns
+// ncclInProgress; the launch itself takes tens of microseconds. Every write waits for one (on
+// each side), so the first millisecond is polled with yields: a 20 us sleep costs ~70 us with
+// Linux's default 50 us timer slack, which made up most of a small write's time. Waits that
+// last longer (communicator init) fall back to sleeping.
 Status WaitComm(ncclComm_t comm, Deadline deadline, const std::function<Status()>& alive,
-                const std::string& what) {
+                const std::string& what, bool tight = true) {
+  const auto spin_until = Clock::now() + std::chrono::milliseconds(tight ? 1 : 0);
   for (int i = 0;; ++i) {
     ncclResult_t st = ncclInProgress;
     ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     if (r != ncclSuccess) return NcclStatus(r, comm, "ncclCommGetAsyncError");
     if (st == ncclSuccess) return OkStatus();
     if (st != ncclInProgress) return CommFailed(st, comm, what);
-    if ((i & 15) == 0 && alive) KV_RETURN_IF_ERROR(alive());
+    if ((i & 63) == 0 && alive) KV_RETURN_IF_ERROR(alive());
     if (Expired(deadline)) return Timeout("nccl: " + what + " did not complete before the deadline");
-    std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 500));
+    if (Clock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(i < 5000 ? 20 : 500));
+    }
   }
 }
+
+// The writer's and receiver's threads wait in short polls while writes are in flight; with the
+// default 50 us timer slack each would oversleep by up to that much.
+void TightenTimerSlack() { (void)::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
 
 Result<ncclComm_t> InitComm(int device, const std::string& unique_id, int rank, Deadline deadline,
                             const std::function<Status()>& alive) {
@@ -533,7 +549,7 @@ class Writer {
     KV_RETURN_IF_ERROR(s);
     if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm, what);
     return WaitComm(comm, DeadlineAfterMs(shared->options.connect_timeout_ms),
-                    [this] { return PollSocket(); }, what);
+                    [this] { return PollSocket(); }, what, shared->options.tight_polling);
   }
 
   Status Submit(Op& op) {
@@ -587,6 +603,8 @@ class Writer {
 
   void Run() {
     DeviceGuard guard(shared->device);
+    if (shared->options.tight_polling) TightenTimerSlack();
+    const long inflight_poll_ns = shared->options.tight_polling ? 10'000L : 20'000L;
     Deadline close_deadline{};
     bool closing = false;
     auto last_async_check = Clock::now();
@@ -597,7 +615,7 @@ class Writer {
       }
       // A failed endpoint's socket stays readable (EOF): leave it out of the poll.
       pollfd p[2] = {{wake_fd, POLLIN, 0}, {comm != nullptr ? fd : -1, POLLIN, 0}};
-      timespec ts{0, inflight_.empty() ? 20'000'000L : 20'000L};
+      timespec ts{0, inflight_.empty() ? 20'000'000L : inflight_poll_ns};
       (void)::ppoll(p, 2, &ts, nullptr);
       if (p[0].revents) {
         uint64_t v;
@@ -787,7 +805,7 @@ class Receiver {
     KV_RETURN_IF_ERROR(s);
     if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm_, what);
     return WaitComm(comm_, DeadlineAfterMs(shared_->options.connect_timeout_ms),
-                    [this] { return Alive(); }, what);
+                    [this] { return Alive(); }, what, shared_->options.tight_polling);
   }
 
   // Posts the receives (and unpacks) of one write.
@@ -857,13 +875,16 @@ class Receiver {
   }
 
   Status Loop() {
+    const long pending_poll_ns = shared_->options.tight_polling ? 5'000L : 20'000L;
     std::deque<Incoming> pending;
     auto last_async_check = Clock::now();
     Status result;
     while (result.ok()) {
       if (stop_.load()) return Canceled("nccl: transport shutting down");
       pollfd p[2] = {{wake_fd_, POLLIN, 0}, {fd_, POLLIN, 0}};
-      timespec ts{0, pending.empty() ? 20'000'000L : 20'000L};
+      // Landing is seen by polling the oldest write's event: every 5 us while any is pending
+      // (what a write waits for on top of its bytes; the thread is mostly asleep in between).
+      timespec ts{0, pending.empty() ? 20'000'000L : pending_poll_ns};
       (void)::ppoll(p, 2, &ts, nullptr);
       const bool open = ReadAvailable(fd_, &rx_);
       for (;;) {
@@ -908,6 +929,7 @@ class Receiver {
 
   void Run() {
     DeviceGuard guard(shared_->device);
+    if (shared_->options.tight_polling) TightenTimerSlack();
     Status s = Handshake();
     if (s.ok()) s = Loop();
     if (s.code() != StatusCode::kRemoteDisconnect && s.code() != StatusCode::kCanceled) {
@@ -1151,6 +1173,10 @@ std::string NcclVersionString() {
 }
 
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options) {
+  // Point-to-point only: NVLink SHARP (multicast objects made at communicator init) buys
+  // nothing here, and on shared hosts it can take GPUs out of service. Off unless the
+  // environment says otherwise (read by NCCL at its first init).
+  (void)::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
   int device = options.device;
   if (device < 0) {
@@ -1184,6 +1210,9 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   o.device = options.device;
   o.copy_mode = CopyModeFromEnv();
   if (const char* h = std::getenv("KVSTREAM_NCCL_HOST"); h != nullptr && *h) o.advertise_host = h;
+  if (const char* t = std::getenv("KVSTREAM_NCCL_TIGHT_POLL"); t != nullptr && *t) {
+    o.tight_polling = std::string(t) != "0";
+  }
   if (const char* c = std::getenv("KVSTREAM_NCCL_CHUNK_MB"); c != nullptr && *c) {
     o.chunk_bytes = std::strtoull(c, nullptr, 10) << 20;
   }
