@@ -124,7 +124,8 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<G
 };
 
 TEST_P(DaemonsGpuTest, TinyTokensEqualColocatedOnGpu) {
-  RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {}, 512, {1, 2, 17, 100, 300}, 8);
+  RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {"--log_level=info"}, 512, {1, 2, 17, 100, 300},
+          8);
   // The handshake compares the daemons' GPU identities: on one GPU the decode says so (and
   // first_step_after_load=auto then waits for the whole load before the first step instead of
   // time-slicing with the prefill); on two it must not.
@@ -151,7 +152,7 @@ TEST_P(DaemonsGpuTest, Llama3ShapedTwoLayersEqualsColocatedOnGpu) {
 // prefill restarted on the same address serves again (the decode's transport accepts a new
 // writer after losing one; for nccl: a fresh communicator after the old one was aborted).
 TEST_P(DaemonsGpuTest, PrefillKilledMidLoadFailsClearlyThenServesAgain) {
-  const std::vector<std::string> model = {"--model=tiny", "--layers=4", "--pool_blocks=64"};
+  const std::vector<std::string> model = {"--model=tiny", "--pool_blocks=64"};  // 2 layers
   DaemonPair pair = Pair(model, {"--fault_layer_delay_ms=300"}, {});
   pair.prefill_port = PickFreePort();  // the restarted prefill comes back on the same port
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -45,6 +46,21 @@ using cuda::DeviceGuard;
 
 constexpr size_t kGroupOps = 64;          // sends/recvs per NCCL group in direct mode
 constexpr int64_t kSendTimeoutSec = 5;    // control-socket writes
+
+// KVSTREAM_NCCL_TRACE=1: one stderr line per completed write on each side, with the time of each
+// step since the write was handed over (writer) or its header arrived (receiver), to see where
+// a write's time goes.
+bool TraceEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KVSTREAM_NCCL_TRACE");
+    return v != nullptr && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+double MicrosSince(Clock::time_point from, Clock::time_point to) {
+  if (to.time_since_epoch().count() == 0) return -1;
+  return std::chrono::duration<double, std::micro>(to - from).count();
+}
 
 Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   if (r == ncclSuccess) return OkStatus();
@@ -323,6 +339,8 @@ struct Op {
   cudaEvent_t sent = nullptr; // the sender's streams are done with the source
   bool acked = false;
   std::atomic<bool> cancel{false};
+  // Trace (worker thread only, and Write() before the handover).
+  Clock::time_point t_write, t_taken, t_header, t_group_end, t_launched, t_acked;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -435,6 +453,7 @@ class Writer {
         return CudaStatus(err, "nccl Write: cudaEventRecord on after_stream");
       }
     }
+    if (TraceEnabled()) op->t_write = Clock::now();
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       op->header.write_id = next_write_id_++;
@@ -536,6 +555,7 @@ class Writer {
                                                                std::to_string(ack.write_id));
         }
         op->acked = true;
+        if (TraceEnabled()) op->t_acked = Clock::now();
       }
       if (!found) return DataLoss("nccl: ack for unknown write " + std::to_string(ack.write_id));
     }
@@ -546,6 +566,7 @@ class Writer {
     if (r != ncclSuccess) return NcclStatus(r, comm, "ncclGroupStart");
     Status s = calls();
     r = ncclGroupEnd();
+    if (TraceEnabled()) group_end_ = Clock::now();
     KV_RETURN_IF_ERROR(s);
     if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm, what);
     return WaitComm(comm, DeadlineAfterMs(shared->options.connect_timeout_ms),
@@ -553,9 +574,12 @@ class Writer {
   }
 
   Status Submit(Op& op) {
+    const bool trace = TraceEnabled();
+    if (trace) op.t_taken = Clock::now();
     if (!SendAll(fd, EncodeWrite(op.header))) {
       return RemoteDisconnect(std::string("nccl: sending a write header: ") + std::strerror(errno));
     }
+    if (trace) op.t_header = Clock::now();
     const cudaStream_t cs = comm_stream->get();
     if (op.header.mode == WireMode::kDirect) {
       if (op.dep) KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cs, op.dep, 0), "nccl: wait after_stream");
@@ -598,7 +622,23 @@ class Writer {
     }
     KV_ASSIGN_OR_RETURN(op.sent, shared->events.Acquire());
     KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(op.sent, cs), "nccl: record write done");
+    if (trace) {
+      op.t_group_end = group_end_;  // of the write's last group
+      op.t_launched = Clock::now();
+    }
     return OkStatus();
+  }
+
+  static void TraceDone(const Op& op) {
+    const auto now = Clock::now();
+    std::fprintf(stderr,
+                 "nccl trace writer: write %llu, %llu bytes, %zu runs, %s: taken %.1f header %.1f "
+                 "group_end %.1f launched %.1f acked %.1f done %.1f us\n",
+                 (unsigned long long)op.header.write_id, (unsigned long long)op.header.total_bytes,
+                 op.header.runs.size(), op.header.mode == WireMode::kDirect ? "direct" : "pack",
+                 MicrosSince(op.t_write, op.t_taken), MicrosSince(op.t_write, op.t_header),
+                 MicrosSince(op.t_write, op.t_group_end), MicrosSince(op.t_write, op.t_launched),
+                 MicrosSince(op.t_write, op.t_acked), MicrosSince(op.t_write, now));
   }
 
   void Run() {
@@ -656,6 +696,7 @@ class Writer {
         cudaError_t err = cudaEventQuery(op.sent);
         if (err == cudaErrorNotReady) break;
         op.Finish(CudaStatus(err, "nccl send"));
+        if (TraceEnabled()) TraceDone(op);
         ReleaseOpEvents(op);
         inflight_.pop_front();
       }
@@ -686,6 +727,7 @@ class Writer {
   ChunkPlan plan_;
   std::vector<CopyRun> runs_;
   cuda::PackedTable table_;
+  Clock::time_point group_end_;  // trace: when the last ncclGroupEnd returned
 };
 
 class NcclEndpoint : public Endpoint {
@@ -706,6 +748,7 @@ class NcclEndpoint : public Endpoint {
 struct Incoming {
   WriteHeader header;
   cudaEvent_t done = nullptr;
+  Clock::time_point t_header, t_posted, t_landed;  // trace
 };
 
 // One accepted writer: handshake, communicator (rank 1), then posts receives for each write
@@ -895,21 +938,33 @@ class Receiver {
         if (!got.value()) break;
         if (type != FrameType::kWrite) return DataLoss("nccl: unexpected frame from the writer");
         KV_ASSIGN_OR_RETURN(WriteHeader h, DecodeWrite(payload));
-        pending.push_back(Incoming{std::move(h), nullptr});
+        pending.push_back(Incoming{std::move(h), nullptr, {}, {}, {}});
+        if (TraceEnabled()) pending.back().t_header = Clock::now();
         Status s = Post(pending.back());
         if (!s.ok()) return s;
+        if (TraceEnabled()) pending.back().t_posted = Clock::now();
       }
       while (!pending.empty()) {
         Incoming& in = pending.front();
         cudaError_t err = cudaEventQuery(in.done);
         if (err == cudaErrorNotReady) break;
         if (err != cudaSuccess) return CudaStatus(err, "nccl receive");
+        if (TraceEnabled()) in.t_landed = Clock::now();
         if (in.header.notify) {
           std::lock_guard<std::mutex> lock(shared_->sink_mu);
           if (shared_->sink) shared_->sink(in.header.notification);
         }
         if (!SendAll(fd_, EncodeAck(Ack{in.header.write_id, 0}))) {
           return RemoteDisconnect("nccl: sending an ack");
+        }
+        if (TraceEnabled()) {
+          std::fprintf(stderr,
+                       "nccl trace receiver: write %llu, %llu bytes: posted %.1f landed %.1f "
+                       "acked %.1f us after its header\n",
+                       (unsigned long long)in.header.write_id,
+                       (unsigned long long)in.header.total_bytes,
+                       MicrosSince(in.t_header, in.t_posted), MicrosSince(in.t_header, in.t_landed),
+                       MicrosSince(in.t_header, Clock::now()));
         }
         shared_->events.Release(in.done);
         pending.pop_front();
