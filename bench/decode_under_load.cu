@@ -60,6 +60,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>  // environ
+
 #include "bench/bench_util.cuh"
 #include "kernels/paged_attention.h"
 #include "transport/pacing.h"
@@ -451,7 +453,19 @@ int main(int argc, char** argv) {
       << prio_high << ",\"stream_priority_low\":" << prio_low << ",\"gpus\":" << ndev;
     if (two_gpu) o << ",\"peer_access_1_to_0\":" << (peer_access ? "true" : "false");
 #if defined(KVSTREAM_BENCH_HAVE_NCCL)
-    if (use_nccl) o << ",\"nccl_version\":" << nccl_version;
+    if (use_nccl) {
+      // The NCCL_* settings in effect (they change NCCL's protocol, channels and copy engine use).
+      o << ",\"nccl_version\":" << nccl_version << ",\"nccl_env\":{";
+      bool first = true;
+      for (char** e = environ; *e != nullptr; ++e) {
+        const std::string kv = *e;
+        const size_t eq = kv.find('=');
+        if (kv.rfind("NCCL_", 0) != 0 || eq == std::string::npos) continue;
+        o << (first ? "" : ",") << "\"" << kv.substr(0, eq) << "\":\"" << kv.substr(eq + 1) << "\"";
+        first = false;
+      }
+      o << "}";
+    }
 #endif
     o << "}";
     emit(o.str());
