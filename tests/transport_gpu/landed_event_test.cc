@@ -59,8 +59,9 @@ int64_t MsSince(Clock::time_point t) {
 }
 
 // ---- writer ------------------------------------------------------------------------------
-// argv: --helper=writer --addr=HEX --key=HEX --raddr=N --rlen=N --hold-ms=N
-// Fills its source with a byte pattern, writes zeros into the destination blocks once (warm-up),
+// argv: --helper=writer --addr=HEX --key=HEX --raddr=N --rlen=N --hold-ms=N [--no-warmup]
+// Fills its source with a byte pattern, writes zeros into the destination blocks once (warm-up,
+// left out with --no-warmup: then the held-back write is the process's first),
 // then writes kBlocks blocks of the pattern (destination block 4*i+1) with after_stream = a
 // stream held by a kernel spinning hold-ms, notify {7, 0}. Prints POSTED <ms Write() took>, then DONE <status> <ms since the spin started>
 // when its handle completes; exits when stdin closes.
@@ -90,7 +91,7 @@ int RunWriter(const std::map<std::string, std::string>& a) {
   WriteRequest wr;
   wr.local = reg.value().get();
   wr.remote_region = 0;
-  {
+  if (a.count("no-warmup") == 0) {
     // Warm-up, unnotified, of zeros into the same blocks (they stay zero until the real write):
     // the first launch of the copy kernel loads it (CUDA's lazy loading), which waits for the
     // GPU's running kernels, so behind the spin it would block Write() for the whole hold
@@ -255,7 +256,8 @@ struct Pair {
 
 // Starts the waiter and the writer; returns after the waiter's EARLY line (in *early).
 ::testing::AssertionResult StartPair(Pair* p, int hold_ms, int poll_ms, bool expect_gone,
-                                     std::string* early, int wait_ms = 60000) {
+                                     std::string* early, int wait_ms = 60000,
+                                     bool writer_warmup = true) {
   std::vector<std::string> wargs = {"--helper=waiter", "--poll-ms=" + std::to_string(poll_ms),
                                     "--wait-ms=" + std::to_string(wait_ms)};
   if (expect_gone) wargs.push_back("--expect-gone");
@@ -265,9 +267,11 @@ struct Pair {
   std::string tag;
   in >> tag >> p->addr >> p->key >> p->raddr >> p->rlen;
   if (tag != "READY") return ::testing::AssertionFailure() << "waiter: " << line;
-  if (!p->writer.Start({"--helper=writer", "--addr=" + p->addr, "--key=" + p->key,
-                        "--raddr=" + p->raddr, "--rlen=" + p->rlen,
-                        "--hold-ms=" + std::to_string(hold_ms)})) {
+  std::vector<std::string> args = {"--helper=writer", "--addr=" + p->addr, "--key=" + p->key,
+                                   "--raddr=" + p->raddr, "--rlen=" + p->rlen,
+                                   "--hold-ms=" + std::to_string(hold_ms)};
+  if (!writer_warmup) args.push_back("--no-warmup");
+  if (!p->writer.Start(args)) {
     return ::testing::AssertionFailure() << "fork writer";
   }
   line = p->writer.ReadLine(DeadlineAfterMs(30000));
@@ -294,10 +298,10 @@ class LandedEventTest : public ::testing::Test {
 // (The interprocess-event version of this test failed on the H200 on 2026-11-29: the waiter's
 // stream was released 1 ms after its wait was issued while the copy was still held for 400 ms.
 // A memory wait on the flag cannot pass before the writer's stream wrote it.)
-TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
+void CheckEarlyWriteLands(bool writer_warmup) {
   Pair p;
   std::string early;
-  ASSERT_TRUE(StartPair(&p, /*hold_ms=*/400, /*poll_ms=*/10000, false, &early));
+  ASSERT_TRUE(StartPair(&p, /*hold_ms=*/400, /*poll_ms=*/10000, false, &early, 60000, writer_warmup));
   std::printf("RESULT %s\n", early.c_str());
   std::istringstream in(early);
   std::string tag, state;
@@ -324,6 +328,14 @@ TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
   EXPECT_EQ(p.writer.Finish(DeadlineAfterMs(10000)), 0);
   EXPECT_EQ(p.waiter.Finish(DeadlineAfterMs(10000)), 0);
 }
+
+TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) { CheckEarlyWriteLands(true); }
+
+// The held-back write is the writer process's first: its copy kernel must already be loaded
+// (the transport preloads it when created), or CUDA's lazy loading makes Write() wait for the
+// spinning kernel (seen on the H200: Write() took the whole hold). StartPair fails when Write()
+// takes more than a quarter of the hold.
+TEST_F(LandedEventTest, FirstWriteIsNotHeldByTheProcessRunningKernels) { CheckEarlyWriteLands(false); }
 
 // The writer is SIGKILLed after the early notification, before its copy (and the flag write
 // behind it) ran. The waiting stream must be released in bounded time by the receiver (its

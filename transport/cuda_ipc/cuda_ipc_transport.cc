@@ -977,6 +977,9 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
     DeviceGuard guard(device);
     KV_RETURN_IF_ERROR(guard.status());
     KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
+    // Now, not at the first Write(): a lazily loaded kernel's first launch waits for whatever
+    // the process is computing at that moment (scatter_copy.h).
+    KV_RETURN_IF_ERROR(cuda::PreloadScatterKernels());
   }
   auto shared = std::make_shared<Shared>(device);
   shared->options = options;

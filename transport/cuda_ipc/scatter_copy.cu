@@ -406,6 +406,38 @@ BlockLauncher PickBlockLauncher(int threads, int unroll) {
 
 }  // namespace
 
+namespace {
+
+template <int kThreads, int kUnroll>
+cudaError_t PreloadShape() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, ParamScatterKernel<kThreads, kUnroll, kParamTableCapacity>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, BlockScatterKernel<kThreads, kUnroll, kBlockTableSmallEntries>);
+#if CUDART_VERSION >= 12010
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, BlockScatterKernel<kThreads, kUnroll, 1020>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, BlockScatterKernel<kThreads, kUnroll, 2044>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, BlockScatterKernel<kThreads, kUnroll, kBlockTableMaxEntries>);
+#endif
+  return e;
+}
+
+}  // namespace
+
+Status PreloadScatterKernels() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, ScatterCopyKernel);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, ScatterCopyPiecesKernel);
+  // Every (threads, unroll) PickLauncher / PickBlockLauncher accepts.
+  if (e == cudaSuccess) e = PreloadShape<128, 4>();
+  if (e == cudaSuccess) e = PreloadShape<256, 4>();
+  if (e == cudaSuccess) e = PreloadShape<512, 4>();
+  if (e == cudaSuccess) e = PreloadShape<128, 8>();
+  if (e == cudaSuccess) e = PreloadShape<256, 8>();
+  if (e == cudaSuccess) e = PreloadShape<512, 8>();
+  if (e != cudaSuccess) return CudaStatus(e, "loading the scatter-copy kernels");
+  return OkStatus();
+}
+
 size_t BlockTableLaunchCapacity() {
 #if CUDART_VERSION >= 12010
   // Parameters beyond 4 KiB need a 12.1 driver as well as the runtime.

@@ -29,6 +29,13 @@ struct CopyRun {
 // Runs longer than this are split into pieces so that one large run spreads over many CTAs.
 inline constexpr uint64_t kScatterPieceBytes = 256 * 1024;
 
+// Loads every scatter-copy kernel into the current device's context now. Under CUDA's lazy
+// module loading (the default since 12.2) a kernel is loaded at its first launch, and that load
+// waits for the kernels already running in the context: a transport's first Write() issued while
+// the process computes would block the host until the compute drains. Transports call this
+// once when they are created. Returns the CUDA error as a Status.
+Status PreloadScatterKernels();
+
 // Number of table entries SplitRuns produces for `runs` (each run cut into pieces).
 size_t ScatterTableEntries(const CopyRun* runs, size_t n);
 // Writes the pieces of `runs` into `table` (capacity >= ScatterTableEntries(runs, n)).
