@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "transport/cuda_ipc/cuda_util.h"
 #include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/staged/chunk_plan.h"
 #include "transport/staged/slot_ledger.h"
 #include "transport/ucx/ucx_transport.h"
 #include "transport/write_plan.h"
@@ -117,11 +118,37 @@ Notification Msg(MsgType type, uint64_t request_id, int32_t layer, int32_t bits 
 // `runs` move between scattered device addresses and the chunk's contiguous staging bytes
 // [0, bytes). Few runs: cudaMemcpyAsync each. Many: the copy engine moves the chunk in one
 // piece between staging and a device scratch buffer, and the scatter kernel does the
-// scattering device-side (its run table, `table`, is pinned and stays untouched until the
-// stream passes it).
+// gathering / scattering device-side (its run table, `table`, is pinned and stays untouched
+// until the stream passes it).
+//
+// Lanes: transfers go on `copy`, kernels on `kernel` (when it differs), so that one chunk's
+// kernel runs while the copy engine moves the next chunk instead of between the two copies.
+// The caller records the chunk's completion on the stream CopyChunk returns.
 enum class Direction { kToHost, kToDevice };
-Status CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t staging, uint64_t bytes,
-                 void* scratch, CopyRun* table, size_t table_cap, cudaStream_t stream) {
+struct Lanes {
+  cudaStream_t copy = nullptr;
+  cudaStream_t kernel = nullptr;  // == copy: one stream
+  cuda::EventPool* events = nullptr;
+  // Receive side: a scatter was enqueued on `kernel` since `copy` last waited for it. A chunk
+  // copied straight to the device then waits for it first, so that writes still land in the
+  // order they were announced (a later write to the same bytes wins).
+  bool kernel_ahead = false;
+};
+
+// `to` waits for everything enqueued on `from` so far.
+Status Follow(Lanes& lanes, cudaStream_t from, cudaStream_t to) {
+  if (from == to) return OkStatus();
+  KV_ASSIGN_OR_RETURN(cudaEvent_t ev, lanes.events->Acquire());
+  cudaError_t err = cudaEventRecord(ev, from);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(to, ev, 0);
+  // The wait captured the record: the event may be recorded again by its next user.
+  lanes.events->Release(ev);
+  return CudaStatus(err, "cudaStreamWaitEvent (between the copy and kernel streams)");
+}
+
+Result<cudaStream_t> CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t staging,
+                               uint64_t bytes, void* scratch, CopyRun* table, size_t table_cap,
+                               Lanes& lanes) {
   if (runs.size() >= 4 && scratch != nullptr) {
     // Re-aim the runs' staging side at the scratch buffer.
     std::vector<CopyRun> dev = runs;
@@ -132,29 +159,36 @@ Status CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t stagi
     }
     size_t entries = cuda::ScatterTableEntries(dev.data(), dev.size());
     if (entries <= table_cap) {
+      cuda::SplitRuns(dev.data(), dev.size(), table);
       if (dir == Direction::kToDevice) {
         KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch, reinterpret_cast<const void*>(staging), bytes,
-                                                cudaMemcpyHostToDevice, stream),
+                                                cudaMemcpyHostToDevice, lanes.copy),
                                 "cudaMemcpyAsync (staging to scratch)");
+        KV_RETURN_IF_ERROR(Follow(lanes, lanes.copy, lanes.kernel));
+        KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, lanes.kernel));
+        lanes.kernel_ahead = lanes.kernel != lanes.copy;
+        return lanes.kernel;
       }
-      cuda::SplitRuns(dev.data(), dev.size(), table);
-      KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, stream));
-      if (dir == Direction::kToHost) {
-        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(staging), scratch, bytes,
-                                                cudaMemcpyDeviceToHost, stream),
-                                "cudaMemcpyAsync (scratch to staging)");
-      }
-      return OkStatus();
+      KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, lanes.kernel));
+      KV_RETURN_IF_ERROR(Follow(lanes, lanes.kernel, lanes.copy));
+      KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(staging), scratch, bytes,
+                                              cudaMemcpyDeviceToHost, lanes.copy),
+                              "cudaMemcpyAsync (scratch to staging)");
+      return lanes.copy;
     }
+  }
+  if (dir == Direction::kToDevice && lanes.kernel_ahead) {
+    KV_RETURN_IF_ERROR(Follow(lanes, lanes.kernel, lanes.copy));
+    lanes.kernel_ahead = false;
   }
   const cudaMemcpyKind kind = dir == Direction::kToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (const CopyRun& r : runs) {
     KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(r.dst),
                                             reinterpret_cast<const void*>(r.src), r.length, kind,
-                                            stream),
+                                            lanes.copy),
                             "cudaMemcpyAsync (staging)");
   }
-  return OkStatus();
+  return lanes.copy;
 }
 
 constexpr size_t kTableEntriesPerSlot = 4096;  // >= pieces after splitting into 256 KiB pieces
@@ -251,6 +285,12 @@ class Receiver {
 
   Status Start() {
     KV_ASSIGN_OR_RETURN(stream_, cuda::Stream::CreateLowestPriority(shared_->device));
+    if (shared_->options.overlap_kernels) {
+      KV_ASSIGN_OR_RETURN(kernel_stream_, cuda::Stream::CreateLowestPriority(shared_->device));
+    }
+    lanes_.copy = stream_->get();
+    lanes_.kernel = kernel_stream_ ? kernel_stream_->get() : lanes_.copy;
+    lanes_.events = &shared_->events;
     KV_ASSIGN_OR_RETURN(scratch_, cuda::DeviceBuffer::Allocate(
                                       shared_->device, size_t(shared_->options.recv_slots) *
                                                            shared_->options.chunk_bytes));
@@ -267,6 +307,7 @@ class Receiver {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (stream_) (void)cuda::WaitStreamIdle(stream_->get(), DeadlineAfterMs(5000));
+    if (kernel_stream_) (void)cuda::WaitStreamIdle(kernel_stream_->get(), DeadlineAfterMs(5000));
     for (auto& [id, c] : conns_) {
       if (c.pidfd >= 0) close(c.pidfd);
     }
@@ -274,6 +315,7 @@ class Receiver {
     pending_sends_.clear();
     closing_.clear();
     stream_.reset();
+    kernel_stream_.reset();
     scratch_.reset();
   }
 
@@ -447,14 +489,17 @@ class Receiver {
       CopyRun* table = static_cast<CopyRun*>(shared_->recv_tables->data()) + size_t(slot) * kTableEntriesPerSlot;
       const uint64_t staging = reinterpret_cast<uint64_t>(shared_->staging) + shared_->SlotOffset(slot) + kHeaderBytes;
       void* scratch = static_cast<char*>(scratch_->data()) + size_t(slot) * shared_->options.chunk_bytes;
-      Status s = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
-                           kTableEntriesPerSlot, stream_->get());
+      auto done_on = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
+                               kTableEntriesPerSlot, lanes_);
+      Status s = done_on.status();
       auto ev = shared_->events.Acquire();
       if (s.ok() && ev.ok()) {
         item.event = ev.value();
-        s = CudaStatus(cudaEventRecord(item.event, stream_->get()), "cudaEventRecord");
+        s = CudaStatus(cudaEventRecord(item.event, done_on.value()), "cudaEventRecord");
       } else if (s.ok()) {
         s = ev.status();
+      } else if (ev.ok()) {
+        shared_->events.Release(ev.value());
       }
       item.error = s;
     }
@@ -547,7 +592,7 @@ class Receiver {
 
   void Run() {
     DeviceGuard guard(shared_->device);
-    // The 20 us waits below pace the pipeline: keep them 20 us, not 20 + 50 us of default slack.
+    // The short waits below pace the pipeline: keep them short, not + 50 us of default slack.
     (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     auto last_housekeeping = Clock::now();
     for (;;) {
@@ -555,7 +600,7 @@ class Receiver {
       {
         std::unique_lock<std::mutex> lock(mu_);
         auto idle = inflight_.empty() && pending_sends_.empty() && closing_.empty();
-        cv_.wait_for(lock, idle ? std::chrono::microseconds(50000) : std::chrono::microseconds(20),
+        cv_.wait_for(lock, idle ? std::chrono::microseconds(50000) : std::chrono::microseconds(poll_us_),
                      [&] { return stop_ || !inbox_.empty(); });
         if (stop_) break;
         inbox.swap(inbox_);
@@ -610,8 +655,11 @@ class Receiver {
   }
 
   Shared* shared_;
+  const int64_t poll_us_ = std::clamp<int64_t>(shared_->options.poll_us, 1, 1000);
   SlotLedger ledger_;  // receiver thread only
-  std::unique_ptr<cuda::Stream> stream_;
+  std::unique_ptr<cuda::Stream> stream_;         // host -> device copies
+  std::unique_ptr<cuda::Stream> kernel_stream_;  // scatter kernels (overlap_kernels)
+  Lanes lanes_;
   std::unique_ptr<cuda::DeviceBuffer> scratch_;  // chunk_bytes per slot
   std::mutex mu_;
   std::condition_variable cv_;
@@ -673,7 +721,9 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::unique_ptr<Registration> send_reg;
   std::unique_ptr<cuda::PinnedBuffer> tables;  // kTableEntriesPerSlot per send buffer
   std::unique_ptr<cuda::DeviceBuffer> scratch;  // chunk_cap per send buffer
-  std::unique_ptr<cuda::Stream> stream;
+  std::unique_ptr<cuda::Stream> stream;         // device -> host copies
+  std::unique_ptr<cuda::Stream> kernel_stream;  // gather kernels (overlap_kernels)
+  Lanes lanes;
   std::vector<RegionInfo> remote;  // per peer region: id in `addr`, length
   AddrWire peer{};
   uint64_t buf_stride = 0;
@@ -722,6 +772,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   }
 
   void Start(int nbufs) {
+    poll_us_ = std::clamp<int64_t>(shared->options.poll_us, 1, 1000);
     for (int i = 0; i < nbufs; ++i) {
       bufs_.emplace_back();
       bufs_.back().offset = uint64_t(i) * buf_stride;
@@ -800,6 +851,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       shared->writers.erase(conn_id);
     }
     if (stream) (void)cuda::WaitStreamIdle(stream->get(), DeadlineAfterMs(5000));
+    if (kernel_stream) (void)cuda::WaitStreamIdle(kernel_stream->get(), DeadlineAfterMs(5000));
     if (ping_) (void)ping_->Wait(DeadlineAfterMs(1000));
     for (auto& h : notes_) (void)h->Wait(DeadlineAfterMs(1000));
     for (auto& h : misc_) (void)h->Wait(DeadlineAfterMs(1000));
@@ -911,15 +963,19 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     b.dep = chunk.dep;
     chunk.dep = nullptr;
     if (b.dep != nullptr) {
-      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream->get(), b.dep, 0), "cudaStreamWaitEvent");
+      // Both streams: this write's later chunks may use either, and they rely on this wait.
+      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes.copy, b.dep, 0), "cudaStreamWaitEvent");
+      if (lanes.kernel != lanes.copy) {
+        KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes.kernel, b.dep, 0), "cudaStreamWaitEvent");
+      }
     }
     const size_t index = size_t(&b - bufs_.data());
     CopyRun* table = static_cast<CopyRun*>(tables->data()) + index * kTableEntriesPerSlot;
     void* sc = static_cast<char*>(scratch->data()) + index * chunk_cap;
-    KV_RETURN_IF_ERROR(CopyChunk(Direction::kToHost, runs, staging, chunk.bytes, sc, table,
-                                 kTableEntriesPerSlot, stream->get()));
+    KV_ASSIGN_OR_RETURN(cudaStream_t done_on, CopyChunk(Direction::kToHost, runs, staging, chunk.bytes, sc,
+                                                        table, kTableEntriesPerSlot, lanes));
     KV_ASSIGN_OR_RETURN(b.event, shared->events.Acquire());
-    KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.event, stream->get()), "cudaEventRecord");
+    KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.event, done_on), "cudaEventRecord");
     b.chunk = std::move(chunk);
     b.slot = slot;
     b.state = 1;
@@ -1094,12 +1150,13 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         active = true;
       }
       if (!active) cv_.notify_all();  // Shutdown waits for the pipeline to drain
-      cv_.wait_for(lock, active ? std::chrono::microseconds(20) : std::chrono::microseconds(50000));
+      cv_.wait_for(lock, active ? std::chrono::microseconds(poll_us_) : std::chrono::microseconds(50000));
     }
   }
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  int64_t poll_us_ = 5;
   Status status_;
   bool stop_ = false;
   bool shut_down_ = false;
@@ -1135,7 +1192,12 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
   const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
   auto completion = std::make_shared<WriteCompletion>(plan.bytes, plan.runs.size());
   std::vector<Chunk> chunks(1);
-  uint64_t cap = chunk_cap;
+  uint64_t queued = 0;  // bytes ahead of this write that have not started
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Chunk& c : queue_) queued += c.bytes;
+  }
+  uint64_t cap = AdaptiveChunkBytes(queued, plan.bytes, shared->options.adaptive_chunk_fill, chunk_cap);
   if (const int m = shared->options.min_chunks_per_write; m > 1) {
     constexpr uint64_t kMinChunk = 1 << 20, kAlign = 64 << 10;
     const uint64_t want = (plan.bytes / uint64_t(m) + kAlign - 1) / kAlign * kAlign;
@@ -1356,6 +1418,12 @@ class StagedTransport : public Transport {
                                                            MemoryKind::kHost, -1}));
     KV_ASSIGN_OR_RETURN(core->tables, cuda::PinnedBuffer::Allocate(size_t(nbufs) * kTableEntriesPerSlot * sizeof(CopyRun)));
     KV_ASSIGN_OR_RETURN(core->stream, cuda::Stream::CreateLowestPriority(s.device));
+    if (s.options.overlap_kernels) {
+      KV_ASSIGN_OR_RETURN(core->kernel_stream, cuda::Stream::CreateLowestPriority(s.device));
+    }
+    core->lanes.copy = core->stream->get();
+    core->lanes.kernel = core->kernel_stream ? core->kernel_stream->get() : core->lanes.copy;
+    core->lanes.events = &s.events;
     KV_ASSIGN_OR_RETURN(core->scratch, cuda::DeviceBuffer::Allocate(s.device, size_t(nbufs) * chunk));
     static std::mt19937_64 rng(std::random_device{}());
     static std::mutex rng_mu;
@@ -1486,6 +1554,11 @@ void ApplyStagedEnv(StagedOptions* options) {
     char* end = nullptr;
     const long mib = std::strtol(c, &end, 10);
     if (end != c && *end == '\0' && mib >= 1 && mib <= 256) options->chunk_bytes = size_t(mib) << 20;
+  }
+  if (const char* f = std::getenv("KVSTREAM_STAGED_FILL_KIB")) {
+    char* end = nullptr;
+    const long kib = std::strtol(f, &end, 10);
+    if (end != f && *end == '\0' && kib >= 0 && kib <= 65536) options->adaptive_chunk_fill = uint64_t(kib) << 10;
   }
 }
 
