@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -68,7 +70,7 @@ struct AddrWire {
   uint32_t staging_key_len;
 };
 struct HelloWire {
-  char magic[8];  // "KVSTHL02"
+  char magic[8];  // "KVSTHL03"
   uint64_t nonce;
   uint32_t conn_id;
   uint32_t addr_len;
@@ -76,9 +78,13 @@ struct HelloWire {
   uint32_t writer_pid;  // != 0: a zero-copy writer on the receiver's host (its pid there)
   uint64_t box_addr;
   uint64_t box_len;
+  uint32_t flags;       // kHelloDoorbells
+  uint32_t pad;
 };
+// A zero-copy writer that rings doorbells (StagedOptions::doorbells).
+constexpr uint32_t kHelloDoorbells = 1;
 struct ChunkWire {
-  char magic[8];  // "KVSTCK02"
+  char magic[8];  // "KVSTCK03"
   uint32_t conn_id;
   uint32_t npieces;
   uint64_t write_seq;
@@ -90,6 +96,22 @@ struct ChunkWire {
   int32_t note_flags;
   uint32_t pad;
   uint64_t data_bytes;
+  uint64_t token;  // doorbell writers: this chunk's token (0 otherwise)
+};
+// Doorbells (zero-copy writers that asked for them, see StagedOptions::doorbells): two words at
+// the end of each slot's header area, in the receiver's staging memory that both map. The
+// writer stores the chunk's token (conn_id << 32 | its own chunk counter, never 0) at
+// kReadyOffset once the chunk's device -> host copy is complete; the receiver stores a DoneWire
+// at kDoneOffset, token last, once the chunk is on its device (instead of a UCX credit). Both
+// sides still poll only while chunks are in flight; the writer also sends the UCX announcement
+// as a wake-up for a receiver that is idle.
+constexpr uint64_t kReadyOffset = kHeaderBytes - 128;
+constexpr uint64_t kDoneOffset = kHeaderBytes - 64;
+struct DoneWire {
+  uint64_t write_seq;
+  int32_t bits;  // kBitWriteDone, kBitError
+  uint32_t pad;
+  uint64_t token;
 };
 struct PieceWire {
   uint32_t region_id;
@@ -105,10 +127,23 @@ struct KeyWire {
   uint64_t length;
 };
 constexpr char kAddrMagic[8] = {'K', 'V', 'S', 'T', 'G', 'A', '0', '2'};
-constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '2'};
-constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '2'};
+constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '3'};
+constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '3'};
 constexpr char kKeyMagic[8] = {'K', 'V', 'S', 'T', 'R', 'K', '0', '1'};
-constexpr uint64_t kMaxPieces = (kHeaderBytes - sizeof(ChunkWire)) / sizeof(PieceWire);
+constexpr uint64_t kMaxPieces = (kReadyOffset - sizeof(ChunkWire)) / sizeof(PieceWire);
+
+// Doorbell words live in memory another process writes: atomic, acquire / release.
+uint64_t LoadWord(const char* p) { return __atomic_load_n(reinterpret_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE); }
+void StoreWord(char* p, uint64_t v) { __atomic_store_n(reinterpret_cast<uint64_t*>(p), v, __ATOMIC_RELEASE); }
+
+// One step of a pipeline thread's busy wait (poll_us == 0): a short pause, then a chance for
+// other threads on this core.
+void SpinPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  for (int i = 0; i < 16; ++i) __builtin_ia32_pause();
+#endif
+  std::this_thread::yield();
+}
 
 Notification Msg(MsgType type, uint64_t request_id, int32_t layer, int32_t bits = 0) {
   return Notification{request_id, layer, kFlagMagic | type | bits};
@@ -303,6 +338,7 @@ class Receiver {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       stop_ = true;
+      posted_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
@@ -323,6 +359,7 @@ class Receiver {
     {
       std::lock_guard<std::mutex> lock(mu_);
       inbox_.push_back(n);
+      posted_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -339,6 +376,7 @@ class Receiver {
     };
     std::map<uint64_t, Progress> progress;
     int pidfd = -1;                         // zero-copy writer's process (same host)
+    bool doorbells = false;                 // announces and gets slots back through doorbells
     Clock::time_point last_sent{};
     bool lost = false;
   };
@@ -346,6 +384,8 @@ class Receiver {
     bool bye = false;
     uint32_t conn_id = 0;
     uint32_t slot = 0;
+    uint64_t token = 0;  // doorbell chunks
+    bool doorbell = false;
     uint64_t write_seq = 0;
     uint32_t total = 0;
     bool has_note = false;
@@ -421,6 +461,7 @@ class Receiver {
     Conn& c = conns_[h.conn_id];
     c.back = std::move(ep).value();
     c.last_sent = Clock::now();
+    c.doorbells = h.writer_pid != 0 && (h.flags & kHelloDoorbells) != 0;
     if (h.writer_pid != 0) {
       // A zero-copy writer copies straight into our slots: once it is lost, its process having
       // exited is what makes its slots safe to hand out again (no copy of it can still land).
@@ -436,7 +477,8 @@ class Receiver {
     const char* base = shared_->staging + shared_->SlotOffset(slot);
     ChunkWire cw;
     std::memcpy(&cw, base, sizeof(cw));
-    if (std::memcmp(cw.magic, kChunkMagic, sizeof(cw.magic)) != 0 || cw.conn_id != conn_id) {
+    if (std::memcmp(cw.magic, kChunkMagic, sizeof(cw.magic)) != 0 || cw.conn_id != conn_id ||
+        cw.token != item->token) {
       return DataLoss("ucx_staged: chunk descriptor in slot " + std::to_string(slot) + " is corrupt");
     }
     item->write_seq = cw.write_seq;
@@ -469,9 +511,37 @@ class Receiver {
     return OkStatus();
   }
 
+  // A UCX announcement. From a doorbell writer it only wakes us: the doorbells say which
+  // chunks are ready (this one, and maybe others; a late announcement finds its doorbell seen).
   void HandleChunk(const Notification& n) {
     uint32_t conn_id = uint32_t(n.request_id >> 32);
     uint32_t slot = uint32_t(n.request_id & 0xFFFFFFFFu);
+    auto it = conns_.find(conn_id);
+    if (it != conns_.end() && it->second.doorbells) {
+      ScanDoorbells();
+      return;
+    }
+    StartChunk(conn_id, slot, 0);
+  }
+
+  // Chunks whose ready doorbell shows a token not seen before, in the order their writer rang
+  // them (its copies started in that order: a later write to the same bytes lands last).
+  void ScanDoorbells() {
+    std::vector<std::pair<uint64_t, uint32_t>> ready;  // (token, slot)
+    for (uint32_t slot = 0; slot < seen_.size(); ++slot) {
+      const uint64_t t = LoadWord(shared_->staging + shared_->SlotOffset(slot) + kReadyOffset);
+      if (t == 0 || t == seen_[slot]) continue;
+      seen_[slot] = t;
+      auto it = conns_.find(uint32_t(t >> 32));
+      // Not a live doorbell writer's: a writer gone (or lost) rang it; its slot is not ours to copy.
+      if (it == conns_.end() || !it->second.doorbells || it->second.lost) continue;
+      ready.push_back({t, slot});
+    }
+    std::sort(ready.begin(), ready.end());
+    for (const auto& [t, slot] : ready) StartChunk(uint32_t(t >> 32), slot, t);
+  }
+
+  void StartChunk(uint32_t conn_id, uint32_t slot, uint64_t token) {
     auto it = conns_.find(conn_id);
     if (it == conns_.end() || !ledger_.BeginChunk(conn_id, slot)) {
       if (it == conns_.end() || !it->second.lost) {
@@ -479,9 +549,12 @@ class Receiver {
       }
       return;
     }
+    last_chunk_ = Clock::now();
     Item item;
     item.conn_id = conn_id;
     item.slot = slot;
+    item.token = token;
+    item.doorbell = it->second.doorbells;
     std::vector<CopyRun> runs;
     uint64_t data_bytes = 0;
     item.error = ParseChunk(conn_id, slot, &item, &runs, &data_bytes);
@@ -544,6 +617,17 @@ class Receiver {
         bits = kBitWriteDone;
       }
     }
+    if (item.doorbell) {
+      // The slot goes back to its writer through its done doorbell (it polls it).
+      char* hdr = shared_->staging + shared_->SlotOffset(item.slot);
+      DoneWire d{};
+      d.write_seq = item.write_seq;
+      d.bits = bits;
+      std::memcpy(hdr + kDoneOffset, &d, offsetof(DoneWire, token));
+      StoreWord(hdr + kDoneOffset + offsetof(DoneWire, token), item.token);
+      last_chunk_ = Clock::now();
+      return;
+    }
     Send(item.conn_id, c, Msg(kCredit, (item.write_seq << 16) | item.slot, int32_t(item.conn_id), bits));
   }
 
@@ -597,12 +681,25 @@ class Receiver {
     auto last_housekeeping = Clock::now();
     for (;;) {
       std::deque<Notification> inbox;
-      {
+      // Doorbell writers are polled for a while after the last chunk (the next layer's write
+      // usually follows); after that their UCX announcements wake us.
+      const bool idle = inflight_.empty() && pending_sends_.empty() && closing_.empty() &&
+                        Clock::now() - last_chunk_ > std::chrono::milliseconds(2);
+      if (!idle && poll_us_ == 0) {
+        // Busy wait: mu_ only when something was posted, so the poster never waits for us.
+        SpinPause();
+        if (posted_.load(std::memory_order_acquire)) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stop_) break;
+          posted_.store(false, std::memory_order_relaxed);
+          inbox.swap(inbox_);
+        }
+      } else {
         std::unique_lock<std::mutex> lock(mu_);
-        auto idle = inflight_.empty() && pending_sends_.empty() && closing_.empty();
         cv_.wait_for(lock, idle ? std::chrono::microseconds(50000) : std::chrono::microseconds(poll_us_),
                      [&] { return stop_ || !inbox_.empty(); });
         if (stop_) break;
+        posted_.store(false, std::memory_order_relaxed);
         inbox.swap(inbox_);
       }
       for (const Notification& n : inbox) {
@@ -625,6 +722,7 @@ class Receiver {
           default: break;
         }
       }
+      ScanDoorbells();
       // One in-order stream: complete items from the front as their copies finish.
       while (!inflight_.empty()) {
         Item& front = inflight_.front();
@@ -655,7 +753,10 @@ class Receiver {
   }
 
   Shared* shared_;
-  const int64_t poll_us_ = std::clamp<int64_t>(shared_->options.poll_us, 1, 1000);
+  const int64_t poll_us_ = std::clamp<int64_t>(shared_->options.poll_us, 0, 1000);
+  std::atomic<bool> posted_{false};  // inbox_ (or stop_) changed since the thread last looked
+  std::vector<uint64_t> seen_ = std::vector<uint64_t>(size_t(shared_->options.recv_slots), 0);  // per slot: last ready token seen
+  Clock::time_point last_chunk_{};
   SlotLedger ledger_;  // receiver thread only
   std::unique_ptr<cuda::Stream> stream_;         // host -> device copies
   std::unique_ptr<cuda::Stream> kernel_stream_;  // scatter kernels (overlap_kernels)
@@ -701,6 +802,7 @@ struct SendBuf {
   std::unique_ptr<WriteHandle> put;
   Chunk chunk;
   uint32_t slot = 0;
+  uint64_t token = 0;  // doorbells
 };
 // A write from Write() until no chunk of it is in flight any more.
 struct WriteEntry {
@@ -732,39 +834,44 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::unique_ptr<ucx::PeerMapping> peer_map;
   bool peer_map_registered = false;
   bool zero_copy = false;
+  bool doorbells = false;  // zero-copy, announcing and getting slots back through doorbells
   bool hello_sent = false;
 
   ~WriterCore() { Shutdown(); }
 
   void OnCredit(const Notification& n) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       const int type = n.flags & 0xFF;
       if (type == kByeAck) {
         bye_acked_ = true;
       } else if (type == kCredit) {
-        credits_.push_back(uint32_t(n.request_id & 0xFFFF));
-        const uint64_t seq = n.request_id >> 16;  // 0: a fresh grant
-        auto it = seq == 0 ? writes_.end() : writes_.find(seq);
-        if (it != writes_.end()) {
-          WriteEntry& e = it->second;
-          if (e.in_flight > 0) --e.in_flight;
-          if ((n.flags & kBitError) && e.error.ok()) {
-            e.error = DataLoss("ucx_staged: the peer rejected a chunk of this write");
-          }
-          if ((n.flags & kBitWriteDone) && e.error.ok()) {
-            e.delivered = true;
-            e.completion->Complete(OkStatus());
-          }
-          MaybeFinishLocked(it);
-        }
+        CreditBackLocked(uint32_t(n.request_id & 0xFFFF), n.request_id >> 16, n.flags);
       }
     }
     cv_.notify_all();
   }
 
+  // Slot `slot` is ours again: a fresh grant (seq 0), or the peer is done with our chunk of
+  // write `seq` (bits: kBitWriteDone, kBitError).
+  void CreditBackLocked(uint32_t slot, uint64_t seq, int32_t bits) {
+    credits_.push_back(slot);
+    auto it = seq == 0 ? writes_.end() : writes_.find(seq);
+    if (it == writes_.end()) return;
+    WriteEntry& e = it->second;
+    if (e.in_flight > 0) --e.in_flight;
+    if ((bits & kBitError) && e.error.ok()) {
+      e.error = DataLoss("ucx_staged: the peer rejected a chunk of this write");
+    }
+    if ((bits & kBitWriteDone) && e.error.ok()) {
+      e.delivered = true;
+      e.completion->Complete(OkStatus());
+    }
+    MaybeFinishLocked(it);
+  }
+
   Status WaitFirstCredit(Deadline deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     if (!cv_.wait_until(lock, deadline, [&] { return !credits_.empty(); })) {
       return Unavailable("ucx_staged: the peer granted no staging slot in time (hello lost?)");
     }
@@ -772,7 +879,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   }
 
   void Start(int nbufs) {
-    poll_us_ = std::clamp<int64_t>(shared->options.poll_us, 1, 1000);
+    poll_us_ = std::clamp<int64_t>(shared->options.poll_us, 0, 1000);
     for (int i = 0; i < nbufs; ++i) {
       bufs_.emplace_back();
       bufs_.back().offset = uint64_t(i) * buf_stride;
@@ -781,7 +888,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   }
 
   Status status() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     return status_;
   }
 
@@ -789,7 +896,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
 
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       if (shut_down_) return;
       shut_down_ = true;
       // Queued chunks never start; their writes end (kCanceled) once their started chunks are back.
@@ -811,7 +918,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     const Deadline deadline = DeadlineAfterMs(shared->options.close_timeout_ms);
     bool drained = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       drained = cv_.wait_until(lock, deadline, [&] {
         return !status_.ok() || (writes_.empty() && in_flight_bufs_ == 0 && notes_.empty());
       });
@@ -828,7 +935,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       if (h.ok()) {
         // Without a pipeline thread (Connect() failed) nothing watches the peer: wait briefly.
         const Deadline ack_deadline = thread_.joinable() ? deadline : std::min(deadline, DeadlineAfterMs(1000));
-        std::unique_lock<std::mutex> lock(mu_);
+        auto lock = LockFromOutside();
         cv_.wait_until(lock, ack_deadline, [&] { return bye_acked_ || !status_.ok(); });
         if (!bye_acked_) {
           KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
@@ -838,7 +945,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       stop_ = true;
       if (status_.ok()) status_ = Canceled("ucx_staged: endpoint destroyed");
       for (auto& [seq, e] : writes_) e.completion->Complete(Canceled("ucx_staged: endpoint destroyed"));
@@ -910,6 +1017,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     writes_.clear();
     for (Chunk& c : queue_) shared->events.Release(c.dep);
     queue_.clear();
+    awaiting_.clear();  // the peer will not hand these slots back (and may be unmapped soon)
   }
 
   // A started chunk that never reached the peer: its slot is still ours.
@@ -944,6 +1052,11 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     cw.note_layer = chunk.note.layer;
     cw.note_flags = chunk.note.flags;
     cw.data_bytes = chunk.bytes;
+    if (doorbells) {
+      if (++token_counter_ == 0) ++token_counter_;
+      cw.token = (uint64_t(conn_id) << 32) | token_counter_;
+    }
+    b.token = cw.token;
     std::memcpy(base, &cw, sizeof(cw));
     std::vector<CopyRun> runs;
     const uint64_t staging = reinterpret_cast<uint64_t>(base + kHeaderBytes);
@@ -998,6 +1111,10 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       // The copy engine's writes are complete (its event passed) and the descriptor was stored
       // by this thread; the announcement below must not overtake them.
       std::atomic_thread_fence(std::memory_order_release);
+      if (doorbells) {
+        StoreWord(PeerSlot(b.slot) + kReadyOffset, b.token);
+        awaiting_.push_back({b.slot, b.token});
+      }
     }
     wr.notify = true;
     wr.notification = Msg(kChunk, (uint64_t(conn_id) << 32) | b.slot, int32_t(b.chunk.index));
@@ -1031,7 +1148,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   void Run() {
     DeviceGuard guard(shared->device);
     (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // see Receiver::Run
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);  // the pipeline thread's own
     while (!stop_) {
       bool active = false;
       // Copies to the host finish in stream order: announce chunks in the order they started,
@@ -1079,6 +1196,22 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         it = notes_.erase(it);
         if (!s.ok()) FailAllLocked(s);
       }
+      // Doorbells: the peer hands slots back by storing the chunk's token in the done word.
+      if (status_.ok() && peer_map && !awaiting_.empty()) {
+        active = true;
+        for (size_t i = 0; i < awaiting_.size();) {
+          const char* done = PeerSlot(awaiting_[i].slot) + kDoneOffset;
+          if (LoadWord(done + offsetof(DoneWire, token)) != awaiting_[i].token) {
+            ++i;
+            continue;
+          }
+          DoneWire d;
+          std::memcpy(&d, done, offsetof(DoneWire, token));
+          const uint32_t slot = awaiting_[i].slot;
+          awaiting_.erase(awaiting_.begin() + ptrdiff_t(i));
+          CreditBackLocked(slot, d.write_seq, d.bits);
+        }
+      }
       misc_.erase(std::remove_if(misc_.begin(), misc_.end(),
                                  [](const std::unique_ptr<WriteHandle>& h) { return h->Done(); }),
                   misc_.end());
@@ -1117,44 +1250,72 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       // Canceled or failed writes start no more chunks, whether or not a slot is free.
       while (!queue_.empty() && DropFrontLocked()) {
       }
-      // Start chunks while a buffer and a peer slot are free.
-      while (status_.ok() && !queue_.empty() && !credits_.empty()) {
-        if (DropFrontLocked()) continue;
-        SendBuf* free_buf = nullptr;
-        for (SendBuf& b : bufs_) {
-          if (b.state == 0) {
-            free_buf = &b;
-            break;
-          }
-        }
-        if (free_buf == nullptr) break;
-        Chunk c = std::move(queue_.front());
-        queue_.pop_front();
-        auto it = writes_.find(c.write_seq);  // present: DropFrontLocked kept it
-        uint32_t slot = credits_.front();
-        credits_.pop_front();
-        Status s = StartChunk(*free_buf, std::move(c), slot);
-        if (!s.ok()) {
-          credits_.push_back(slot);
-          shared->events.Release(free_buf->dep);
-          shared->events.Release(free_buf->event);
-          free_buf->dep = free_buf->event = nullptr;
-          it->second.dropped = true;
-          if (it->second.error.ok()) it->second.error = s;
-          MaybeFinishLocked(it);
-          continue;
-        }
-        it->second.started++;
-        it->second.in_flight++;
-        in_flight_bufs_++;
-        active = true;
-      }
+      if (StartQueuedLocked()) active = true;
       if (!active) cv_.notify_all();  // Shutdown waits for the pipeline to drain
-      cv_.wait_for(lock, active ? std::chrono::microseconds(poll_us_) : std::chrono::microseconds(50000));
+      if (active && poll_us_ == 0) {
+        // Busy wait; a caller waiting for mu_ (Write(), a credit) gets it before we take it back.
+        lock.unlock();
+        do {
+          SpinPause();
+        } while (lock_waiters_.load(std::memory_order_acquire) > 0);
+        lock.lock();
+      } else {
+        cv_.wait_for(lock, active ? std::chrono::microseconds(poll_us_) : std::chrono::microseconds(50000));
+      }
     }
   }
 
+  // mu_ for every thread but the pipeline thread (which may be busy waiting, see Run).
+  std::unique_lock<std::mutex> LockFromOutside() const {
+    lock_waiters_.fetch_add(1, std::memory_order_acq_rel);
+    std::unique_lock<std::mutex> lock(mu_);
+    lock_waiters_.fetch_sub(1, std::memory_order_acq_rel);
+    return lock;
+  }
+
+  // Starts queued chunks (at most max_chunks) while a send buffer and a peer slot are free; true
+  // when one started. The pipeline thread calls it, and Write() for one chunk, so that a write
+  // to an idle pipeline starts copying without waiting for the thread to wake up (the caller
+  // pays one copy's enqueue, not more).
+  bool StartQueuedLocked(size_t max_chunks = SIZE_MAX) {
+    bool started = false;
+    for (size_t n = 0; n < max_chunks && status_.ok() && !queue_.empty() && !credits_.empty();) {
+      if (DropFrontLocked()) continue;
+      SendBuf* free_buf = nullptr;
+      for (SendBuf& b : bufs_) {
+        if (b.state == 0) {
+          free_buf = &b;
+          break;
+        }
+      }
+      if (free_buf == nullptr) break;
+      Chunk c = std::move(queue_.front());
+      queue_.pop_front();
+      auto it = writes_.find(c.write_seq);  // present: DropFrontLocked kept it
+      uint32_t slot = credits_.front();
+      credits_.pop_front();
+      Status s = StartChunk(*free_buf, std::move(c), slot);
+      if (!s.ok()) {
+        credits_.push_back(slot);
+        shared->events.Release(free_buf->dep);
+        shared->events.Release(free_buf->event);
+        free_buf->dep = free_buf->event = nullptr;
+        it->second.dropped = true;
+        if (it->second.error.ok()) it->second.error = s;
+        MaybeFinishLocked(it);
+        continue;
+      }
+      it->second.started++;
+      it->second.in_flight++;
+      in_flight_bufs_++;
+      started = true;
+      ++n;
+    }
+    return started;
+  }
+
   mutable std::mutex mu_;
+  mutable std::atomic<int> lock_waiters_{0};
   std::condition_variable cv_;
   int64_t poll_us_ = 5;
   Status status_;
@@ -1172,6 +1333,12 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   Clock::time_point last_ping_ = Clock::now();
   std::vector<SendBuf> bufs_;
   std::deque<SendBuf*> copying_;  // state 1, in the order their copies started
+  struct Awaiting {
+    uint32_t slot;
+    uint64_t token;
+  };
+  std::vector<Awaiting> awaiting_;  // doorbells: chunks rung, their done word not seen yet
+  uint32_t token_counter_ = 0;
   std::thread thread_;
 };
 
@@ -1186,7 +1353,7 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
   if (!planned.ok()) return planned.status().WithContext("ucx_staged Write");
   const internal::WritePlan plan = std::move(planned).value();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     if (!status_.ok()) return status_;
   }
   const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
@@ -1194,7 +1361,7 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
   std::vector<Chunk> chunks(1);
   uint64_t queued = 0;  // bytes ahead of this write that have not started
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     for (const Chunk& c : queue_) queued += c.bytes;
   }
   uint64_t cap = AdaptiveChunkBytes(queued, plan.bytes, shared->options.adaptive_chunk_fill, chunk_cap);
@@ -1230,7 +1397,7 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     if (!status_.ok() || shut_down_) {
       shared->events.Release(dep);
       return status_.ok() ? Canceled("ucx_staged: endpoint closing") : status_;
@@ -1247,6 +1414,10 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
       queue_.push_back(std::move(c));
     }
     writes_[seq].completion = completion;
+    if (thread_.joinable()) {
+      DeviceGuard guard(shared->device);
+      if (guard.status().ok()) (void)StartQueuedLocked(1);
+    }
   }
   cv_.notify_all();
   return std::unique_ptr<WriteHandle>(new CompletionHandle(std::move(completion)));
@@ -1306,6 +1477,10 @@ class StagedTransport : public Transport {
     const uint64_t raw_len = uint64_t(kMailboxes) * kMailboxBytes + uint64_t(s.options.recv_slots) * s.slot_stride;
     s.staging_len = (raw_len + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
     KV_RETURN_IF_ERROR(AllocateStaging());
+    // Doorbell words start clear (cudaHostAlloc'd memory need not be zero).
+    for (uint32_t slot = 0; slot < uint32_t(s.options.recv_slots); ++slot) {
+      std::memset(s.staging + s.SlotOffset(slot) + kReadyOffset, 0, kHeaderBytes - kReadyOffset);
+    }
     KV_ASSIGN_OR_RETURN(s.recv_tables, cuda::PinnedBuffer::Allocate(size_t(s.options.recv_slots) *
                                                                      kTableEntriesPerSlot * sizeof(CopyRun)));
     s.box.resize(4096);
@@ -1449,6 +1624,7 @@ class StagedTransport : public Transport {
     h.addr_len = uint32_t(my_addr.size());
     h.key_len = uint32_t(my_key.size());
     h.writer_pid = core->zero_copy ? uint32_t(getpid()) : 0;
+    h.flags = core->doorbells ? kHelloDoorbells : 0;
     h.box_addr = reinterpret_cast<uint64_t>(s.box.data());
     h.box_len = s.box.size();
     if (sizeof(h) + my_addr.size() + my_key.size() > kMailboxBytes) {
@@ -1533,6 +1709,7 @@ class StagedTransport : public Transport {
     core.peer_map = std::move(map).value();
     core.peer_map_registered = true;
     core.zero_copy = true;
+    core.doorbells = shared_->options.doorbells;
     KV_LOG_INFO << "ucx_staged: peer on this host, its staging area mapped: device-to-host copies land "
                 << "in its slots directly, UCX carries only announcements and credits (zero-copy; "
                 << "KVSTREAM_STAGED_ZERO_COPY=0 forces UCX puts)";

@@ -18,7 +18,8 @@
 //    * zero-copy (same host): the inner endpoint maps the peer's staging memfd
 //      (ucx::MapPeerRegion) and this process page-locks its own mapping, so the writer's
 //      device -> host copy lands directly in the peer's slot; UCX then carries only the
-//      descriptor's announcement (an active message) and the credits. Chosen when the mapping
+//      descriptor's announcement (an active message) and the credits, or with `doorbells`
+//      words in the shared slot headers do (the announcement stays as a wake-up). Chosen when the mapping
 //      and the page-locking both succeed (logged), unless zero_copy is kOff or the environment
 //      says KVSTREAM_STAGED_ZERO_COPY=0.
 //    * UCX put (any two hosts): device -> one of `send_buffers` pinned send buffers, then a UCX
@@ -96,9 +97,15 @@ struct StagedOptions {
   // chunk's kernel overlaps the next chunk's copy instead of following it; false = one stream
   // per side (the previous behaviour, kept to measure both side by side).
   bool overlap_kernels = true;
-  // How often the pipeline threads look at copy events while chunks are in flight (they also
-  // wake on every message).
-  int64_t poll_us = 5;
+  // How often the pipeline threads look at copy events (and doorbells) while chunks are in
+  // flight (they also wake on every message). 0 = busy wait (a core each while chunks are in
+  // flight, and the receiver's for 2 ms after its last chunk): no sleep and wake-up per look.
+  int64_t poll_us = 0;
+  // Zero-copy endpoints: announce chunks and hand slots back through doorbell words in the
+  // shared staging area (each side polls them while chunks are in flight) rather than through a
+  // UCX message each way; the writer still sends the announcement as a wake-up. false = UCX
+  // messages only (the previous behaviour, kept to measure both side by side).
+  bool doorbells = true;
   // Receiver: a lost writer's slots are reused once the writer process is known to have exited,
   // or after this long (a copy or put of it could still be landing).
   int64_t reclaim_quarantine_ms = 2000;
