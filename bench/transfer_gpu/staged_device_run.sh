@@ -10,8 +10,10 @@
 #   two     the same with the writer on GPU 1 and the receiver on GPU 0 (each its own PCIe
 #           link; baselines: H2D on GPU 0, D2H on GPU 1) ($TWO_BACKENDS)      -> two.log, two.jsonl
 #   rtt     ucx_notify_rtt (a UCX notification's round trip)                  -> rtt.jsonl
-#   ttft    daemons_gpu_test (ucx_staged) and bench/run_ttft_gpu.sh at 4096 tokens over ucx_staged
-#           and cuda_ipc (needs the daemons and run_ttft_gpu.sh in the bin dir)  -> ttft/
+#   daemons daemons_gpu_test, ucx_staged cases (both daemons on GPU 0, tokens == colocated;
+#           needs kvstream-prefill / kvstream-decode in the bin dir)       -> tests.log
+#   ttft    bench/run_ttft_gpu.sh at 4096 tokens over ucx_staged and cuda_ipc (needs the
+#           daemons and run_ttft_gpu.sh in the bin dir)                       -> ttft/
 # Everything lands in $OUT/all.tgz; a short table is printed last.
 # usage (GPU machine, repo root): OUT=... bash staged_device_run.sh <bin-dir> <libs-dir>
 set -u
@@ -76,14 +78,17 @@ if has two; then
     echo "rc=$?"
   } > "$R/two.log" 2>&1
 fi
-if has ttft; then
-  unset KVSTREAM_LOG_LEVEL
+# The daemons log at their default level: daemons_gpu_test looks for an info line of theirs.
+unset KVSTREAM_LOG_LEVEL
+if has daemons; then
   {
     echo "== daemons_gpu_test (ucx_staged) t=$(el)"
     KVSTREAM_PREFILL_BIN="$B/kvstream-prefill" KVSTREAM_DECODE_BIN="$B/kvstream-decode" \
-      timeout -k 3 "$(cap 45 60)" "$B/daemons_gpu_test" --gtest_filter='*ucx_staged*' 2>&1
+      timeout -k 3 "$(cap 45 5)" "$B/daemons_gpu_test" --gtest_filter='*ucx_staged*' 2>&1
     echo "rc=$?"
   } >> "$R/tests.log" 2>&1
+fi
+if has ttft; then
   OUT="$R/ttft" SKIP_TEST=1 MODELS="llama-2-7b llama-3-8b" TRANSPORTS="ucx_staged cuda_ipc" \
     LENS_llama_2_7b=4096 LENS_llama_3_8b=4096 EXTRA_MODEL_FLAGS="--max-position 32768" REQUESTS=2 \
     STEP_TIMEOUT=45 TOTAL_BUDGET=$(( BUDGET - $(el) - 5 )) bash "$B/run_ttft_gpu.sh" "$B" > "$R/ttft.log" 2>&1
