@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Plots bench/decode_under_load's JSON lines: decode-kernel slowdown (time / idle time) against
-the achieved transfer rate, one panel per transfer kind, one colour per shape, prefetch off (solid,
-circles) and on (dashed, squares); the point at the ITL-derived pacing rate is marked with an x.
+the achieved transfer rate, one panel per transfer kind (d2d, peer, nccl, h2d, in that order), one
+colour per shape, prefetch off (solid, circles) and on (dashed, squares); the point at the
+ITL-derived pacing rate is marked with an x. The cross-GPU kinds' panels (peer, nccl) also draw the
+peer copy ceiling measured in the same run (GPU 1 -> GPU 0 alone) as a dotted vertical line.
 
     python3 bench/plot_under_load.py RESULTS.jsonl [-o OUT.png]
 
@@ -48,6 +50,23 @@ def series(points):
     return out
 
 
+KIND_ORDER = ["d2d", "peer", "nccl", "h2d"]
+
+
+def ordered_kinds(data):
+    return [k for k in KIND_ORDER if k in data] + sorted(k for k in data if k not in KIND_ORDER)
+
+
+def link_ceiling(ceilings, kind):
+    """The peer copy ceiling (GB/s payload, first measured) for a cross-GPU kind, else None."""
+    if kind not in ("peer", "nccl"):
+        return None
+    for c in ceilings:
+        if c.get("peer_copy_gbps"):
+            return c["peer_copy_gbps"]
+    return None
+
+
 def shape_label(key):
     model, b, ctx, _ = key
     return "%s B%d %dk" % (model, b, ctx // 1024)
@@ -57,11 +76,11 @@ COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
            (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
 
 
-def plot_matplotlib(data, title, out):
+def plot_matplotlib(data, title, out, ceilings):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    kinds = sorted(data)
+    kinds = ordered_kinds(data)
     fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 5.5), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         shapes = sorted({k[:3] for k in data[kind]})
@@ -79,6 +98,10 @@ def plot_matplotlib(data, title, out):
                     if itl:
                         ax.plot([x], [y], "x", color="k", markersize=9)
         ax.axhline(1.0, color="grey", linewidth=0.8)
+        link = link_ceiling(ceilings, kind)
+        if link:
+            ax.axvline(link, color="k", linestyle=":", linewidth=1,
+                       label="peer copy alone %.0f GB/s" % link)
         ax.set_title("%s: %s" % (kind, title))
         ax.set_xlabel("achieved transfer rate (GB/s payload)")
         ax.set_ylabel("kernel time / idle kernel time")
@@ -182,10 +205,11 @@ def fmt(v):
     return ("%d" % v) if abs(v - round(v)) < 1e-9 else ("%.2f" % v).rstrip("0")
 
 
-def plot_fallback(data, title, out):
-    kinds = sorted(data)
+def plot_fallback(data, title, out, ceilings):
+    kinds = ordered_kinds(data)
     pw, ph = 620, 470          # one panel
-    ml, mr, mt, mb = 70, 20, 56, 150
+    n_shapes = max(len({key[:3] for key in data[k]}) for k in kinds)
+    ml, mr, mt, mb = 70, 20, 56, max(150, 14 * n_shapes + 40)  # the legend fits below
     W, H = pw * len(kinds), ph + mb
     cv = Canvas(W, H)
     black, grey = (0, 0, 0), (200, 200, 200)
@@ -193,7 +217,8 @@ def plot_fallback(data, title, out):
         ox = k * pw
         x0, x1, y0, y1 = ox + ml, ox + pw - mr, mt, ph - 40
         pts = [p for s in data[kind].values() for p in s]
-        xmax = max([p[0] for p in pts] + [1e-9]) * 1.05
+        link = link_ceiling(ceilings, kind)
+        xmax = max([p[0] for p in pts] + [1e-9] + ([link] if link else [])) * 1.05
         ymin = min([p[1] for p in pts] + [1.0])
         ymax = max([p[1] for p in pts] + [1.0])
         pad = (ymax - ymin) * 0.08 or 0.05
@@ -212,6 +237,9 @@ def plot_fallback(data, title, out):
             cv.line(x0, Y(t), x1, Y(t), grey)
             cv.text(x0 - 6 * len(fmt(t)) - 6, Y(t) - 3, fmt(t))
         cv.line(x0, Y(1.0), x1, Y(1.0), (120, 120, 120), 1, dash=4)
+        if link:
+            cv.line(X(link), y0, X(link), y1, black, 1, dash=2)
+            cv.text(X(link) - 6 * 14, y0 + 4, "PEER COPY %d" % round(link))
         cv.line(x0, y0, x0, y1, black)
         cv.line(x0, y1, x1, y1, black)
         cv.line(x1, y0, x1, y1, black)
@@ -262,7 +290,7 @@ def main():
             import matplotlib  # noqa: F401
         except ImportError:
             use_mpl = False
-    (plot_matplotlib if use_mpl else plot_fallback)(data, title, out)
+    (plot_matplotlib if use_mpl else plot_fallback)(data, title, out, ceilings)
     print("wrote %s (%s)" % (out, "matplotlib" if use_mpl else "pure-Python PNG writer"))
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# TTFT on one GPU: kvstream-prefill and kvstream-decode as two processes on the same GPU (CUDA
-# backend, KV pools in device memory), driven by `kvstream bench ttft`, which runs pipelined,
+# TTFT on GPUs: kvstream-prefill and kvstream-decode as two processes on the same GPU, or on two
+# (PREFILL_DEVICE / DECODE_DEVICE) (CUDA backend, KV pools in device memory), driven by
+# `kvstream bench ttft`, which runs pipelined,
 # non-pipelined and colocated (its own in-process copy of the model, no transfer) side by side.
 # One daemon pair per (model, transport); the GPU integration test first (unless SKIP_TEST=1).
 #

@@ -2,7 +2,7 @@
 // receiver process on --receiver-device), against cudaMemcpyPeer of the same bytes measured in
 // the same run:
 //   transfer_nccl [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=10]
-//                 [--backends=cuda_ipc,nccl,nccl_pack,nccl_direct] [--json=FILE]
+//                 [--backends=cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct] [--json=FILE]
 //                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N]
 // Cases per model (KV blocks of 16 tokens, paged pool twice the prompt per layer):
 //   layer_contig   one layer's KV, one contiguous op
@@ -13,7 +13,9 @@
 // done (for nccl: acked, i.e. landed and notified), median over --iters after 2 warm-ups.
 // Baselines (in-process, same bytes): cudaMemcpyPeerAsync of the contiguous bytes (per layer),
 // and, for scattered cases, one cudaMemcpyPeerAsync per block.
-// nccl = auto mode (KVSTREAM_NCCL_COPY unset), nccl_pack / nccl_direct force the mode.
+// nccl = auto mode (KVSTREAM_NCCL_COPY unset), nccl_pack / nccl_direct force the mode;
+// nccl_loose = auto mode with NcclOptions::tight_polling off (the first version's waits), for a
+// side-by-side look at what the endpoint threads' waiting costs.
 // The receiver is this binary re-executed with --role=receiver.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -106,6 +108,7 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
     if (g_chunk_bytes) o.chunk_bytes = g_chunk_bytes;
     if (name == "nccl_pack") o.copy_mode = transport::nccl::CopyMode::kPack;
     else if (name == "nccl_direct") o.copy_mode = transport::nccl::CopyMode::kDirect;
+    else if (name == "nccl_loose") o.tight_polling = false;
     else if (name != "nccl") return NotSupported("unknown backend " + name);
     return transport::nccl::CreateNcclTransport(o);
   }
@@ -396,7 +399,7 @@ int main(int argc, char** argv) {
   const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
   const int iters = args.count("iters") ? std::stoi(args["iters"]) : 10;
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
-  std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl,nccl_pack,nccl_direct";
+  std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
   int access = 0;
   cudaDeviceCanAccessPeer(&access, wdev, rdev);

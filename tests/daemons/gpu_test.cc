@@ -1,13 +1,21 @@
-// GPU integration (label gpu): the real kvstream-prefill and kvstream-decode processes on one
-// GPU, CUDA backend, KV pools in device memory, for each GPU transport built in (cuda_ipc,
-// ucx_staged). Disaggregated tokens (pipelined and not) must equal the decode daemon computing
-// the prompt itself on the same GPU (LOAD_MODE_LOCAL, the colocated path), every block must be
-// back afterwards, and both daemons must report the transport asked for. Exits 77 (skipped)
-// with the reason when no usable GPU is present.
+// GPU integration (label gpu): the real kvstream-prefill and kvstream-decode processes, CUDA
+// backend, KV pools in device memory, for each GPU transport built in, in two placements:
+//  - OneGpu: both daemons on GPU 0 (cuda_ipc, ucx_staged; nccl cannot put two ranks on a GPU);
+//  - TwoGpus: prefill on GPU 0, decode on GPU 1 (nccl, cuda_ipc through peer copies, ucx_staged
+//    through host staging); skipped with the reason where fewer than two GPUs are visible.
+// Disaggregated tokens (pipelined and not) must equal the decode daemon computing the prompt
+// itself on its own GPU (LOAD_MODE_LOCAL, the colocated path), every block must be back
+// afterwards, and both daemons must report the transport asked for. A fault case kills the
+// prefill mid-load: the decode's request fails with a clear status in bounded time, its blocks
+// come back, and a restarted prefill serves again. Exits 77 (skipped) with the reason when no
+// usable GPU is present.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <future>
+#include <ostream>
+#include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
 #include "transport/transport.h"
@@ -17,32 +25,66 @@ namespace {
 
 namespace v1 = kvstream::v1;
 
-class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<std::string> {
+int g_devices = 0;  // CUDA devices visible to this process (main)
+
+struct GpuCase {
+  std::string transport;
+  int prefill_device = 0;
+  int decode_device = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const GpuCase& c) {
+  return os << c.transport << " (prefill cuda:" << c.prefill_device << ", decode cuda:"
+            << c.decode_device << ")";
+}
+
+class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<GpuCase> {
  protected:
+  const std::string& transport() const { return GetParam().transport; }
+
   void SetUp() override {
+    const GpuCase& c = GetParam();
     auto built = transport::AvailableBackends();
-    if (std::find(built.begin(), built.end(), GetParam()) == built.end())
-      GTEST_SKIP() << "transport " << GetParam() << " is not built in";
+    if (std::find(built.begin(), built.end(), c.transport) == built.end())
+      GTEST_SKIP() << "transport " << c.transport << " is not built in";
+    const int need = std::max(c.prefill_device, c.decode_device) + 1;
+    if (g_devices < need)
+      GTEST_SKIP() << "needs " << need << " GPUs (prefill on cuda:" << c.prefill_device
+                   << ", decode on cuda:" << c.decode_device << "), " << g_devices << " visible";
+    if (c.transport == "cuda_ipc" && c.prefill_device != c.decode_device) {
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, c.prefill_device, c.decode_device) != cudaSuccess || !can)
+        GTEST_SKIP() << "cuda:" << c.prefill_device << " cannot access cuda:" << c.decode_device
+                     << " as a peer (cuda_ipc across GPUs needs P2P)";
+    }
   }
 
-  // Starts the pair on GPU 0 with `model` flags, then checks every prompt length: LOCAL first
-  // (the reference), then pipelined and non-pipelined loads.
+  // Both daemons' flags for this case: CUDA backend, each on its device, the transport.
+  DaemonPair Pair(const std::vector<std::string>& model, const std::vector<std::string>& prefill_extra,
+                  const std::vector<std::string>& decode_extra) const {
+    DaemonPair pair;
+    pair.common = model;
+    pair.common.push_back("--backend=cuda");
+    pair.common.push_back("--transport=" + transport());
+    pair.prefill = {"--device=" + std::to_string(GetParam().prefill_device)};
+    pair.decode = {"--device=" + std::to_string(GetParam().decode_device)};
+    for (const auto& f : prefill_extra) pair.prefill.push_back(f);
+    for (const auto& f : decode_extra) pair.decode.push_back(f);
+    return pair;
+  }
+
+  // Starts the pair with `model` flags, then checks every prompt length: LOCAL first (the
+  // reference), then pipelined and non-pipelined loads.
   void RunCase(const std::vector<std::string>& model, const std::vector<std::string>& prefill_extra,
                const std::vector<std::string>& decode_extra, int vocab,
                const std::vector<int>& prompt_lens, int max_tokens) {
-    DaemonPair pair;
-    pair.common = model;
-    for (const char* f : {"--backend=cuda", "--device=0"}) pair.common.push_back(f);
-    pair.common.push_back("--transport=" + GetParam());
-    pair.prefill = prefill_extra;
-    pair.decode = decode_extra;
-    ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(pair));
+    ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(Pair(model, prefill_extra, decode_extra)));
 
     auto pstub = PrefillStub(prefill_address());
     auto pstats = CallStats(*pstub, 120000);
     ASSERT_TRUE(pstats.ok()) << pstats.status().ToString();
-    EXPECT_EQ(pstats->transport(), GetParam());
-    EXPECT_EQ(pstats->backend().rfind("cuda", 0), 0u) << pstats->backend();
+    EXPECT_EQ(pstats->transport(), transport());
+    EXPECT_EQ(pstats->backend(), "cuda:" + std::to_string(GetParam().prefill_device));
 
     uint64_t seed = 11;
     int remote_loads = 0;
@@ -69,7 +111,8 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<s
     EXPECT_TRUE(WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(10000)).ok());
     auto dstats = CallStats(*stub_);
     ASSERT_TRUE(dstats.ok()) << dstats.status().ToString();
-    EXPECT_EQ(dstats->transport(), GetParam());
+    EXPECT_EQ(dstats->transport(), transport());
+    EXPECT_EQ(dstats->backend(), "cuda:" + std::to_string(GetParam().decode_device));
     EXPECT_EQ(dstats->counters().requests_failed(), 0u);
     EXPECT_EQ(dstats->counters().loads_recomputed(), 0u);
     EXPECT_GT(dstats->counters().kv_bytes_moved(), 0u);
@@ -81,10 +124,13 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<s
 };
 
 TEST_P(DaemonsGpuTest, TinyTokensEqualColocatedOnGpu) {
-  RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {}, 512, {1, 2, 17, 100, 300}, 8);
-  // Both daemons compute on GPU 0: the handshake shows it (first_step_after_load=auto then
-  // waits for the whole load before the first step instead of time-slicing with the prefill).
-  EXPECT_NE(decode_->Log().find("prefill computes on this GPU"), std::string::npos)
+  RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {"--log_level=info"}, 512, {1, 2, 17, 100, 300},
+          8);
+  // The handshake compares the daemons' GPU identities: on one GPU the decode says so (and
+  // first_step_after_load=auto then waits for the whole load before the first step instead of
+  // time-slicing with the prefill); on two it must not.
+  const bool same = GetParam().prefill_device == GetParam().decode_device;
+  EXPECT_EQ(decode_->Log().find("prefill computes on this GPU") != std::string::npos, same)
       << decode_->Log();
 }
 
@@ -100,9 +146,77 @@ TEST_P(DaemonsGpuTest, Llama3ShapedTwoLayersEqualsColocatedOnGpu) {
   EXPECT_GT(dstats->pool().num_blocks(), 256) << "pool_gpu_fraction did not size the pool";
 }
 
-INSTANTIATE_TEST_SUITE_P(GpuTransports, DaemonsGpuTest,
-                         ::testing::Values(std::string("cuda_ipc"), std::string("ucx_staged")),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+// The prefill SIGKILLed after its first layer was written, with later layers still to come
+// (the GPU version of daemons_fault_test's PrefillKilledMidRequest...): the decode's request
+// fails with "did not land" well inside its deadline, every decode block comes back, and a
+// prefill restarted on the same address serves again (the decode's transport accepts a new
+// writer after losing one; for nccl: a fresh communicator after the old one was aborted).
+TEST_P(DaemonsGpuTest, PrefillKilledMidLoadFailsClearlyThenServesAgain) {
+  const std::vector<std::string> model = {"--model=tiny", "--pool_blocks=64"};  // 2 layers
+  DaemonPair pair = Pair(model, {"--fault_layer_delay_ms=300"}, {});
+  pair.prefill_port = PickFreePort();  // the restarted prefill comes back on the same port
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  auto prompt = MakePrompt(40, 512, 3);
+  auto reference = CallGenerate(*stub_, prompt, 4, v1::LOAD_MODE_LOCAL, 60000);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+
+  const int kDeadlineMs = 20000;
+  auto start = Clock::now();
+  auto fut = std::async(std::launch::async, [&] {
+    auto stub = DecodeStub(decode_address());
+    return CallGenerate(*stub, prompt, 4, v1::LOAD_MODE_PIPELINED, kDeadlineMs);
+  });
+  {
+    auto pstub = PrefillStub(prefill_address());
+    const Deadline busy_deadline = DeadlineAfterMs(15000);
+    bool busy = false;
+    while (!busy && Clock::now() < busy_deadline) {
+      auto st = CallStats(*pstub, 1000);
+      busy = st.ok() && st->requests_in_flight() > 0;
+      if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(busy) << "the prefill never got the request";
+  }
+  // Layer 0 is written ~300 ms into the forward, layer 1 ~600 ms: kill in between.
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  prefill_->Signal(SIGKILL);
+  EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(5000)), 128 + SIGKILL);
+  GenerateResult r = fut.get();
+  const double elapsed = SecondsSince(start);
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_LT(elapsed, 10.0) << "the failure took too long to surface";
+  EXPECT_NE(r.status.error_message().find("did not land"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_TRUE(r.tokens.empty());
+  Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000));
+  EXPECT_TRUE(freed.ok()) << freed.ToString();
+
+  // A new prefill on the same address: the decode handshakes again and serves.
+  pair_.prefill = {"--device=" + std::to_string(GetParam().prefill_device)};
+  ASSERT_NO_FATAL_FAILURE(StartPrefill());
+  GenerateResult ok = CallGenerate(*stub_, prompt, 4, v1::LOAD_MODE_PIPELINED, 60000);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens, reference.tokens);
+  ASSERT_FALSE(ok.messages.empty());
+  EXPECT_TRUE(ok.messages.front().load().loaded_remotely());
+  auto stats = CallStats(*stub_);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->counters().handshakes(), 2u);
+  EXPECT_EQ(stats->transport(), transport());
+  freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000));
+  EXPECT_TRUE(freed.ok()) << freed.ToString();
+}
+
+std::string CaseName(const ::testing::TestParamInfo<GpuCase>& p) { return p.param.transport; }
+
+// nccl is not here: NCCL refuses two ranks on one GPU (the transport says so at Connect).
+INSTANTIATE_TEST_SUITE_P(OneGpu, DaemonsGpuTest,
+                         ::testing::Values(GpuCase{"cuda_ipc", 0, 0}, GpuCase{"ucx_staged", 0, 0}),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(TwoGpus, DaemonsGpuTest,
+                         ::testing::Values(GpuCase{"nccl", 0, 1}, GpuCase{"cuda_ipc", 0, 1},
+                                           GpuCase{"ucx_staged", 0, 1}),
+                         CaseName);
 
 }  // namespace
 }  // namespace kvstream::testing
@@ -115,14 +229,16 @@ int main(int argc, char** argv) {
                 e != cudaSuccess ? cudaGetErrorString(e) : "0 CUDA devices");
     return 77;
   }
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
-    std::printf("GPU 0: %s, sm_%d%d\n", prop.name, prop.major, prop.minor);
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    std::printf("GPU %d: %s, sm_%d%d\n", d, prop.name, prop.major, prop.minor);
     if (prop.major != 9) {
       std::printf("SKIPPED: the kernels are built for sm_90a only\n");
       return 77;
     }
   }
+  kvstream::testing::g_devices = count;
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

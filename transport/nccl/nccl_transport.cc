@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -44,6 +46,21 @@ using cuda::DeviceGuard;
 
 constexpr size_t kGroupOps = 64;          // sends/recvs per NCCL group in direct mode
 constexpr int64_t kSendTimeoutSec = 5;    // control-socket writes
+
+// KVSTREAM_NCCL_TRACE=1: one stderr line per completed write on each side, with the time of each
+// step since the write was handed over (writer) or its header arrived (receiver), to see where
+// a write's time goes.
+bool TraceEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KVSTREAM_NCCL_TRACE");
+    return v != nullptr && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+double MicrosSince(Clock::time_point from, Clock::time_point to) {
+  if (to.time_since_epoch().count() == 0) return -1;
+  return std::chrono::duration<double, std::micro>(to - from).count();
+}
 
 Status NcclStatus(ncclResult_t r, ncclComm_t comm, const std::string& what) {
   if (r == ncclSuccess) return OkStatus();
@@ -172,19 +189,34 @@ Status CommFailed(ncclResult_t st, ncclComm_t comm, const std::string& what) {
 
 // Polls a non-blocking communicator until its last call completed. `alive` is asked between
 // polls (socket EOF, shutdown); its error ends the wait.
+//
+// A non-blocking ncclGroupEnd hands the launch to a thread of its own and returns
+// ncclInProgress; the launch itself takes tens of microseconds. Every write waits for one (on
+// each side), so the first millisecond is polled with yields: a 20 us sleep costs ~70 us with
+// Linux's default 50 us timer slack, which made up most of a small write's time. Waits that
+// last longer (communicator init) fall back to sleeping.
 Status WaitComm(ncclComm_t comm, Deadline deadline, const std::function<Status()>& alive,
-                const std::string& what) {
+                const std::string& what, bool tight = true) {
+  const auto spin_until = Clock::now() + std::chrono::milliseconds(tight ? 1 : 0);
   for (int i = 0;; ++i) {
     ncclResult_t st = ncclInProgress;
     ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     if (r != ncclSuccess) return NcclStatus(r, comm, "ncclCommGetAsyncError");
     if (st == ncclSuccess) return OkStatus();
     if (st != ncclInProgress) return CommFailed(st, comm, what);
-    if ((i & 15) == 0 && alive) KV_RETURN_IF_ERROR(alive());
+    if ((i & 63) == 0 && alive) KV_RETURN_IF_ERROR(alive());
     if (Expired(deadline)) return Timeout("nccl: " + what + " did not complete before the deadline");
-    std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 500));
+    if (Clock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(i < 5000 ? 20 : 500));
+    }
   }
 }
+
+// The writer's and receiver's threads wait in short polls while writes are in flight; with the
+// default 50 us timer slack each would oversleep by up to that much.
+void TightenTimerSlack() { (void)::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
 
 Result<ncclComm_t> InitComm(int device, const std::string& unique_id, int rank, Deadline deadline,
                             const std::function<Status()>& alive) {
@@ -307,6 +339,8 @@ struct Op {
   cudaEvent_t sent = nullptr; // the sender's streams are done with the source
   bool acked = false;
   std::atomic<bool> cancel{false};
+  // Trace (worker thread only, and Write() before the handover).
+  Clock::time_point t_write, t_taken, t_header, t_group_end, t_launched, t_acked;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -419,6 +453,7 @@ class Writer {
         return CudaStatus(err, "nccl Write: cudaEventRecord on after_stream");
       }
     }
+    if (TraceEnabled()) op->t_write = Clock::now();
     {
       std::lock_guard<std::mutex> lock(q_mu_);
       op->header.write_id = next_write_id_++;
@@ -520,6 +555,7 @@ class Writer {
                                                                std::to_string(ack.write_id));
         }
         op->acked = true;
+        if (TraceEnabled()) op->t_acked = Clock::now();
       }
       if (!found) return DataLoss("nccl: ack for unknown write " + std::to_string(ack.write_id));
     }
@@ -530,16 +566,20 @@ class Writer {
     if (r != ncclSuccess) return NcclStatus(r, comm, "ncclGroupStart");
     Status s = calls();
     r = ncclGroupEnd();
+    if (TraceEnabled()) group_end_ = Clock::now();
     KV_RETURN_IF_ERROR(s);
     if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm, what);
     return WaitComm(comm, DeadlineAfterMs(shared->options.connect_timeout_ms),
-                    [this] { return PollSocket(); }, what);
+                    [this] { return PollSocket(); }, what, shared->options.tight_polling);
   }
 
   Status Submit(Op& op) {
+    const bool trace = TraceEnabled();
+    if (trace) op.t_taken = Clock::now();
     if (!SendAll(fd, EncodeWrite(op.header))) {
       return RemoteDisconnect(std::string("nccl: sending a write header: ") + std::strerror(errno));
     }
+    if (trace) op.t_header = Clock::now();
     const cudaStream_t cs = comm_stream->get();
     if (op.header.mode == WireMode::kDirect) {
       if (op.dep) KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cs, op.dep, 0), "nccl: wait after_stream");
@@ -582,11 +622,29 @@ class Writer {
     }
     KV_ASSIGN_OR_RETURN(op.sent, shared->events.Acquire());
     KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(op.sent, cs), "nccl: record write done");
+    if (trace) {
+      op.t_group_end = group_end_;  // of the write's last group
+      op.t_launched = Clock::now();
+    }
     return OkStatus();
+  }
+
+  static void TraceDone(const Op& op) {
+    const auto now = Clock::now();
+    std::fprintf(stderr,
+                 "nccl trace writer: write %llu, %llu bytes, %zu runs, %s: taken %.1f header %.1f "
+                 "group_end %.1f launched %.1f acked %.1f done %.1f us\n",
+                 (unsigned long long)op.header.write_id, (unsigned long long)op.header.total_bytes,
+                 op.header.runs.size(), op.header.mode == WireMode::kDirect ? "direct" : "pack",
+                 MicrosSince(op.t_write, op.t_taken), MicrosSince(op.t_write, op.t_header),
+                 MicrosSince(op.t_write, op.t_group_end), MicrosSince(op.t_write, op.t_launched),
+                 MicrosSince(op.t_write, op.t_acked), MicrosSince(op.t_write, now));
   }
 
   void Run() {
     DeviceGuard guard(shared->device);
+    if (shared->options.tight_polling) TightenTimerSlack();
+    const long inflight_poll_ns = shared->options.tight_polling ? 10'000L : 20'000L;
     Deadline close_deadline{};
     bool closing = false;
     auto last_async_check = Clock::now();
@@ -597,7 +655,7 @@ class Writer {
       }
       // A failed endpoint's socket stays readable (EOF): leave it out of the poll.
       pollfd p[2] = {{wake_fd, POLLIN, 0}, {comm != nullptr ? fd : -1, POLLIN, 0}};
-      timespec ts{0, inflight_.empty() ? 20'000'000L : 20'000L};
+      timespec ts{0, inflight_.empty() ? 20'000'000L : inflight_poll_ns};
       (void)::ppoll(p, 2, &ts, nullptr);
       if (p[0].revents) {
         uint64_t v;
@@ -638,6 +696,7 @@ class Writer {
         cudaError_t err = cudaEventQuery(op.sent);
         if (err == cudaErrorNotReady) break;
         op.Finish(CudaStatus(err, "nccl send"));
+        if (TraceEnabled()) TraceDone(op);
         ReleaseOpEvents(op);
         inflight_.pop_front();
       }
@@ -668,6 +727,7 @@ class Writer {
   ChunkPlan plan_;
   std::vector<CopyRun> runs_;
   cuda::PackedTable table_;
+  Clock::time_point group_end_;  // trace: when the last ncclGroupEnd returned
 };
 
 class NcclEndpoint : public Endpoint {
@@ -688,6 +748,7 @@ class NcclEndpoint : public Endpoint {
 struct Incoming {
   WriteHeader header;
   cudaEvent_t done = nullptr;
+  Clock::time_point t_header, t_posted, t_landed;  // trace
 };
 
 // One accepted writer: handshake, communicator (rank 1), then posts receives for each write
@@ -787,7 +848,7 @@ class Receiver {
     KV_RETURN_IF_ERROR(s);
     if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm_, what);
     return WaitComm(comm_, DeadlineAfterMs(shared_->options.connect_timeout_ms),
-                    [this] { return Alive(); }, what);
+                    [this] { return Alive(); }, what, shared_->options.tight_polling);
   }
 
   // Posts the receives (and unpacks) of one write.
@@ -857,13 +918,16 @@ class Receiver {
   }
 
   Status Loop() {
+    const long pending_poll_ns = shared_->options.tight_polling ? 5'000L : 20'000L;
     std::deque<Incoming> pending;
     auto last_async_check = Clock::now();
     Status result;
     while (result.ok()) {
       if (stop_.load()) return Canceled("nccl: transport shutting down");
       pollfd p[2] = {{wake_fd_, POLLIN, 0}, {fd_, POLLIN, 0}};
-      timespec ts{0, pending.empty() ? 20'000'000L : 20'000L};
+      // Landing is seen by polling the oldest write's event: every 5 us while any is pending
+      // (what a write waits for on top of its bytes; the thread is mostly asleep in between).
+      timespec ts{0, pending.empty() ? 20'000'000L : pending_poll_ns};
       (void)::ppoll(p, 2, &ts, nullptr);
       const bool open = ReadAvailable(fd_, &rx_);
       for (;;) {
@@ -874,21 +938,33 @@ class Receiver {
         if (!got.value()) break;
         if (type != FrameType::kWrite) return DataLoss("nccl: unexpected frame from the writer");
         KV_ASSIGN_OR_RETURN(WriteHeader h, DecodeWrite(payload));
-        pending.push_back(Incoming{std::move(h), nullptr});
+        pending.push_back(Incoming{std::move(h), nullptr, {}, {}, {}});
+        if (TraceEnabled()) pending.back().t_header = Clock::now();
         Status s = Post(pending.back());
         if (!s.ok()) return s;
+        if (TraceEnabled()) pending.back().t_posted = Clock::now();
       }
       while (!pending.empty()) {
         Incoming& in = pending.front();
         cudaError_t err = cudaEventQuery(in.done);
         if (err == cudaErrorNotReady) break;
         if (err != cudaSuccess) return CudaStatus(err, "nccl receive");
+        if (TraceEnabled()) in.t_landed = Clock::now();
         if (in.header.notify) {
           std::lock_guard<std::mutex> lock(shared_->sink_mu);
           if (shared_->sink) shared_->sink(in.header.notification);
         }
         if (!SendAll(fd_, EncodeAck(Ack{in.header.write_id, 0}))) {
           return RemoteDisconnect("nccl: sending an ack");
+        }
+        if (TraceEnabled()) {
+          std::fprintf(stderr,
+                       "nccl trace receiver: write %llu, %llu bytes: posted %.1f landed %.1f "
+                       "acked %.1f us after its header\n",
+                       (unsigned long long)in.header.write_id,
+                       (unsigned long long)in.header.total_bytes,
+                       MicrosSince(in.t_header, in.t_posted), MicrosSince(in.t_header, in.t_landed),
+                       MicrosSince(in.t_header, Clock::now()));
         }
         shared_->events.Release(in.done);
         pending.pop_front();
@@ -908,6 +984,7 @@ class Receiver {
 
   void Run() {
     DeviceGuard guard(shared_->device);
+    if (shared_->options.tight_polling) TightenTimerSlack();
     Status s = Handshake();
     if (s.ok()) s = Loop();
     if (s.code() != StatusCode::kRemoteDisconnect && s.code() != StatusCode::kCanceled) {
@@ -1151,6 +1228,10 @@ std::string NcclVersionString() {
 }
 
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options) {
+  // Point-to-point only: NVLink SHARP (multicast objects made at communicator init) buys
+  // nothing here, and on shared hosts it can take GPUs out of service. Off unless the
+  // environment says otherwise (read by NCCL at its first init).
+  (void)::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
   int device = options.device;
   if (device < 0) {
@@ -1184,6 +1265,9 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   o.device = options.device;
   o.copy_mode = CopyModeFromEnv();
   if (const char* h = std::getenv("KVSTREAM_NCCL_HOST"); h != nullptr && *h) o.advertise_host = h;
+  if (const char* t = std::getenv("KVSTREAM_NCCL_TIGHT_POLL"); t != nullptr && *t) {
+    o.tight_polling = std::string(t) != "0";
+  }
   if (const char* c = std::getenv("KVSTREAM_NCCL_CHUNK_MB"); c != nullptr && *c) {
     o.chunk_bytes = std::strtoull(c, nullptr, 10) << 20;
   }

@@ -60,13 +60,19 @@ struct NcclOptions {
   std::string advertise_host = "127.0.0.1";  // host put into LocalAddress(); 127.0.0.1 binds lo
   int64_t connect_timeout_ms = 60000;     // TCP connect + hello + communicator init
   int64_t close_timeout_ms = 5000;        // ~Endpoint: how long posted writes may still finish
+  // How the endpoint threads wait while writes are in flight. true: NCCL launches are polled
+  // with yields for their first millisecond, in-flight writes every 5-10 us, thread timer slack
+  // 1 us. false: 20 us sleeps and polls at the default timer slack (the first version; kept
+  // for side-by-side measurement).
+  bool tight_polling = true;
 };
 
-// kUnavailable when no CUDA device is usable (message says why).
+// kUnavailable when no CUDA device is usable (message says why). Sets NCCL_NVLS_ENABLE=0 in the
+// process environment unless it is set already (this transport makes point-to-point calls only).
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options);
 // For the registry: device from options.device; copy mode from KVSTREAM_NCCL_COPY
 // (auto | direct | pack); advertise host from KVSTREAM_NCCL_HOST; staging chunk from
-// KVSTREAM_NCCL_CHUNK_MB.
+// KVSTREAM_NCCL_CHUNK_MB; KVSTREAM_NCCL_TIGHT_POLL=0 sets tight_polling = false.
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
 
 CopyMode CopyModeFromEnv();
