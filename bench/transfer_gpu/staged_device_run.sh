@@ -16,9 +16,9 @@
 #           daemons and run_ttft_gpu.sh in the bin dir)                       -> ttft/
 # Everything lands in $OUT/all.tgz; a short table is printed last.
 # usage (GPU machine, repo root): OUT=... bash staged_device_run.sh <bin-dir> <libs-dir>
-# Bundle the libraries of the binaries only (bundle-libs.sh stops at the first non-binary, e.g.
-# this script copied among them: on 2026-11-29 17:18 that left gRPC out and daemons_gpu_test
-# could not start).
+# Bundle the libraries of the binaries only: bundle-libs.sh stops at a non-binary (e.g. this
+# script copied among them) before it writes env.sh; on 2026-11-29 17:18 that left the bundled
+# libraries off the library path and daemons_gpu_test could not load libgrpc++.
 set -u
 B=$(cd "${1:?bin dir}" && pwd)
 L=${2:?libs dir}
