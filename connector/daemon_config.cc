@@ -65,8 +65,8 @@ const std::vector<Field>& Fields() {
                "decode: auto | true | false: first step only after every layer landed (auto: "
                "when the prefill computes on this same GPU)"),
       KV_FIELD(gpu_landed_wait, kBool,
-               "refused: measured unsafe (docs/transports.md); kept so configs naming it get a "
-               "clear error"),
+               "decode, cuda_ipc + cuda: compute stream waits for each layer's copy on the GPU "
+               "(early notifications, landed flags; docs/transports.md) (true|false)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
       KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
@@ -148,15 +148,11 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.first_step_after_load != "auto" && c.first_step_after_load != "true" &&
       c.first_step_after_load != "false")
     return InvalidArgument("first_step_after_load must be auto, true or false");
-  // Refused, not just off: on the H200 the decode stream's wait on the interprocess event was
-  // released ~1 ms after it was issued while the prefill's copy was still held back for 400 ms
-  // (landed_event_gpu_test, bench/results/transfer_gpu_2026-11-29_v3.md), so attention could
-  // read blocks before they land (likely cause, not confirmed: an event record queued behind a
-  // dependency is not what another process's wait sees). The transport-level option stays for that test and the benchmark.
-  if (c.gpu_landed_wait)
-    return InvalidArgument("gpu_landed_wait is not available: measured unsafe (the decode's GPU "
-                           "wait was released before the prefill's copy landed; see "
-                           "docs/transports.md)");
+  // The interprocess-event version was refused; the landed-flag version passed the GPU tests
+  // (landed_event_gpu_test: held copy, killed writer, deadline; daemons_gpu_test with it on;
+  // bench/results/landed_wait_2026-11-29.md). Off by default.
+  if (c.gpu_landed_wait && (c.transport != "cuda_ipc" || c.backend != "cuda"))
+    return InvalidArgument("gpu_landed_wait needs --transport cuda_ipc and --backend cuda");
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
     return InvalidArgument("on_load_failure must be fail or recompute");
   if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");

@@ -62,10 +62,11 @@ struct DaemonConfig {
   // compute a layer-by-layer first step would time-slice with (ResolveFirstStepAfterLoad).
   std::string first_step_after_load = "auto";
   // decode, cuda_ipc + cuda backend: the prefill sends each layer's notification as soon as its
-  // copy is enqueued and the decode's compute stream waits for the copy on the GPU (an
-  // interprocess event) instead of the host waiting for the completion notification. Refused
-  // by Validate: measured unsafe (the GPU wait was released before the copy landed;
-  // docs/transports.md).
+  // copy is enqueued and the decode's compute stream waits for the copy on the GPU (the
+  // prefill's copy stream writes a landed flag in the decode's memory after the copy;
+  // transport/cuda_ipc/landed_flags.h) instead of the host waiting for the completion
+  // notification. A layer whose wait the transport had to release (writer died, load deadline)
+  // fails the request like a layer that never landed.
   bool gpu_landed_wait = false;
   // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
   // token sequence; a repeated prompt is written from them without a forward (0 = off).

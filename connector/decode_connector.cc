@@ -377,9 +377,23 @@ Status DecodeConnector::WaitForLayerOnStream(uint64_t request_id, int layer, voi
     if (it == early_.end()) return OkStatus();  // a late notification or the final confirmation
     n = it->second;
   }
-  return transport_->StreamWaitLanded(n, stream)
+  return transport_->StreamWaitLanded(n, stream, deadline)
       .WithContext("waiting on the GPU for layer " + std::to_string(layer) + " of request " +
                    std::to_string(request_id));
+}
+
+Status DecodeConnector::ConfirmLandedOnStream(uint64_t request_id) {
+  std::vector<transport::Notification> early;
+  {
+    std::lock_guard<std::mutex> lock(early_mu_);
+    for (auto it = early_.lower_bound({request_id, std::numeric_limits<int>::min()});
+         it != early_.end() && it->first.first == request_id; ++it) {
+      early.push_back(it->second);
+    }
+  }
+  // None left: late notifications only, or the prefill confirmed every write complete.
+  for (const transport::Notification& n : early) KV_RETURN_IF_ERROR(transport_->ConfirmLanded(n));
+  return OkStatus();
 }
 
 Result<LoadResult> DecodeConnector::WaitForLoad(uint64_t request_id, Deadline deadline) {

@@ -100,8 +100,13 @@ class DecodeConnector {
   // kNotificationLandedOnEvent: the copy was only enqueued), makes `stream` (the compute
   // cudaStream_t) wait on the GPU for the copy (Transport::StreamWaitLanded); the host does not
   // wait for it. With late notifications it is WaitForLayer. A writer whose connection is gone
-  // before the wait is issued: kUnavailable (the layer may not have landed).
+  // before the wait is issued: kUnavailable (the layer may not have landed). The GPU wait ends
+  // by `deadline` at the latest (ConfirmLandedOnStream then fails).
   Status WaitForLayerOnStream(uint64_t request_id, int layer, void* stream, Deadline deadline);
+  // After the work queued behind WaitForLayerOnStream waits has completed: OK if every layer
+  // waited for on the GPU truly landed; kUnavailable if the transport released a wait itself
+  // (writer died, or the wait's deadline passed): what was computed from it must be discarded.
+  Status ConfirmLandedOnStream(uint64_t request_id);
   Result<LoadResult> WaitForLoad(uint64_t request_id, Deadline deadline);
   // Idempotent. If the load still runs it is cancelled at the prefill (asynchronously).
   void Finished(uint64_t request_id);

@@ -345,6 +345,10 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
                     FirstStepAfterLoad(r), config_.gpu_landed_wait);
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+    // The forward has completed, but a layer waited for on the GPU may have been released by
+    // the transport (its writer died or the wait's deadline passed) rather than by the data:
+    // then the token is discarded and the request takes the failed-load path below.
+    if (s.ok() && config_.gpu_landed_wait) s = r.conn->ConfirmLandedOnStream(r.id);
     r.load.set_loaded_remotely(true);
     r.load.set_pipelined(r.pipelined);
     r.load.set_kv_bytes(uint64_t(model::BlocksForTokens(n - 1, pool_->layout().block_size)) *
@@ -395,6 +399,9 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
 
 bool DecodeServer::LoadLanded(const Request& r) {
   if (!r.remote || !r.conn->tracker().Settled(r.id)) return false;
+  // With gpu_landed_wait a layer counts as landed once its copy is only enqueued; a joiner's
+  // step waits on nothing, so it joins only once the prefill confirmed every write complete.
+  if (config_.gpu_landed_wait && !r.conn->WaitForLoad(r.id, Clock::now()).ok()) return false;
   const Deadline now = Clock::now();
   for (int l = 0; l < pool_->layout().num_layers; ++l)
     if (!r.conn->tracker().WaitForLayer(r.id, l, now).ok()) return false;
@@ -515,7 +522,12 @@ void DecodeServer::SchedulerLoop() {
         // The others whose first step cannot wait on a prefill: local prompts, failed loads.
         pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
           // (A landed one the join budget put off waits for a later step instead.)
-          return !r->remote || (r->conn->tracker().Settled(r->id) && !LoadLanded(*r));
+          // (With gpu_landed_wait, one whose layers were all announced early but whose load
+          // the prefill has not confirmed yet joins later rather than stall the running.)
+          return !r->remote ||
+                 (r->conn->tracker().Settled(r->id) && !LoadLanded(*r) &&
+                  !(config_.gpu_landed_wait &&
+                    r->conn->WaitForLoad(r->id, Clock::now()).status().code() == StatusCode::kTimeout));
         });
       }
       if (pick != waiting_.end()) {

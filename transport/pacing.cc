@@ -469,9 +469,10 @@ class PacedTransport final : public Transport {
   void SetNotificationSink(NotificationSink sink) override {
     inner_->SetNotificationSink(std::move(sink));
   }
-  Status StreamWaitLanded(const Notification& n, void* stream) override {
-    return inner_->StreamWaitLanded(n, stream);
+  Status StreamWaitLanded(const Notification& n, void* stream, Deadline deadline) override {
+    return inner_->StreamWaitLanded(n, stream, deadline);
   }
+  Status ConfirmLanded(const Notification& n) override { return inner_->ConfirmLanded(n); }
 
  private:
   std::unique_ptr<Transport> inner_;

@@ -95,13 +95,18 @@ struct Notification {
   uint64_t request_id = 0;
   int32_t layer = 0;
   int32_t flags = 0;     // reserved (e.g. last layer / error)
+  // Early notifications only (kNotificationLandedOnEvent): the backend's sequence number of
+  // the write, what StreamWaitLanded waits for. 0 otherwise.
+  uint32_t landed_seq = 0;
 };
 
 // Notification::flags bit of an EARLY notification: sent when the write's copy was enqueued,
 // not when it completed. Only a receiver that asked for them gets these (cuda_ipc with
-// gpu_landed_wait); the data is complete once the GPU event the notification names fires, so
-// the receiver must call Transport::StreamWaitLanded(n, stream) before work on `stream` reads
-// it. The other flag bits of such a notification are the backend's (which event).
+// gpu_landed_wait); the data is complete once the writer's GPU stream has written landed_seq
+// into the flag the notification names, so the receiver must call
+// Transport::StreamWaitLanded(n, stream, deadline) before work on `stream` reads it, and
+// Transport::ConfirmLanded(n) once that work has completed, before it uses the results. The
+// other flag bits of such a notification are the backend's (which flag).
 inline constexpr int32_t kNotificationLandedOnEvent = 1 << 30;
 
 struct WriteRequest {
@@ -170,11 +175,22 @@ class Transport {
   // For a notification with kNotificationLandedOnEvent: makes `stream` (a cudaStream_t on this
   // transport's device) wait, on the GPU, until that write's data is complete; the host does not
   // block. OK at once for any other notification (its data is already complete).
-  // kUnavailable when the writer's connection is gone (its events are closed: treat the layer
-  // as lost); kNotSupported from backends that never send early notifications.
-  virtual Status StreamWaitLanded(const Notification& n, void* stream) {
+  // The wait never lasts forever: if the writer's connection closes (writer died) or `deadline`
+  // passes first, the transport releases the stream itself, and ConfirmLanded then says the
+  // data did not land. kUnavailable when the writer's connection is gone before the wait is
+  // issued (treat the layer as lost); kNotSupported from backends that never send early
+  // notifications.
+  virtual Status StreamWaitLanded(const Notification& n, void* stream, Deadline deadline) {
     if ((n.flags & kNotificationLandedOnEvent) == 0) return OkStatus();
-    return NotSupported(name() + " sends no early (event) notifications");
+    return NotSupported(name() + " sends no early notifications");
+  }
+  // After the work that followed StreamWaitLanded(n, ...) has completed: OK if that wait was
+  // released by the write's data landing; kUnavailable if the transport released it because
+  // the writer died or the deadline passed (the data may be incomplete: discard what was
+  // computed from it). OK for a notification without kNotificationLandedOnEvent.
+  virtual Status ConfirmLanded(const Notification& n) {
+    if ((n.flags & kNotificationLandedOnEvent) == 0) return OkStatus();
+    return NotSupported(name() + " sends no early notifications");
   }
 };
 
@@ -184,7 +200,8 @@ struct TransportOptions {
   std::string ucx_net_devices;   // e.g. "lo"; empty = UCX default
   int device = -1;               // CUDA device of registered memory, for GPU backends
   // cuda_ipc receiver: ask writers for early notifications (kNotificationLandedOnEvent) whose
-  // landing the consumer waits for on a GPU stream (StreamWaitLanded). Off by default.
+  // landing the consumer waits for on a GPU stream (StreamWaitLanded, ConfirmLanded). Off by
+  // default.
   bool cuda_ipc_gpu_landed_wait = false;
   // Pacing (transport/pacing.h): CreateTransport wraps the backend so that every endpoint it
   // connects draws on one rate budget. All 0 = unpaced.

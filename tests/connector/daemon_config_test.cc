@@ -107,19 +107,25 @@ TEST(DaemonConfig, FirstStepAfterLoadAutoByDefaultAndResolvedByDevice) {
   EXPECT_FALSE(ResolveFirstStepAfterLoad("false", gpu0, gpu0));
 }
 
-// gpu_landed_wait: off by default and refused when asked for, on any transport: measured
-// unsafe on the H200 (the decode's GPU wait was released before the copy landed).
-TEST(DaemonConfig, GpuLandedWaitIsRefusedAsUnsafe) {
+// gpu_landed_wait: off by default; accepted with cuda_ipc and the CUDA backend only (the GPU
+// wait is on landed flags the cuda_ipc writer's copy stream writes).
+TEST(DaemonConfig, GpuLandedWaitNeedsCudaIpcAndTheCudaBackend) {
   auto c = Parse({"--peer=127.0.0.1:1"}, "decode");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(c->gpu_landed_wait);
+  auto on = Parse({"--peer=127.0.0.1:1", "--backend=cuda", "--transport=cuda_ipc",
+                   "--gpu_landed_wait=true"},
+                  "decode");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->gpu_landed_wait);
   for (auto args : {std::vector<std::string>{"--peer=127.0.0.1:1", "--backend=cuda",
-                                             "--transport=cuda_ipc", "--gpu_landed_wait=true"},
-                    std::vector<std::string>{"--peer=127.0.0.1:1", "--backend=cuda",
-                                             "--transport=ucx", "--gpu_landed_wait=true"}}) {
+                                             "--transport=ucx", "--gpu_landed_wait=true"},
+                    std::vector<std::string>{"--peer=127.0.0.1:1", "--backend=cpu",
+                                             "--transport=cuda_ipc", "--gpu_landed_wait=true"}}) {
     auto bad = Parse(args, "decode");
     EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(bad.status().message().find("unsafe"), std::string::npos) << bad.status().ToString();
+    EXPECT_NE(bad.status().message().find("gpu_landed_wait needs"), std::string::npos)
+        << bad.status().ToString();
   }
 }
 

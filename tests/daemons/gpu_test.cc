@@ -123,6 +123,18 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<G
   }
 };
 
+// gpu_landed_wait (cuda_ipc only): the prefill notifies each layer as soon as its copy is
+// enqueued and the decode's compute stream waits for the prefill's landed flag on the GPU;
+// tokens must still equal the colocated ones, and the decode must have granted the flag (so
+// the early path really ran).
+TEST_P(DaemonsGpuTest, GpuLandedWaitTokensEqualColocated) {
+  if (::testing::PrintToString(GetParam()).find("cuda_ipc") == std::string::npos)
+    GTEST_SKIP() << "gpu_landed_wait is a cuda_ipc option";
+  RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {"--gpu_landed_wait=true"}, 512,
+          {2, 17, 100, 300}, 8);
+  EXPECT_NE(decode_->Log().find("landed flag slot"), std::string::npos) << decode_->Log();
+}
+
 TEST_P(DaemonsGpuTest, TinyTokensEqualColocatedOnGpu) {
   RunCase({"--model=tiny", "--pool_blocks=64"}, {}, {"--log_level=info"}, 512, {1, 2, 17, 100, 300},
           8);

@@ -2,6 +2,8 @@
 // socket and the scatter-copy run splitting.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "transport/cuda_ipc/control_socket.h"
+#include "transport/cuda_ipc/landed_flags.h"
 #include "transport/cuda_ipc/scatter_copy.h"
 
 namespace kvstream::transport::cuda {
@@ -83,74 +86,112 @@ TEST(NotificationSocket, ManyWritersOneListener) {
   EXPECT_TRUE(WaitFor([&] { return count.load() == 800; }));
 }
 
-// Early notifications' plumbing: each writer's event table reaches the events callback with
-// that connection's id, its early frames carry the id and their slot, other frames pass
-// unchanged, and a closing connection that had a table is reported once.
-TEST(NotificationSocket, EventTablesAndEarlyFramesCarryTheirConnection) {
+// Landed flags' plumbing (gpu_landed_wait): a writer that asks gets the listener's grant (or
+// kNotSupported when it has none to give), its early frames arrive with its connection id and
+// sequence number, other frames pass unchanged, a frame with the transport's bits from a
+// connection without a grant closes it, and the closing of a granted connection (by the
+// writer or by Drop) is reported once with its id.
+TEST(NotificationSocket, LandedFlagGrantsAndEarlyFramesCarryTheirConnection) {
   std::mutex mu;
   std::vector<Notification> got;
-  std::vector<std::pair<uint32_t, std::string>> tables;
+  std::vector<uint32_t> granted, closed;
   auto l = NotificationListener::Start(
       "kvstream-test",
       [&](const Notification& n) {
         std::lock_guard<std::mutex> lock(mu);
         got.push_back(n);
       },
-      [&](uint32_t conn, const std::string& t) {
+      [&](uint32_t conn, uint32_t pid) -> Result<FlagGrant> {
+        EXPECT_EQ(pid, static_cast<uint32_t>(::getpid()));
         std::lock_guard<std::mutex> lock(mu);
-        tables.push_back({conn, t});
+        if (granted.size() == 2) return ResourceExhausted("two is enough");
+        granted.push_back(conn);
+        return FlagGrant{conn * 10, 1000 + conn, "key-of-" + std::to_string(conn)};
+      },
+      [&](uint32_t conn) {
+        std::lock_guard<std::mutex> lock(mu);
+        closed.push_back(conn);
       });
   ASSERT_TRUE(l.ok());
-  EXPECT_FALSE(AddressWantsLandedEvents(l.value()->address()));
-  const std::string ev_addr = l.value()->address() + kLandedEventsSuffix;
-  EXPECT_TRUE(AddressWantsLandedEvents(ev_addr));
-  auto a = NotificationChannel::Connect(ev_addr, DeadlineAfterMs(1000));
-  auto b = NotificationChannel::Connect(ev_addr, DeadlineAfterMs(1000));
+  EXPECT_FALSE(AddressWantsLandedFlags(l.value()->address()));
+  const std::string lf_addr = l.value()->address() + kLandedFlagsSuffix;
+  EXPECT_TRUE(AddressWantsLandedFlags(lf_addr));
+  auto a = NotificationChannel::Connect(lf_addr, DeadlineAfterMs(1000));
+  auto b = NotificationChannel::Connect(lf_addr, DeadlineAfterMs(1000));
+  auto c = NotificationChannel::Connect(lf_addr, DeadlineAfterMs(1000));
   auto plain = NotificationChannel::Connect(l.value()->address(), DeadlineAfterMs(1000));
-  ASSERT_TRUE(a.ok() && b.ok() && plain.ok());
-  const std::string ta(3 * kEventHandleBytes, 'a'), tb(5 * kEventHandleBytes, 'b');
-  ASSERT_TRUE(a.value()->SendEventTable(ta).ok());
-  ASSERT_TRUE(b.value()->SendEventTable(tb).ok());
-  EXPECT_EQ(a.value()->SendEventTable(std::string(10, 'x')).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(a.value()->Send({11, 1, kNotificationLandedOnEvent | 2}).ok());
-  ASSERT_TRUE(b.value()->Send({22, 2, kNotificationLandedOnEvent | 4}).ok());
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && plain.ok());
+  auto ga = a.value()->RequestLandedFlag(DeadlineAfterMs(2000));
+  auto gb = b.value()->RequestLandedFlag(DeadlineAfterMs(2000));
+  auto gc = c.value()->RequestLandedFlag(DeadlineAfterMs(2000));
+  ASSERT_TRUE(ga.ok()) << ga.status().ToString();
+  ASSERT_TRUE(gb.ok()) << gb.status().ToString();
+  EXPECT_EQ(gc.status().code(), StatusCode::kNotSupported) << gc.status().ToString();
+  uint32_t ida = 0, idb = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(granted.size(), 2u);
+    ida = granted[0];
+    idb = granted[1];
+  }
+  EXPECT_NE(ida, idb);
+  EXPECT_EQ(ga.value().slot, ida * 10);
+  EXPECT_EQ(ga.value().first_seq, 1000 + ida);
+  EXPECT_EQ(ga.value().key, "key-of-" + std::to_string(ida));
+  EXPECT_EQ(gb.value().key, "key-of-" + std::to_string(idb));
+  ASSERT_TRUE(a.value()->SendEarly({11, 1, 0}, 0xFFFFFFFFu).ok());
+  ASSERT_TRUE(b.value()->SendEarly({22, 2, 0}, 7).ok());
   ASSERT_TRUE(a.value()->Send({33, 3, 0}).ok());
-  ASSERT_TRUE(plain.value()->Send({44, 4, kNotificationLandedOnEvent | 5}).ok());
+  ASSERT_TRUE(plain.value()->Send({44, 4, 5}).ok());
   ASSERT_TRUE(WaitFor([&] {
     std::lock_guard<std::mutex> lock(mu);
-    return got.size() == 4 && tables.size() == 2;
+    return got.size() == 4;
   }));
-  std::lock_guard<std::mutex> lock(mu);
-  uint32_t ida = 0, idb = 0;
-  for (auto& [id, t] : tables) (t == ta ? ida : idb) = id;
-  ASSERT_NE(ida, 0u);
-  ASSERT_NE(idb, 0u);
-  EXPECT_NE(ida, idb);
-  for (const Notification& n : got) {
-    const uint32_t conn = uint32_t(n.flags >> kLandedConnShift) & kLandedConnMask;
-    if (n.request_id == 11) {
-      EXPECT_EQ(conn, ida);
-      EXPECT_EQ(n.flags & kLandedSlotMask, 2);
-      EXPECT_NE(n.flags & kNotificationLandedOnEvent, 0);
-    } else if (n.request_id == 22) {
-      EXPECT_EQ(conn, idb);
-      EXPECT_EQ(n.flags & kLandedSlotMask, 4);
-    } else if (n.request_id == 33) {
-      EXPECT_EQ(n.flags, 0);
-    } else {
-      EXPECT_EQ(n.flags, kNotificationLandedOnEvent | 5);  // no table: passed as sent
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Notification& n : got) {
+      if (n.request_id == 11) {
+        EXPECT_EQ(n.flags, kNotificationLandedOnEvent | static_cast<int32_t>(ida));
+        EXPECT_EQ(n.layer, 1);
+        EXPECT_EQ(n.landed_seq, 0xFFFFFFFFu);
+      } else if (n.request_id == 22) {
+        EXPECT_EQ(n.flags, kNotificationLandedOnEvent | static_cast<int32_t>(idb));
+        EXPECT_EQ(n.landed_seq, 7u);
+      } else if (n.request_id == 33) {
+        EXPECT_EQ(n.flags, 0);
+        EXPECT_EQ(n.landed_seq, 0u);
+      } else {
+        EXPECT_EQ(n.flags, 5);
+      }
     }
   }
-  mu.unlock();
+  // An early frame from a connection without a grant is a protocol error: closed, not
+  // delivered, and not reported as a granted connection's close.
+  ASSERT_TRUE(plain.value()->SendEarly({55, 5, 0}, 1).ok());
+  EXPECT_TRUE(plain.value()->PeerClosed(2000000));
   a.value().reset();
-  plain.value().reset();
+  l.value()->Drop(idb);
+  EXPECT_TRUE(b.value()->PeerClosed(2000000));
   EXPECT_TRUE(WaitFor([&] {
-    std::lock_guard<std::mutex> l2(mu);
-    return tables.size() == 3;
+    std::lock_guard<std::mutex> lock(mu);
+    return closed.size() == 2;
   }));
-  mu.lock();
-  EXPECT_EQ(tables.back().first, ida);
-  EXPECT_TRUE(tables.back().second.empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(got.size(), 4u);
+  ASSERT_EQ(closed.size(), 2u);
+  EXPECT_TRUE((closed[0] == ida && closed[1] == idb) || (closed[0] == idb && closed[1] == ida));
+}
+
+// The landed flags' comparison is CU_STREAM_WAIT_VALUE_GEQ's: (int32_t)(value - seq) >= 0, so
+// sequence numbers may wrap.
+TEST(LandedFlags, SequenceComparisonWraps) {
+  EXPECT_TRUE(SeqReached(5, 5));
+  EXPECT_TRUE(SeqReached(6, 5));
+  EXPECT_FALSE(SeqReached(4, 5));
+  EXPECT_TRUE(SeqReached(2, 0xFFFFFFFEu));   // wrapped past it
+  EXPECT_FALSE(SeqReached(0xFFFFFFFEu, 2));  // not yet wrapped to it
+  EXPECT_FALSE(SeqReached(0, 1024));         // a fresh flag holds a connection's first write
 }
 
 TEST(ScatterCopy, SplitsLongRunsIntoPieces) {

@@ -1,7 +1,9 @@
 // cuda_ipc early notifications (gpu_landed_wait) between real processes on one GPU: the
 // receiver learns of a write while its copy is only enqueued and makes its own stream wait for
-// the copy on the GPU (StreamWaitLanded), and what a writer SIGKILLed before its copy ran does to
-// such a waiting stream.
+// the writer's landed flag on the GPU (StreamWaitLanded: cuStreamWaitValue32 on the flag the
+// writer's copy stream writes after the copy), and nothing can leave that stream waiting
+// forever: a writer SIGKILLed before its copy, or a wait whose deadline passes, is released by
+// the receiver, and ConfirmLanded then says the data did not land.
 //
 // Three processes: this test (orchestrator), a "waiter" (the receiver: a cuda_ipc transport with
 // gpu_landed_wait, a pool, a stream) and a "writer" (connects, holds its copy back behind a
@@ -21,6 +23,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/time.h"
@@ -40,6 +43,11 @@ constexpr uint64_t kBlock = 64 * 1024;
 constexpr uint64_t kBlocks = 64;                 // 4 MiB per write, scattered
 constexpr uint64_t kPoolBytes = 4 * kBlocks * kBlock;
 constexpr unsigned char kByte = 0x5A;
+// Source byte i of the writer (never 0, so an unwritten block cannot pass for a written one).
+inline unsigned char Pattern(uint64_t i) {
+  const unsigned char v = static_cast<unsigned char>(kByte ^ (i * 2654435761u >> 7));
+  return v == 0 ? 1 : v;
+}
 
 void Say(const std::string& line) {
   std::printf("%s\n", line.c_str());
@@ -52,11 +60,10 @@ int64_t MsSince(Clock::time_point t) {
 
 // ---- writer ------------------------------------------------------------------------------
 // argv: --helper=writer --addr=HEX --key=HEX --raddr=N --rlen=N --hold-ms=N
-// Fills its source with kByte, then writes kBlocks blocks (destination block 4*i+1) with
-// after_stream = a stream held by a kernel spinning hold-ms, notify {7, 0}. Prints POSTED, then
-// DONE <status> when its handle completes; exits when stdin closes. (A host callback held the
-// stream in the first sitting: the waiter then got no notification for the whole hold, see
-// bench/results/transfer_gpu_2026-11-29_v3.md.)
+// Fills its source with a byte pattern, writes zeros into the destination blocks once (warm-up),
+// then writes kBlocks blocks of the pattern (destination block 4*i+1) with after_stream = a
+// stream held by a kernel spinning hold-ms, notify {7, 0}. Prints POSTED <ms Write() took>, then DONE <status> <ms since the spin started>
+// when its handle completes; exits when stdin closes.
 int RunWriter(const std::map<std::string, std::string>& a) {
   const int hold_ms = std::stoi(a.at("hold-ms"));
   if (cudaSetDevice(0) != cudaSuccess) return 2;
@@ -70,44 +77,70 @@ int RunWriter(const std::map<std::string, std::string>& a) {
   peer.regions.push_back({std::stoull(a.at("raddr")), std::stoull(a.at("rlen")), FromHex(a.at("key"))});
   auto ep = t.value()->Connect(peer);
   if (!ep.ok()) { Say("ERROR " + ep.status().ToString()); return 1; }
+  // Source: the pattern, then as many zero bytes (what the warm-up writes).
   void* src = nullptr;
-  if (cudaMalloc(&src, kBlocks * kBlock) != cudaSuccess) return 2;
-  if (cudaMemset(src, kByte, kBlocks * kBlock) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 2;
-  auto reg = t.value()->Register({src, kBlocks * kBlock, MemoryKind::kCuda, 0});
+  if (cudaMalloc(&src, 2 * kBlocks * kBlock) != cudaSuccess) return 2;
+  {
+    std::vector<unsigned char> pattern(2 * kBlocks * kBlock, 0);
+    for (uint64_t i = 0; i < kBlocks * kBlock; ++i) pattern[i] = Pattern(i);
+    if (cudaMemcpy(src, pattern.data(), pattern.size(), cudaMemcpyHostToDevice) != cudaSuccess) return 2;
+  }
+  auto reg = t.value()->Register({src, 2 * kBlocks * kBlock, MemoryKind::kCuda, 0});
   if (!reg.ok()) { Say("ERROR " + reg.status().ToString()); return 1; }
+  WriteRequest wr;
+  wr.local = reg.value().get();
+  wr.remote_region = 0;
+  {
+    // Warm-up, unnotified, of zeros into the same blocks (they stay zero until the real write):
+    // the first launch of the copy kernel loads it (CUDA's lazy loading), which waits for the
+    // GPU's running kernels, so behind the spin it would block Write() for the whole hold
+    // (seen on the H200: Write() took the hold's 400 ms / 4 s / 20 s).
+    for (uint64_t i = 0; i < kBlocks; ++i) {
+      wr.ops.push_back({(kBlocks + i) * kBlock, (4 * i + 1) * kBlock, kBlock});
+    }
+    auto warm = ep.value()->Write(wr);
+    if (!warm.ok() || !warm.value()->Wait(DeadlineAfterMs(30000)).ok()) {
+      Say("ERROR warm-up write");
+      return 1;
+    }
+  }
+  wr.ops.clear();
+  for (uint64_t i = 0; i < kBlocks; ++i) wr.ops.push_back({i * kBlock, (4 * i + 1) * kBlock, kBlock});
   cudaStream_t producer;
   if (cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking) != cudaSuccess) return 2;
+  const Clock::time_point spin_start = Clock::now();
   if (kvstream::testing::LaunchSpin(producer, static_cast<unsigned long long>(hold_ms) * 1000000ull) !=
       cudaSuccess) {
     return 2;
   }
-  WriteRequest wr;
-  wr.local = reg.value().get();
-  wr.remote_region = 0;
-  for (uint64_t i = 0; i < kBlocks; ++i) wr.ops.push_back({i * kBlock, (4 * i + 1) * kBlock, kBlock});
   wr.notify = true;
   wr.notification = {7, 0, 0};
   wr.after_stream = producer;
+  const Clock::time_point w0 = Clock::now();
   auto h = ep.value()->Write(wr);
   if (!h.ok()) { Say("ERROR " + h.status().ToString()); return 1; }
-  Say("POSTED");
-  Status s = h.value()->Wait(DeadlineAfterMs(30000));
-  Say("DONE " + s.ToString());
+  Say("POSTED " + std::to_string(MsSince(w0)));
+  Status s = h.value()->Wait(DeadlineAfterMs(60000));
+  Say("DONE " + std::string(StatusCodeName(s.code())) + " " + std::to_string(MsSince(spin_start)) +
+      " " + s.ToString());
   std::string line;
   while (std::getline(std::cin, line)) {}
   return 0;
 }
 
 // ---- waiter ------------------------------------------------------------------------------
-// argv: --helper=waiter --poll-ms=N
+// argv: --helper=waiter --poll-ms=N [--wait-ms=N] [--expect-gone]
 // Prints READY <addr> <key> <raddr> <rlen>; on the notification: makes its stream wait
-// (StreamWaitLanded), enqueues a copy of the pool to pinned memory and a marker event, and
-// prints EARLY <flags> <marker state right after> ; then polls the marker for up to poll-ms:
-// RELEASED <ms> or STUCK <ms>; if released, checks the bytes (DATA OK / DATA BAD) ; then asks
-// StreamWaitLanded again with the same notification: AFTER <status code name>. If stuck it
-// leaves with _exit (nothing that could wait on the stream).
+// (StreamWaitLanded, deadline wait-ms, default 60 s), enqueues a copy of the pool to pinned
+// memory and a marker event, and prints EARLY <flags> <seq> <marker state right after>; then
+// polls the marker for up to poll-ms: RELEASED <ms> or STUCK <ms>; if released, checks every
+// byte (DATA OK / DATA BAD <bytes wrong>) and asks ConfirmLanded: CONFIRM <status code name>;
+// then asks StreamWaitLanded again with the same notification (with --expect-gone: until it is
+// refused, up to 3 s): AFTER <status code name>. If stuck it leaves with _exit (nothing that
+// could wait on the stream).
 int RunWaiter(const std::map<std::string, std::string>& a) {
   const int poll_ms = std::stoi(a.at("poll-ms"));
+  const int wait_ms = a.count("wait-ms") ? std::stoi(a.at("wait-ms")) : 60000;
   if (cudaSetDevice(0) != cudaSuccess) return 2;
   cuda_ipc::CudaIpcOptions o;
   o.device = 0;
@@ -145,12 +178,20 @@ int RunWaiter(const std::map<std::string, std::string>& a) {
     if (Expired(d)) { Say("ERROR no notification within 10 s"); return 1; }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  Status w = t.value()->StreamWaitLanded(n, s);
+  const Clock::time_point c0 = Clock::now();
+  Status w = t.value()->StreamWaitLanded(n, s, DeadlineAfterMs(wait_ms));
   if (!w.ok()) { Say("ERROR StreamWaitLanded: " + w.ToString()); return 1; }
+  const Clock::time_point c1 = Clock::now();
   if (cudaMemcpyAsync(host, pool, kPoolBytes, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 2;
   if (cudaEventRecord(marker, s) != cudaSuccess) return 2;
   const cudaError_t right_after = cudaEventQuery(marker);
-  Say("EARLY " + std::to_string(n.flags) + " " + (right_after == cudaErrorNotReady ? "pending" : "complete"));
+  const auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+  };
+  // (Host time of the wait call and of the copy + marker enqueue, in us: neither may block.)
+  const std::string host_us = " wait_call_us=" + us(c0, c1) + " enqueue_us=" + us(c1, Clock::now());
+  Say("EARLY " + std::to_string(n.flags) + " " + std::to_string(n.landed_seq) + " " +
+      (right_after == cudaErrorNotReady ? "pending" : "complete") + host_us);
   const Clock::time_point t0 = Clock::now();
   bool released = false;
   while (MsSince(t0) < poll_ms) {
@@ -165,19 +206,24 @@ int RunWaiter(const std::map<std::string, std::string>& a) {
   if (!released) {
     Say("STUCK " + std::to_string(MsSince(t0)));
   } else {
-    bool ok = true;
-    for (uint64_t b = 0; b < kPoolBytes / kBlock && ok; ++b) {
-      const unsigned char want = b % 4 == 1 && b / 4 < kBlocks ? kByte : 0;
-      for (uint64_t i = 0; i < kBlock; i += 4096) ok = ok && host[b * kBlock + i] == want;
+    // Every byte: the written blocks hold the writer's pattern, the others are untouched.
+    uint64_t wrong = 0;
+    for (uint64_t b = 0; b < kPoolBytes / kBlock; ++b) {
+      const bool written = b % 4 == 1 && b / 4 < kBlocks;
+      for (uint64_t i = 0; i < kBlock; ++i) {
+        const unsigned char want = written ? Pattern((b / 4) * kBlock + i) : 0;
+        wrong += host[b * kBlock + i] != want;
+      }
     }
-    Say(ok ? "DATA OK" : "DATA BAD");
+    Say(wrong == 0 ? "DATA OK" : "DATA BAD " + std::to_string(wrong));
+    Say("CONFIRM " + std::string(StatusCodeName(t.value()->ConfirmLanded(n).code())));
   }
   // The writer's connection may be gone by now: a wait issued after that must say so.
   auto d = DeadlineAfterMs(3000);
-  Status after = t.value()->StreamWaitLanded(n, s);
+  Status after = t.value()->StreamWaitLanded(n, s, DeadlineAfterMs(wait_ms));
   while (after.ok() && !Expired(d) && a.count("expect-gone")) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    after = t.value()->StreamWaitLanded(n, s);
+    after = t.value()->StreamWaitLanded(n, s, DeadlineAfterMs(wait_ms));
   }
   Say("AFTER " + std::string(StatusCodeName(after.code())));
   std::string line;
@@ -209,8 +255,9 @@ struct Pair {
 
 // Starts the waiter and the writer; returns after the waiter's EARLY line (in *early).
 ::testing::AssertionResult StartPair(Pair* p, int hold_ms, int poll_ms, bool expect_gone,
-                                     std::string* early) {
-  std::vector<std::string> wargs = {"--helper=waiter", "--poll-ms=" + std::to_string(poll_ms)};
+                                     std::string* early, int wait_ms = 60000) {
+  std::vector<std::string> wargs = {"--helper=waiter", "--poll-ms=" + std::to_string(poll_ms),
+                                    "--wait-ms=" + std::to_string(wait_ms)};
   if (expect_gone) wargs.push_back("--expect-gone");
   if (!p->waiter.Start(wargs)) return ::testing::AssertionFailure() << "fork waiter";
   std::string line = p->waiter.ReadLine(DeadlineAfterMs(30000));
@@ -224,7 +271,12 @@ struct Pair {
     return ::testing::AssertionFailure() << "fork writer";
   }
   line = p->writer.ReadLine(DeadlineAfterMs(30000));
-  if (line != "POSTED") return ::testing::AssertionFailure() << "writer: " << line;
+  if (line.rfind("POSTED ", 0) != 0) return ::testing::AssertionFailure() << "writer: " << line;
+  std::printf("RESULT writer's Write() took %s ms\n", line.substr(7).c_str());
+  // Write() only enqueues: it must return long before the held-back copy can run.
+  if (std::stoll(line.substr(7)) > hold_ms / 4) {
+    return ::testing::AssertionFailure() << "Write() blocked behind the hold: " << line;
+  }
   *early = p->waiter.ReadLine(DeadlineAfterMs(10000));
   if (early->rfind("EARLY ", 0) != 0) return ::testing::AssertionFailure() << "waiter: " << *early;
   return ::testing::AssertionSuccess();
@@ -237,77 +289,105 @@ class LandedEventTest : public ::testing::Test {
 
 // The notification arrives while the copy is held back (the waiter's marker is still pending
 // right after its wait was issued), and the waiter's stream reads the bytes only after they
-// landed.
+// landed: every byte of the pool is checked, and ConfirmLanded agrees.
 //
-// DISABLED (both tests): on the H200 (2026-11-29 16:21 UTC, main cbd00f7) this test failed: the
-// waiter's stream was released 1 ms after its wait on the interprocess event was issued, while
-// the writer's copy was still held back for 400 ms (most likely: a record queued behind a
-// dependency is not what another process's cudaStreamWaitEvent sees; not confirmed) — and with a 20 s hold no early notification
-// reached the waiter within 10 s. gpu_landed_wait is therefore refused by the daemons
-// (connector/daemon_config.cc). Re-enable these when the design is fixed (e.g. notify only once
-// the record has been pushed past its dependency).
-TEST_F(LandedEventTest, DISABLED_EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
+// (The interprocess-event version of this test failed on the H200 on 2026-11-29: the waiter's
+// stream was released 1 ms after its wait was issued while the copy was still held for 400 ms.
+// A memory wait on the flag cannot pass before the writer's stream wrote it.)
+TEST_F(LandedEventTest, EarlyNotificationAndGpuWaitSeeTheWholeWrite) {
   Pair p;
   std::string early;
   ASSERT_TRUE(StartPair(&p, /*hold_ms=*/400, /*poll_ms=*/10000, false, &early));
+  std::printf("RESULT %s\n", early.c_str());
   std::istringstream in(early);
   std::string tag, state;
   int flags = 0;
-  in >> tag >> flags >> state;
+  uint32_t seq = 0;
+  in >> tag >> flags >> seq >> state;
   EXPECT_NE(flags & kNotificationLandedOnEvent, 0) << early;
   EXPECT_EQ(state, "pending") << "the notification should precede the held-back copy: " << early;
   std::string line = p.waiter.ReadLine(DeadlineAfterMs(15000));
+  std::printf("RESULT %s\n", line.c_str());
   EXPECT_EQ(line.rfind("RELEASED ", 0), 0u) << line;
   EXPECT_NE(line.find("cudaSuccess"), std::string::npos) << line;
   // The waiter's stream stayed held for most of the writer's 400 ms: the notification came
   // before the copy (a late one would release it at once).
   long long released_ms = -1;
   std::sscanf(line.c_str(), "RELEASED %lld", &released_ms);
-  EXPECT_GE(released_ms, 100) << line;
-  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "DATA OK");
-  EXPECT_EQ(p.writer.ReadLine(DeadlineAfterMs(15000)), "DONE OK");
+  EXPECT_GE(released_ms, 150) << line;
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(10000)), "DATA OK");
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "CONFIRM OK");
+  line = p.writer.ReadLine(DeadlineAfterMs(15000));
+  std::printf("RESULT writer %s\n", line.c_str());
+  EXPECT_EQ(line.rfind("DONE OK ", 0), 0u) << line;
   EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "AFTER OK");  // writer still connected
   EXPECT_EQ(p.writer.Finish(DeadlineAfterMs(10000)), 0);
   EXPECT_EQ(p.waiter.Finish(DeadlineAfterMs(10000)), 0);
 }
 
-// The writer is SIGKILLed after the early notification, before its copy (and the event record
-// behind it) ran. What the waiting stream does then decides whether gpu_landed_wait may be on
-// by default: released (with which status) or stuck. Either way a wait issued after the
-// writer's connection closed must be refused with kUnavailable, and the GPU must stay usable
-// for other processes once the waiter is gone.
-TEST_F(LandedEventTest, DISABLED_WriterKilledBeforeItsCopy) {
+// The writer is SIGKILLed after the early notification, before its copy (and the flag write
+// behind it) ran. The waiting stream must be released in bounded time by the receiver (its
+// control socket's EOF), ConfirmLanded must say the layer did not land, a wait issued after
+// the writer's death must be refused with kUnavailable, and the GPU must stay usable.
+TEST_F(LandedEventTest, WriterKilledBeforeItsCopy) {
   Pair p;
   std::string early;
   ASSERT_TRUE(StartPair(&p, /*hold_ms=*/20000, /*poll_ms=*/8000, true, &early));
+  std::printf("RESULT %s\n", early.c_str());
   EXPECT_NE(early.find("pending"), std::string::npos) << early;
   const Clock::time_point killed = Clock::now();
   p.writer.Kill();
   std::string verdict = p.waiter.ReadLine(DeadlineAfterMs(20000));
   std::printf("RESULT writer SIGKILLed before its copy: waiting stream %s (%lld ms after the kill)\n",
               verdict.c_str(), static_cast<long long>(MsSince(killed)));
+  ASSERT_EQ(verdict.rfind("RELEASED ", 0), 0u) << verdict;
+  long long released_ms = -1;
+  std::sscanf(verdict.c_str(), "RELEASED %lld", &released_ms);
+  EXPECT_LT(released_ms, 5000) << verdict;
+  std::string data = p.waiter.ReadLine(DeadlineAfterMs(10000));
+  std::printf("RESULT data after release: %s\n", data.c_str());
+  EXPECT_EQ(data.rfind("DATA ", 0), 0u) << data;
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "CONFIRM UNAVAILABLE");
   std::string next = p.waiter.ReadLine(DeadlineAfterMs(10000));
-  if (verdict.rfind("RELEASED ", 0) == 0) {
-    std::printf("RESULT data after release: %s\n", next.c_str());
-    next = p.waiter.ReadLine(DeadlineAfterMs(10000));
-  } else {
-    ASSERT_EQ(verdict.rfind("STUCK ", 0), 0u) << verdict;
-    // A stream that can hang forever: the option must stay off by default.
-    EXPECT_FALSE(cuda_ipc::CudaIpcOptions{}.gpu_landed_wait);
-    EXPECT_FALSE(TransportOptions{}.cuda_ipc_gpu_landed_wait);
-  }
   std::printf("RESULT wait issued after the writer's death: %s\n", next.c_str());
   EXPECT_EQ(next, "AFTER UNAVAILABLE");
   const Clock::time_point gone = Clock::now();
   const int rc = p.waiter.Finish(DeadlineAfterMs(10000));
   std::printf("RESULT waiter process exit: rc %d after %lld ms\n", rc,
               static_cast<long long>(MsSince(gone)));
+  EXPECT_EQ(rc, 0);
   // The GPU still works for this process.
   void* x = nullptr;
   ASSERT_EQ(cudaMalloc(&x, 1 << 20), cudaSuccess);
   ASSERT_EQ(cudaMemset(x, 1, 1 << 20), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(x);
+}
+
+// A live writer whose copy is held past the wait's deadline: the receiver releases the waiting
+// stream soon after the deadline, ConfirmLanded says the layer did not land, and the writer is
+// dropped (its write fails instead of landing unannounced later).
+TEST_F(LandedEventTest, DeadlineReleasesTheWaitAndDropsTheWriter) {
+  Pair p;
+  std::string early;
+  ASSERT_TRUE(StartPair(&p, /*hold_ms=*/4000, /*poll_ms=*/8000, true, &early, /*wait_ms=*/500));
+  std::printf("RESULT %s\n", early.c_str());
+  EXPECT_NE(early.find("pending"), std::string::npos) << early;
+  std::string verdict = p.waiter.ReadLine(DeadlineAfterMs(20000));
+  std::printf("RESULT wait deadline 500 ms, copy held 4 s: waiting stream %s\n", verdict.c_str());
+  ASSERT_EQ(verdict.rfind("RELEASED ", 0), 0u) << verdict;
+  long long released_ms = -1;
+  std::sscanf(verdict.c_str(), "RELEASED %lld", &released_ms);
+  EXPECT_GE(released_ms, 300) << verdict;
+  EXPECT_LT(released_ms, 2500) << verdict;
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(10000)).rfind("DATA ", 0), 0u);
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(5000)), "CONFIRM UNAVAILABLE");
+  EXPECT_EQ(p.waiter.ReadLine(DeadlineAfterMs(10000)), "AFTER UNAVAILABLE");
+  std::string done = p.writer.ReadLine(DeadlineAfterMs(20000));
+  std::printf("RESULT dropped writer: %s\n", done.c_str());
+  EXPECT_EQ(done.rfind("DONE REMOTE_DISCONNECT", 0), 0u) << done;
+  EXPECT_EQ(p.writer.Finish(DeadlineAfterMs(10000)), 0);
+  EXPECT_EQ(p.waiter.Finish(DeadlineAfterMs(10000)), 0);
 }
 
 }  // namespace

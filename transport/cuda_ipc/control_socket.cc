@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -20,7 +21,9 @@ namespace kvstream::transport::cuda {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'I', 'P', 'C', 'N', '0', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+constexpr char kGrantMagic[8] = {'K', 'V', 'I', 'P', 'C', 'G', '0', '1'};
+constexpr uint32_t kMaxGrantKeyBytes = 4096;
 
 struct Hello {
   char magic[8];
@@ -32,7 +35,19 @@ struct Frame {
   int32_t layer;
   int32_t flags;
 };
-static_assert(sizeof(Hello) == 16 && sizeof(Frame) == 16);
+struct EarlyTail {
+  uint32_t seq;
+  uint32_t reserved;
+};
+struct GrantHeader {
+  char magic[8];
+  uint32_t granted;
+  uint32_t slot;
+  uint32_t first_seq;
+  uint32_t key_bytes;
+};
+static_assert(sizeof(Hello) == 16 && sizeof(Frame) == 16 && sizeof(EarlyTail) == 8 &&
+              sizeof(GrantHeader) == 24);
 
 Status Errno(std::string_view what) {
   return Unavailable(std::string(what) + ": " + std::strerror(errno));
@@ -76,17 +91,19 @@ bool WriteAll(int fd, const void* data, size_t n) {
 
 }  // namespace
 
-bool AddressWantsLandedEvents(const std::string& address) {
-  const std::string_view a(address), s(kLandedEventsSuffix);
+bool AddressWantsLandedFlags(const std::string& address) {
+  const std::string_view a(address), s(kLandedFlagsSuffix);
   return a.size() >= s.size() && a.substr(a.size() - s.size()) == s;
 }
 
 Result<std::unique_ptr<NotificationListener>> NotificationListener::Start(
-    const std::string& prefix, Callback on_notification, EventsCallback on_events) {
+    const std::string& prefix, Callback on_notification, FlagRequestCallback on_flag_request,
+    ClosedCallback on_closed) {
   static std::atomic<uint64_t> counter{0};
   std::unique_ptr<NotificationListener> l(new NotificationListener());
   l->callback_ = std::move(on_notification);
-  l->on_events_ = std::move(on_events);
+  l->on_flag_request_ = std::move(on_flag_request);
+  l->on_closed_ = std::move(on_closed);
   l->address_ = "unix:@" + prefix + "." + std::to_string(::getpid()) + "." +
                 std::to_string(counter.fetch_add(1));
   socklen_t len = 0;
@@ -103,8 +120,18 @@ Result<std::unique_ptr<NotificationListener>> NotificationListener::Start(
   return l;
 }
 
+void NotificationListener::Drop(uint32_t conn) {
+  {
+    std::lock_guard<std::mutex> lock(drop_mu_);
+    drops_.push_back(conn);
+  }
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof(one));
+}
+
 NotificationListener::~NotificationListener() {
   if (thread_.joinable()) {
+    stop_.store(true);
     uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
     thread_.join();
@@ -118,10 +145,17 @@ void NotificationListener::Run() {
     std::string buf;
     bool hello_done = false;
     uint32_t id = 0;
-    bool had_events = false;
+    uint32_t pid = 0;
+    bool asked = false;    // sent its flag request
+    bool granted = false;  // got a flag: its early frames are delivered
   };
   std::map<int, Conn> conns;
   uint32_t next_id = 0;
+  auto close_conn = [&](std::map<int, Conn>::iterator it) {
+    if (it->second.granted && on_closed_) on_closed_(it->second.id);
+    ::close(it->first);
+    conns.erase(it);
+  };
   for (;;) {
     std::vector<pollfd> fds;
     fds.push_back({wake_fd_, POLLIN, 0});
@@ -133,13 +167,31 @@ void NotificationListener::Run() {
       KV_LOG_ERROR << "cuda_ipc listener poll: " << std::strerror(errno);
       break;
     }
-    if (fds[0].revents) break;  // shutdown
+    if (fds[0].revents) {
+      if (stop_.load()) break;  // shutdown
+      uint64_t v;
+      (void)!::read(wake_fd_, &v, sizeof(v));
+      std::vector<uint32_t> drops;
+      {
+        std::lock_guard<std::mutex> lock(drop_mu_);
+        drops.swap(drops_);
+      }
+      for (uint32_t id : drops) {
+        for (auto it = conns.begin(); it != conns.end(); ++it) {
+          if (it->second.id != id) continue;
+          KV_LOG_WARN << "cuda_ipc listener: dropping writer connection " << id;
+          close_conn(it);
+          break;
+        }
+      }
+      continue;  // the poll set may name closed fds
+    }
     if (fds[1].revents & POLLIN) {
       for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
         Conn c;
-        next_id = next_id % static_cast<uint32_t>(kLandedConnMask) + 1;  // 1..65535
+        next_id = next_id % static_cast<uint32_t>(kLandedConnMask) + 1;  // 1..kLandedConnMask
         c.id = next_id;
         conns.emplace(fd, std::move(c));
       }
@@ -147,7 +199,9 @@ void NotificationListener::Run() {
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       int fd = fds[i].fd;
-      Conn& c = conns[fd];
+      auto cit = conns.find(fd);
+      if (cit == conns.end()) continue;
+      Conn& c = cit->second;
       bool close_it = false;
       char tmp[4096];
       for (;;) {
@@ -170,38 +224,68 @@ void NotificationListener::Run() {
           c.buf.clear();
         } else {
           c.hello_done = true;
+          c.pid = h.pid;
           pos = sizeof(Hello);
         }
       }
-      while (c.hello_done && c.buf.size() - pos >= sizeof(Frame)) {
+      // Frames that arrived with the EOF are still delivered; a protocol error stops here.
+      bool bad = false;
+      while (c.hello_done && !bad && c.buf.size() - pos >= sizeof(Frame)) {
         Frame f;
         std::memcpy(&f, c.buf.data() + pos, sizeof(f));
-        if (f.flags == kFrameEventTable) {
-          if (f.layer < 0 || f.layer > kLandedSlotMask + 1) {
-            KV_LOG_WARN << "cuda_ipc listener: event table of " << f.layer << " events, closing";
-            close_it = true;
-            pos = c.buf.size();
+        if (f.flags == kFrameFlagRequest) {
+          pos += sizeof(f);
+          GrantHeader g{};
+          std::memcpy(g.magic, kGrantMagic, sizeof(kGrantMagic));
+          std::string key;
+          if (!c.asked && on_flag_request_) {
+            Result<FlagGrant> r = on_flag_request_(c.id, c.pid);
+            if (r.ok()) {
+              g.granted = 1;
+              g.slot = r.value().slot;
+              g.first_seq = r.value().first_seq;
+              key = r.value().key;
+              g.key_bytes = static_cast<uint32_t>(key.size());
+            } else {
+              KV_LOG_WARN << "cuda_ipc listener: no landed flag for writer pid " << c.pid << ": "
+                          << r.status().ToString();
+            }
+          }
+          c.asked = true;
+          c.granted = g.granted != 0;  // from here on its close is reported
+          std::string msg(reinterpret_cast<const char*>(&g), sizeof(g));
+          msg += key;
+          // A fresh socket's buffer takes these few hundred bytes at once; anything less is a
+          // broken peer.
+          if (key.size() > kMaxGrantKeyBytes || !WriteAll(fd, msg.data(), msg.size())) {
+            bad = true;
             break;
           }
-          const size_t need = sizeof(Frame) + static_cast<size_t>(f.layer) * kEventHandleBytes;
-          if (c.buf.size() - pos < need) break;  // the rest of the table is still on its way
-          c.had_events = true;
-          if (on_events_) on_events_(c.id, c.buf.substr(pos + sizeof(Frame), need - sizeof(Frame)));
-          pos += need;
+          continue;
+        }
+        if (f.flags == kNotificationLandedOnEvent) {
+          if (!c.granted) {
+            KV_LOG_WARN << "cuda_ipc listener: early frame from writer pid " << c.pid
+                        << " without a landed flag, closing";
+            bad = true;
+            break;
+          }
+          if (c.buf.size() - pos < sizeof(Frame) + sizeof(EarlyTail)) break;  // tail on its way
+          EarlyTail t;
+          std::memcpy(&t, c.buf.data() + pos + sizeof(Frame), sizeof(t));
+          pos += sizeof(Frame) + sizeof(EarlyTail);
+          Notification n{f.request_id, f.layer, kNotificationLandedOnEvent | static_cast<int32_t>(c.id)};
+          n.landed_seq = t.seq;
+          if (callback_) callback_(n);
           continue;
         }
         pos += sizeof(f);
-        if (c.had_events && (f.flags & kNotificationLandedOnEvent)) {
-          f.flags = kNotificationLandedOnEvent | static_cast<int32_t>(c.id << kLandedConnShift) |
-                    (f.flags & kLandedSlotMask);
-        }
         if (callback_) callback_(Notification{f.request_id, f.layer, f.flags});
       }
-      c.buf.erase(0, pos);
-      if (close_it) {
-        if (c.had_events && on_events_) on_events_(c.id, std::string());
-        ::close(fd);
-        conns.erase(fd);
+      if (close_it || bad) {
+        close_conn(cit);
+      } else {
+        c.buf.erase(0, pos);
       }
     }
   }
@@ -267,17 +351,57 @@ Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
   return OkStatus();
 }
 
-Status NotificationChannel::SendEventTable(const std::string& handles) {
-  const size_t count = handles.size() / kEventHandleBytes;
-  if (handles.size() % kEventHandleBytes != 0 || count > size_t(kLandedSlotMask) + 1) {
-    return InvalidArgument("cuda_ipc: event table of " + std::to_string(handles.size()) + " bytes");
+Result<FlagGrant> NotificationChannel::RequestLandedFlag(Deadline deadline) {
+  {
+    Frame f{0, 0, kFrameFlagRequest};
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (!WriteAll(fd_, &f, sizeof(f))) {
+      return RemoteDisconnect(std::string("cuda_ipc: landed-flag request: ") + std::strerror(errno));
+    }
   }
-  std::string msg(sizeof(Frame), '\0');
-  Frame f{0, static_cast<int32_t>(count), kFrameEventTable};
-  std::memcpy(msg.data(), &f, sizeof(f));
-  msg += handles;
+  auto read_exact = [&](void* out, size_t n) -> Status {
+    char* p = static_cast<char*>(out);
+    while (n > 0) {
+      const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - Clock::now()).count();
+      if (left_ms < 0) return Timeout("cuda_ipc: no answer to the landed-flag request");
+      pollfd pf{fd_, POLLIN, 0};
+      int rc = ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+      if (rc < 0 && errno != EINTR) return Errno("poll");
+      if (rc <= 0) continue;
+      ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
+      if (r == 0) return RemoteDisconnect("cuda_ipc: receiver closed during the landed-flag request");
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        return RemoteDisconnect(std::string("cuda_ipc: landed-flag answer: ") + std::strerror(errno));
+      }
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return OkStatus();
+  };
+  GrantHeader g;
+  KV_RETURN_IF_ERROR(read_exact(&g, sizeof(g)));
+  if (std::memcmp(g.magic, kGrantMagic, sizeof(kGrantMagic)) != 0 || g.key_bytes > kMaxGrantKeyBytes) {
+    return Internal("cuda_ipc: malformed landed-flag answer");
+  }
+  FlagGrant grant;
+  grant.key.resize(g.key_bytes);
+  if (g.key_bytes > 0) KV_RETURN_IF_ERROR(read_exact(grant.key.data(), g.key_bytes));
+  if (g.granted == 0) return NotSupported("cuda_ipc: the receiver has no landed flag for this writer");
+  grant.slot = g.slot;
+  grant.first_seq = g.first_seq;
+  return grant;
+}
+
+Status NotificationChannel::SendEarly(const Notification& n, uint32_t seq) {
+  char msg[sizeof(Frame) + sizeof(EarlyTail)];
+  Frame f{n.request_id, n.layer, kNotificationLandedOnEvent};
+  EarlyTail t{seq, 0};
+  std::memcpy(msg, &f, sizeof(f));
+  std::memcpy(msg + sizeof(f), &t, sizeof(t));
   std::lock_guard<std::mutex> lock(send_mu_);
-  if (!WriteAll(fd_, msg.data(), msg.size())) {
+  if (!WriteAll(fd_, msg, sizeof(msg))) {
     return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
   }
   return OkStatus();

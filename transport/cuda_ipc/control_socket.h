@@ -2,8 +2,9 @@
 // writer's notifications to the receiver, and whose EOF tells each side that the other died.
 //
 // Address forms: "unix:@name" (Linux abstract namespace, nothing on disk) or "unix:/path".
-// Wire: the writer sends a Hello {magic "KVIPCN01", version} then 16-byte frames
-// {u64 request_id, i32 layer, i32 flags} (host byte order: same host only).
+// Wire (version 2): the writer sends a Hello {magic "KVIPCN01", u32 version, u32 pid} then
+// 16-byte frames {u64 request_id, i32 layer, i32 flags} (host byte order: same host only); the
+// receiver sends nothing except the one answer to a landed-flag request (below).
 //
 // Guarantees:
 //  - NotificationListener calls `on_notification` on its one thread, in the order the frames
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/time.h"
@@ -26,39 +28,50 @@
 
 namespace kvstream::transport::cuda {
 
-// Early notifications (cuda_ipc's gpu_landed_wait; transport.h kNotificationLandedOnEvent):
-//  - A receiver that wants them publishes its address with the suffix "#ev"
-//    (AddressWantsLandedEvents); the suffix is ignored when connecting.
-//  - The writer then sends its event table once, right after the hello: a frame
-//    {0, count, kFrameEventTable} followed by count * kEventHandleBytes bytes (one
-//    cudaIpcEventHandle_t each), and marks early frames with kNotificationLandedOnEvent | slot.
-//  - The listener rewrites such a frame's flags (on connections that sent a table; others'
-//    frames pass unchanged) to kNotificationLandedOnEvent |
-//    connection id << kLandedConnShift | slot, its connection ids being 1..65535, so that the
-//    receiver finds the event of (connection, slot) in the table that connection sent.
-inline constexpr int32_t kFrameEventTable = 1 << 29;
-inline constexpr size_t kEventHandleBytes = 64;
-inline constexpr int32_t kLandedSlotMask = 0xFFF;
-inline constexpr int kLandedConnShift = 12;
-inline constexpr int32_t kLandedConnMask = 0xFFFF;
-inline constexpr char kLandedEventsSuffix[] = "#ev";
-bool AddressWantsLandedEvents(const std::string& address);
+// Landed flags (cuda_ipc's gpu_landed_wait; transport.h kNotificationLandedOnEvent):
+//  - A receiver that offers them publishes its address with the suffix "#lf"
+//    (AddressWantsLandedFlags); the suffix is ignored when connecting.
+//  - The writer asks once, right after the hello: frame {0, 0, kFrameFlagRequest}. The listener
+//    answers with the only bytes a receiver ever sends on the socket: a grant header
+//    {magic "KVIPCG01", u32 granted, u32 slot, u32 first_seq, u32 key_bytes} and key_bytes of
+//    key (the backend's description of the receiver's flag array, opaque here).
+//  - An early frame is {request_id, layer, kNotificationLandedOnEvent} followed by
+//    {u32 seq, u32 0}: the writer's stream writes seq into its flag after the copy.
+//  - The listener delivers an early frame of a granted connection as flags =
+//    kNotificationLandedOnEvent | connection id (1..kLandedConnMask), landed_seq = seq; an
+//    early frame from a connection without a grant is a protocol error (closed). Other frames
+//    pass as sent (the transport's Write refuses user flags with bit 29 or 30).
+inline constexpr int32_t kFrameFlagRequest = 1 << 29;
+inline constexpr int32_t kLandedConnMask = 0x0FFFFFFF;
+inline constexpr char kLandedFlagsSuffix[] = "#lf";
+bool AddressWantsLandedFlags(const std::string& address);
+
+struct FlagGrant {
+  uint32_t slot = 0;       // index of the writer's 32-bit flag in the receiver's array
+  uint32_t first_seq = 1;  // the writer's first early write carries this sequence number
+  std::string key;         // how the writer maps the array (backend-defined)
+};
 
 class NotificationListener {
  public:
   using Callback = std::function<void(const Notification&)>;
-  // (connection id, table bytes): a connection's event table arrived; empty bytes: that
-  // connection (which had sent a table) closed. Called on the listener thread, in order with
-  // the connection's notifications.
-  using EventsCallback = std::function<void(uint32_t, const std::string&)>;
+  // A connection (id, writer's pid from its hello) asks for a landed flag. An error: the
+  // writer is told none is available (it then notifies late). Listener thread.
+  using FlagRequestCallback = std::function<Result<FlagGrant>(uint32_t conn, uint32_t pid)>;
+  // A connection that was granted a flag closed (EOF, error, bad frame or Drop). Listener
+  // thread, after every frame that connection delivered.
+  using ClosedCallback = std::function<void(uint32_t conn)>;
   // Listens on "unix:@<prefix>.<pid>.<counter>".
-  static Result<std::unique_ptr<NotificationListener>> Start(const std::string& prefix,
-                                                             Callback on_notification,
-                                                             EventsCallback on_events = nullptr);
+  static Result<std::unique_ptr<NotificationListener>> Start(
+      const std::string& prefix, Callback on_notification,
+      FlagRequestCallback on_flag_request = nullptr, ClosedCallback on_closed = nullptr);
   ~NotificationListener();
   NotificationListener(const NotificationListener&) = delete;
   NotificationListener& operator=(const NotificationListener&) = delete;
   const std::string& address() const { return address_; }
+  // Closes connection `conn` soon (the writer sees EOF); on_closed follows on the listener
+  // thread if it was granted a flag. Non-blocking, any thread; unknown ids are ignored.
+  void Drop(uint32_t conn);
 
  private:
   NotificationListener() = default;
@@ -66,9 +79,13 @@ class NotificationListener {
 
   std::string address_;
   Callback callback_;
-  EventsCallback on_events_;
+  FlagRequestCallback on_flag_request_;
+  ClosedCallback on_closed_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::mutex drop_mu_;
+  std::vector<uint32_t> drops_;
   std::thread thread_;
 };
 
@@ -84,9 +101,11 @@ class NotificationChannel {
   // Sends `count` notifications in order with as few socket writes as possible (one for up to
   // 64 frames): the receiver sees exactly the frames Send would have produced one by one.
   Status SendBatch(const Notification* n, size_t count);
-  // The event table of early notifications (see above): `handles` holds whole
-  // kEventHandleBytes-sized handles, at most kLandedSlotMask + 1 of them.
-  Status SendEventTable(const std::string& handles);
+  // Asks the receiver for a landed flag (see above); call once, before any Send. kNotSupported
+  // when the receiver has none for this writer, kRemoteDisconnect / kTimeout otherwise.
+  Result<FlagGrant> RequestLandedFlag(Deadline deadline);
+  // An early frame for `n` (its flags are ignored) carrying `seq`.
+  Status SendEarly(const Notification& n, uint32_t seq);
   // True once the peer closed or the socket failed. Waits at most timeout_us for that.
   bool PeerClosed(int64_t timeout_us) const;
   int fd() const { return fd_; }

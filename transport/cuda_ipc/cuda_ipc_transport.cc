@@ -19,6 +19,7 @@
 #include "transport/cuda_ipc/control_socket.h"
 #include "transport/cuda_ipc/copy_plan.h"
 #include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda_ipc/landed_flags.h"
 #include "transport/cuda_ipc/scatter_copy.h"
 
 namespace kvstream::transport::cuda_ipc {
@@ -97,61 +98,6 @@ struct Shared {
 
   std::mutex sink_mu;
   NotificationSink sink;
-
-  // Receiver (gpu_landed_wait): each writer connection's interprocess events, opened from the
-  // table it sent (listener connection id -> events by slot).
-  std::mutex landed_mu;
-  std::map<uint32_t, std::vector<cudaEvent_t>> landed;
-
-  static void DestroyEvents(int device, std::vector<cudaEvent_t>& evs) {
-    if (evs.empty()) return;
-    DeviceGuard guard(device);
-    for (cudaEvent_t e : evs) {
-      if (e != nullptr) (void)cudaEventDestroy(e);
-    }
-    evs.clear();
-  }
-
-  // Listener thread: a connection's event table arrived (open it) or the connection closed
-  // (empty bytes: close them; later StreamWaitLanded for it is kUnavailable).
-  void OnEvents(uint32_t conn, const std::string& bytes) {
-    std::vector<cudaEvent_t> evs;
-    if (!bytes.empty()) {
-      DeviceGuard guard(device);
-      const size_t n = bytes.size() / cuda::kEventHandleBytes;
-      for (size_t i = 0; i < n; ++i) {
-        cudaIpcEventHandle_t h;
-        static_assert(sizeof(h) == cuda::kEventHandleBytes);
-        std::memcpy(&h, bytes.data() + i * sizeof(h), sizeof(h));
-        cudaEvent_t e = nullptr;
-        cudaError_t err = cudaIpcOpenEventHandle(&e, h);
-        if (err != cudaSuccess) {
-          (void)cudaGetLastError();
-          KV_LOG_WARN << "cuda_ipc: cudaIpcOpenEventHandle of a writer's landed event: "
-                      << cudaGetErrorName(err) << "; its early notifications will fail";
-          DestroyEvents(device, evs);
-          break;
-        }
-        evs.push_back(e);
-      }
-    }
-    std::vector<cudaEvent_t> old;
-    {
-      std::lock_guard<std::mutex> lock(landed_mu);
-      auto it = landed.find(conn);
-      if (it != landed.end()) old.swap(it->second);
-      if (bytes.empty()) {
-        if (it != landed.end()) landed.erase(it);
-      } else {
-        landed[conn] = std::move(evs);
-      }
-    }
-    DestroyEvents(device, old);
-  }
-
-  ~Shared() {
-    for (auto& [conn, evs] : landed) DestroyEvents(device, evs);
-  }
 
   Result<std::shared_ptr<Mapping>> Open(const KeyWire& k) {
     std::string id(reinterpret_cast<const char*>(&k.pid), sizeof(k.pid));
@@ -241,16 +187,16 @@ class Core : public std::enable_shared_from_this<Core> {
   size_t table_capacity = 0;
   int wake_fd = -1;
 
-  // Early notifications (the receiver asked, gpu_landed_wait): interprocess events recorded
-  // after each notified write's copy, used round robin. Re-recording a slot later in the same
-  // stream order can only make a waiter wait for a later copy, never release it early.
-  std::vector<cudaEvent_t> landed;
-  uint32_t next_landed = 0;  // under submit_mu_
+  // Early notifications (the receiver granted a landed flag, gpu_landed_wait; landed_flags.h):
+  // after each notified write's copy the copy stream writes the write's sequence number into
+  // the receiver's flag at flag_addr (0: none, notifications are late).
+  std::shared_ptr<Mapping> flag_mapping;
+  uint64_t flag_addr = 0;
+  const cuda::StreamMemOps* mem_ops = nullptr;
+  uint32_t next_seq = 0;  // under submit_mu_
 
   ~Core() {
     Shutdown();
-    // After Shutdown drained the copy stream: every record of these events has completed.
-    Shared::DestroyEvents(shared->device, landed);
     if (wake_fd >= 0) ::close(wake_fd);
   }
 
@@ -333,6 +279,7 @@ class Core : public std::enable_shared_from_this<Core> {
     stream.reset();
     targets.clear();
     table.reset();
+    flag_mapping.reset();
   }
 
  private:
@@ -577,7 +524,7 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
                            " out of range (peer has " + std::to_string(targets.size()) + ")");
   }
   if (req.notify &&
-      (req.notification.flags & (kNotificationLandedOnEvent | cuda::kFrameEventTable)) != 0) {
+      (req.notification.flags & (kNotificationLandedOnEvent | cuda::kFrameFlagRequest)) != 0) {
     return InvalidArgument("cuda_ipc Write: notification flags bits 29 and 30 are the transport's");
   }
   if (failed_.load(std::memory_order_acquire)) {
@@ -701,18 +648,20 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
     }
   }
   const uint64_t tc1 = profiling ? NowNs() : 0;
+  // Early notification: the receiver waits for the copy on its GPU stream (for the flag this
+  // stream writes after the copy), so it may learn of the write now (its user flags must be 0:
+  // the flag bits carry the connection).
+  const bool early = req.notify && flag_addr != 0 && req.notification.flags == 0;
+  const uint32_t seq = next_seq;
+  if (early) {
+    // Copies already enqueued stay enqueued; without the flag write (and the done event
+    // below) this op never completes: report the failure now.
+    Status ws = mem_ops->Write(s, flag_addr, seq);
+    if (!ws.ok()) return fail(ws);
+    ++next_seq;
+  }
   cudaError_t err = cudaEventRecord(done_event, s);
   if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord"));
-  // Early notification: the receiver waits for the copy on its GPU stream, so it may learn of
-  // the write now (its user flags must be 0: the flag bits carry the event slot).
-  const bool early = req.notify && !landed.empty() && req.notification.flags == 0;
-  Notification early_note = req.notification;
-  if (early) {
-    const uint32_t slot = next_landed++ % static_cast<uint32_t>(landed.size());
-    err = cudaEventRecord(landed[slot], s);
-    if (err != cudaSuccess) return fail(CudaStatus(err, "cudaEventRecord (landed event)"));
-    early_note.flags = kNotificationLandedOnEvent | static_cast<int32_t>(slot);
-  }
   const uint64_t t2 = profiling ? NowNs() : 0;
   auto op = std::make_shared<Op>();
   op->done_event = done_event;
@@ -731,7 +680,7 @@ Result<std::unique_ptr<WriteHandle>> Core::Write(const WriteRequest& req) {
       ch = channel;
     }
     Status sent = ch == nullptr ? Canceled("cuda_ipc: endpoint destroyed before the notification was sent")
-                                : ch->Send(early_note);
+                                : ch->SendEarly(req.notification, seq);
     if (!sent.ok()) {
       if (sent.code() == StatusCode::kRemoteDisconnect) MarkDisconnected(sent);
       Finish(*op, sent);
@@ -774,40 +723,63 @@ class IpcEndpoint : public Endpoint {
 class CudaIpcTransport : public Transport {
  public:
   explicit CudaIpcTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  ~CudaIpcTransport() override { listener_.reset(); }
+  ~CudaIpcTransport() override {
+    // The watchdog may drop listener connections, and the listener calls into the table:
+    // stop the first, then the second, then free the table.
+    if (flags_) flags_->Stop();
+    listener_.reset();
+    flags_reg_.reset();
+    flags_.reset();
+  }
 
   Status Init() {
     std::weak_ptr<Shared> weak = shared_;
-    KV_ASSIGN_OR_RETURN(listener_, cuda::NotificationListener::Start(
-                                       "kvstream-cuda-ipc", [weak](const Notification& n) {
-                                         auto sh = weak.lock();
-                                         if (!sh) return;
-                                         std::lock_guard<std::mutex> lock(sh->sink_mu);
-                                         if (sh->sink) sh->sink(n);
-                                       },
-                                       [weak](uint32_t conn, const std::string& table) {
-                                         if (auto sh = weak.lock()) sh->OnEvents(conn, table);
-                                       }));
+    KV_ASSIGN_OR_RETURN(
+        listener_,
+        cuda::NotificationListener::Start(
+            "kvstream-cuda-ipc",
+            [weak, this](const Notification& n) {
+              auto sh = weak.lock();
+              if (!sh) return;
+              // The table learns of the write before the consumer can ask to wait for it.
+              if ((n.flags & kNotificationLandedOnEvent) != 0 && flags_ != nullptr) {
+                flags_->OnEarly(static_cast<uint32_t>(n.flags & cuda::kLandedConnMask), n.landed_seq);
+              }
+              std::lock_guard<std::mutex> lock(sh->sink_mu);
+              if (sh->sink) sh->sink(n);
+            },
+            [this](uint32_t conn, uint32_t) -> Result<cuda::FlagGrant> {
+              if (flags_ == nullptr) return NotSupported("gpu_landed_wait is off");
+              return flags_->Grant(conn);
+            },
+            [this](uint32_t conn) {
+              if (flags_ != nullptr) flags_->OnClosed(conn);
+            }));
+    if (shared_->options.gpu_landed_wait) {
+      // Without landed flags the receiver still works, with late notifications (logged).
+      Status s = MakeLandedFlags();
+      if (!s.ok()) {
+        KV_LOG_WARN << "cuda_ipc: gpu_landed_wait unavailable, notifications stay late: "
+                    << s.ToString();
+        if (flags_) flags_->Stop();
+        flags_reg_.reset();
+        flags_.reset();
+      }
+    }
     return OkStatus();
   }
 
-  Status StreamWaitLanded(const Notification& n, void* stream) override {
+  Status StreamWaitLanded(const Notification& n, void* stream, Deadline deadline) override {
     if ((n.flags & kNotificationLandedOnEvent) == 0) return OkStatus();
     if (stream == nullptr) return InvalidArgument("cuda_ipc StreamWaitLanded: no stream");
-    const uint32_t conn = static_cast<uint32_t>(n.flags >> cuda::kLandedConnShift) & cuda::kLandedConnMask;
-    const size_t slot = static_cast<size_t>(n.flags & cuda::kLandedSlotMask);
-    std::lock_guard<std::mutex> lock(shared_->landed_mu);
-    auto it = shared_->landed.find(conn);
-    if (it == shared_->landed.end() || slot >= it->second.size()) {
-      return Unavailable("cuda_ipc: the writer of request " + std::to_string(n.request_id) +
-                         " layer " + std::to_string(n.layer) +
-                         " is gone (its connection and landed events are closed); the layer may "
-                         "not have landed");
-    }
-    DeviceGuard guard(shared_->device);
-    KV_RETURN_IF_ERROR(guard.status());
-    return CudaStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), it->second[slot], 0),
-                      "cudaStreamWaitEvent (landed event)");
+    if (flags_ == nullptr) return NotSupported("cuda_ipc: this receiver has no landed flags");
+    return flags_->Wait(n, static_cast<cudaStream_t>(stream), deadline);
+  }
+
+  Status ConfirmLanded(const Notification& n) override {
+    if ((n.flags & kNotificationLandedOnEvent) == 0) return OkStatus();
+    if (flags_ == nullptr) return NotSupported("cuda_ipc: this receiver has no landed flags");
+    return flags_->Confirm(n);
   }
 
   std::string name() const override { return "cuda_ipc"; }
@@ -820,7 +792,7 @@ class CudaIpcTransport : public Transport {
     return c;
   }
   std::string LocalAddress() const override {
-    return listener_->address() + (shared_->options.gpu_landed_wait ? cuda::kLandedEventsSuffix : "");
+    return listener_->address() + (flags_ != nullptr ? cuda::kLandedFlagsSuffix : "");
   }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
@@ -894,12 +866,15 @@ class CudaIpcTransport : public Transport {
                         cuda::PinnedBuffer::Allocate(core->table_capacity * sizeof(CopyRun)));
     core->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (core->wake_fd < 0) return Internal("cuda_ipc: eventfd failed");
-    if (cuda::AddressWantsLandedEvents(peer.address) && shared_->options.landed_event_slots > 0) {
-      // Without interprocess events the writes still work, with notifications after completion.
-      Status s = MakeLandedEvents(*core);
+    if (cuda::AddressWantsLandedFlags(peer.address)) {
+      // Before the completion thread starts: the grant is the only thing the receiver sends.
+      Status s = SetUpLandedFlag(*core, DeadlineAfterMs(shared_->options.connect_timeout_ms));
+      if (s.code() == StatusCode::kRemoteDisconnect || s.code() == StatusCode::kTimeout) return s;
       if (!s.ok()) {
+        // Without the flag the writes still work, with notifications after completion.
         KV_LOG_WARN << "cuda_ipc: no early notifications for " << peer.address << ": " << s.ToString();
-        Shared::DestroyEvents(shared_->device, core->landed);
+        core->flag_addr = 0;
+        core->flag_mapping.reset();
       }
     }
     core->Start();
@@ -912,27 +887,41 @@ class CudaIpcTransport : public Transport {
   }
 
  private:
-  Status MakeLandedEvents(Core& core) {
-    DeviceGuard guard(shared_->device);
-    KV_RETURN_IF_ERROR(guard.status());
-    const int n = std::min(shared_->options.landed_event_slots, int(cuda::kLandedSlotMask) + 1);
-    std::string table;
-    for (int i = 0; i < n; ++i) {
-      cudaEvent_t e = nullptr;
-      KV_CUDA_RETURN_IF_ERROR(
-          cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
-          "cudaEventCreateWithFlags (interprocess)");
-      core.landed.push_back(e);
-      cudaIpcEventHandle_t h;
-      KV_CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&h, e), "cudaIpcGetEventHandle");
-      table.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  // Receiver: the flag array, registered like any region so that writers map it with the key.
+  Status MakeLandedFlags() {
+    KV_ASSIGN_OR_RETURN(flags_, cuda::LandedFlagTable::Create(
+                                    shared_->device, &shared_->events,
+                                    [l = listener_.get()](uint32_t conn) { l->Drop(conn); }));
+    MemoryRegion r{flags_->array(), flags_->array_bytes(), MemoryKind::kCuda, shared_->device};
+    KV_ASSIGN_OR_RETURN(flags_reg_, Register(r));
+    flags_->SetArrayKey(flags_reg_->RemoteKey());
+    return OkStatus();
+  }
+
+  // Writer: asks for a landed flag and maps the receiver's array.
+  Status SetUpLandedFlag(Core& core, Deadline deadline) {
+    KV_ASSIGN_OR_RETURN(core.mem_ops, cuda::StreamMemOps::Get());
+    KV_ASSIGN_OR_RETURN(cuda::FlagGrant g, core.channel->RequestLandedFlag(deadline));
+    KV_ASSIGN_OR_RETURN(KeyWire k, ParseKey(g.key));
+    if (cuda::HostIdentity() != k.host_id) {
+      return NotSupported("cuda_ipc: the landed-flag array belongs to another host");
     }
-    // The table goes before any notification (the channel is this endpoint's alone so far).
-    return core.channel->SendEventTable(table);
+    if ((uint64_t(g.slot) + 1) * sizeof(uint32_t) > k.length) {
+      return InvalidArgument("cuda_ipc: landed flag slot " + std::to_string(g.slot) +
+                             " lies outside the receiver's array");
+    }
+    KV_ASSIGN_OR_RETURN(core.flag_mapping, shared_->Open(k));
+    core.flag_addr = reinterpret_cast<uint64_t>(core.flag_mapping->base) + k.offset +
+                     uint64_t(g.slot) * sizeof(uint32_t);
+    core.next_seq = g.first_seq;
+    return OkStatus();
   }
 
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<cuda::NotificationListener> listener_;
+  // Receiver with gpu_landed_wait (null otherwise): set in Init, before the address is known.
+  std::unique_ptr<cuda::LandedFlagTable> flags_;
+  std::unique_ptr<Registration> flags_reg_;
 };
 
 }  // namespace

@@ -25,12 +25,16 @@
 //    completion thread sends the notifications of writes that completed together in one
 //    socket write). Write() takes no lock that a CUDA call or a syscall runs under, allocates
 //    only the op and its handle, and wakes the completion thread only when it is parked.
-//  - Early notifications (the receiver was made with gpu_landed_wait; its address ends in "#ev"):
-//    the writer records one of its interprocess events after each notified write's copy and
-//    sends the notification at once, flagged kNotificationLandedOnEvent (transport.h); the
-//    receiver's StreamWaitLanded makes a stream wait for that event. The WriteHandle still
-//    completes only when the copy has. Writes with non-zero notification flags, and writers
-//    that cannot make interprocess events, notify after completion as usual.
+//  - Early notifications (the receiver was made with gpu_landed_wait; its address ends in "#lf";
+//    landed_flags.h): the receiver grants each writer connection a 32-bit flag in a device
+//    array of its own; the writer maps it once, its copy stream writes the write's sequence
+//    number into it after each notified write's copy (cuStreamWriteValue32), and it sends the
+//    notification at once, flagged kNotificationLandedOnEvent (transport.h) with landed_seq.
+//    The receiver's StreamWaitLanded makes a stream wait for the flag (cuStreamWaitValue32);
+//    a writer that dies or a deadline that passes releases such waits (ConfirmLanded then
+//    says the data did not land). The WriteHandle still completes only when the copy has.
+//    Writes with non-zero notification flags, and writers or receivers without the driver's
+//    stream memory operations, notify after completion as usual.
 //  - Peer death: EOF on the control socket -> endpoint status, pending and later writes
 //    kRemoteDisconnect (detected within about 20 ms).
 //  - ~Endpoint: stops the completion thread, waits (bounded, close_timeout_ms) for its copy
@@ -67,15 +71,12 @@ struct CudaIpcOptions {
   bool block_table = true;
   size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
   // Receiver: ask writers for early notifications (transport.h kNotificationLandedOnEvent): a
-  // notified write's notification leaves as soon as its copy is enqueued, naming an
-  // interprocess event the writer records after the copy; the consumer makes its GPU stream
-  // wait on it with StreamWaitLanded instead of waiting on the host for completion. The
-  // address then ends in "#ev". A writer that cannot make interprocess events sends late
-  // notifications instead (logged). Off by default: see docs/transports.md for what a writer
-  // killed mid-copy does to a waiting stream.
+  // notified write's notification leaves as soon as its copy is enqueued, naming the sequence
+  // number the writer's copy stream writes into this receiver's landed flag after the copy;
+  // the consumer makes its GPU stream wait for it with StreamWaitLanded instead of waiting on
+  // the host for completion, and checks ConfirmLanded once that work is done. The address then
+  // ends in "#lf". Without the driver's stream memory operations the receiver stays late (logged).
   bool gpu_landed_wait = false;
-  // Writer: interprocess events per endpoint for early notifications, used round robin.
-  int landed_event_slots = 256;
   int64_t connect_timeout_ms = 5000;
   int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
 };
