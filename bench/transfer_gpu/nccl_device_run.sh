@@ -24,6 +24,14 @@ export KVSTREAM_LOG_LEVEL=${KVSTREAM_LOG_LEVEL:-warn}
 export NCCL_NVLS_ENABLE=0
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 T0=$(date +%s)
+# step NAME SECONDS CMD...: a header with the time so far, CMD under a timeout, its exit code.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (t=$(( $(date +%s) - T0 ))s)"
+  timeout -k 5 "$limit" "$@" 2>&1
+  echo "rc=$?"
+}
 run_tests() {
   {
     date -u
@@ -32,29 +40,18 @@ run_tests() {
     echo "cpus $(nproc) kernel $(uname -r)"
     ls -l /usr/lib/x86_64-linux-gnu/libnccl.so* 2>&1 | head -3
     if [[ ${SKIP_UNIT:-0} != 1 ]]; then
-      echo "== nccl_wire_test"
-      timeout 15 "$B/nccl_wire_test" --gtest_brief=1 2>&1
-      echo "rc=$?"
-      echo "== nccl_transport_gpu_test (t=$(( $(date +%s) - T0 ))s)"
-      timeout 60 "$B/nccl_transport_gpu_test" --gtest_brief=1 2>&1
-      echo "rc=$?"
+      step nccl_wire_test 15 "$B/nccl_wire_test" --gtest_brief=1
+      step nccl_transport_gpu_test 60 "$B/nccl_transport_gpu_test" --gtest_brief=1
     fi
-    echo "== daemons_gpu_test (t=$(( $(date +%s) - T0 ))s)"
     KVSTREAM_PREFILL_BIN="$B/kvstream-prefill" KVSTREAM_DECODE_BIN="$B/kvstream-decode" \
-      timeout -k 5 ${TEST_TIMEOUT:-180} "$B/daemons_gpu_test" --gtest_filter="${GTEST_FILTER:-*}" 2>&1
-    echo "rc=$?"
+      step daemons_gpu_test "${TEST_TIMEOUT:-180}" "$B/daemons_gpu_test" --gtest_filter="${GTEST_FILTER:-*}"
     echo "== tests done (t=$(( $(date +%s) - T0 ))s)"
   } > "$R/tests.log" 2>&1
 }
 run_transfer() {
-  {
-    echo "== transfer_nccl (t=$(( $(date +%s) - T0 ))s)"
-    KVSTREAM_NCCL_TRACE=${XFER_TRACE:-0} timeout ${BENCH_TIMEOUT:-70} "$B/transfer_nccl" --iters=${ITERS:-6} \
-      --models=${MODELS_XFER:-llama-3-8b,llama-2-7b} \
-      --backends=${BACKENDS:-cuda_ipc,nccl_loose,nccl} --json="$R/transfer.jsonl" 2>&1
-    echo "rc=$?"
-    echo "== done (t=$(( $(date +%s) - T0 ))s)"
-  } > "$R/transfer.log" 2>&1
+  KVSTREAM_NCCL_TRACE=${XFER_TRACE:-0} step transfer_nccl "${BENCH_TIMEOUT:-70}" "$B/transfer_nccl" \
+    --iters=${ITERS:-6} --models=${MODELS_XFER:-llama-3-8b,llama-2-7b} \
+    --backends=${BACKENDS:-cuda_ipc,nccl_loose,nccl} --json="$R/transfer.jsonl" > "$R/transfer.log" 2>&1
 }
 run_ttft() {
   mkdir -p "$R/ttft"

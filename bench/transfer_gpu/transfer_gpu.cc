@@ -63,10 +63,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/transfer_gpu/bench_common.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "tests/transport_gpu/gpu_peer.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 #if KVSTREAM_HAVE_UCX_STAGED
@@ -83,40 +85,6 @@ using transport::PeerDescriptor;
 using transport::Transport;
 using transport::WriteHandle;
 using transport::WriteRequest;
-
-#define CHECK_CUDA(expr)                                                              \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "transfer_gpu: %s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-void Die(const std::string& what) {
-  std::fprintf(stderr, "transfer_gpu: %s\n", what.c_str());
-  std::exit(1);
-}
-
-std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
-  std::map<std::string, std::string> a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) != 0) continue;
-    auto eq = s.find('=');
-    if (eq == std::string::npos) a[s.substr(2)] = "1";
-    else a[s.substr(2, eq - 2)] = s.substr(eq + 1);
-  }
-  return a;
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string x;
-  while (std::getline(in, x, ',')) if (!x.empty()) out.push_back(x);
-  return out;
-}
 
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
   // cuda_ipc_packed: the previous pass's path (packed runs, <= 336 per launch), for
@@ -182,156 +150,19 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
   return NotSupported("backend " + name + " is not built into transfer_gpu");
 }
 
-std::string ToHex(const std::string& s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-std::string FromHex(const std::string& h) {
-  std::string out;
-  for (size_t i = 0; i + 1 < h.size(); i += 2) {
-    out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
-
 // ---- receiver process -------------------------------------------------------------------
 
 int RunReceiver(const std::map<std::string, std::string>& args) {
   const std::string backend = args.at("backend");
   const int device = std::stoi(args.at("device"));
-  const int regions = std::stoi(args.at("regions"));
-  const uint64_t region_bytes = std::stoull(args.at("region-bytes"));
-  CHECK_CUDA(cudaSetDevice(device));
-  auto t = MakeBackend(backend, device);
-  if (!t.ok()) {
-    std::printf("ERROR %s\n", t.status().ToString().c_str());
-    return 1;
-  }
+  KV_BENCH_CUDA(cudaSetDevice(device));
   // ucx_host: host memory on both sides (the staged backend's UCX leg alone).
-  const bool host = backend == "ucx_host";
-  void* pool = nullptr;
-  if (host) {
-    pool = std::malloc(region_bytes * regions);
-    if (pool == nullptr) Die("malloc");
-    std::memset(pool, 0, region_bytes * regions);
-  } else {
-    CHECK_CUDA(cudaMalloc(&pool, region_bytes * regions));
-  }
-  std::vector<std::unique_ptr<transport::Registration>> regs;
-  for (int r = 0; r < regions; ++r) {
-    auto reg = t.value()->Register(
-        {static_cast<char*>(pool) + r * region_bytes, region_bytes,
-         host ? MemoryKind::kHost : MemoryKind::kCuda, host ? -1 : device});
-    if (!reg.ok()) {
-      std::printf("ERROR %s\n", reg.status().ToString().c_str());
-      return 1;
-    }
-    regs.push_back(std::move(reg).value());
-  }
-  std::atomic<uint64_t> notes{0};
-  t.value()->SetNotificationSink([&](const transport::Notification&) { notes++; });
-  std::printf("READY %s %d", ToHex(t.value()->LocalAddress()).c_str(), regions);
-  for (auto& reg : regs) {
-    std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
-                (unsigned long long)reinterpret_cast<uint64_t>(reg->region().addr),
-                (unsigned long long)reg->region().length);
-  }
-  std::printf("\n");
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    if (line == "COUNT") {
-      std::printf("COUNT %llu\n", (unsigned long long)notes.load());
-      std::fflush(stdout);
-    }
-  }
-  t.value()->SetNotificationSink(nullptr);
-  regs.clear();
-  t.value().reset();
-  if (host) std::free(pool);
-  else cudaFree(pool);
-  return 0;
+  return kvstream::testing::ServeAsCountingReceiver(
+      MakeBackend(backend, device), device, std::stoi(args.at("regions")),
+      std::stoull(args.at("region-bytes")), /*host_memory=*/backend == "ucx_host");
 }
 
 // ---- writer side --------------------------------------------------------------------------
-
-class Child {
- public:
-  bool Start(const std::vector<std::string>& args) {
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return false;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], 1);
-      std::vector<char*> argv;
-      static char self[] = "/proc/self/exe";
-      argv.push_back(self);
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv("/proc/self/exe", argv.data());
-      _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    to_ = in[1];
-    from_ = out[0];
-    return pid_ > 0;
-  }
-  void Send(const std::string& s) {
-    std::string l = s + "\n";
-    (void)!write(to_, l.data(), l.size());
-  }
-  std::string ReadLine(int timeout_ms) {
-    auto deadline = DeadlineAfterMs(timeout_ms);
-    for (;;) {
-      auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return l;
-      }
-      if (Expired(deadline)) return "";
-      pollfd p{from_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      char tmp[65536];
-      ssize_t r = read(from_, tmp, sizeof(tmp));
-      if (r <= 0) return "";
-      buf_.append(tmp, static_cast<size_t>(r));
-    }
-  }
-  void Finish() {
-    if (to_ >= 0) close(to_);
-    to_ = -1;
-    for (int i = 0; i < 1000 && pid_ > 0; ++i) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) pid_ = -1;
-      else usleep(10000);
-    }
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-    if (from_ >= 0) close(from_);
-    from_ = -1;
-  }
-  ~Child() { Finish(); }
-
- private:
-  pid_t pid_ = -1;
-  int to_ = -1, from_ = -1;
-  std::string buf_;
-};
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct Row {
   std::string model, backend, kase, baseline;
@@ -381,23 +212,13 @@ void Emit(const Row& r, int tokens) {
       << ",\"wakeups_per_write\":" << p.wakeups / w;
   }
   j << "}";
-  std::printf("%s\n", j.str().c_str());
-  std::fflush(stdout);
-  if (g_json.is_open()) g_json << j.str() << "\n" << std::flush;
+  EmitJsonLine(j.str(), g_json);
   g_rows.push_back(r);
 }
 
-// Host-clocked median of `fn` (which must return only when its work is complete).
 template <typename Fn>
 double TimeIt(int iters, Fn fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    auto s = Clock::now();
-    fn();
-    t.push_back(SecondsSince(s));
-  }
-  return Median(t);
+  return TimedMedian(3, iters, fn);  // after 3 warm-ups
 }
 
 struct Baselines {
@@ -410,20 +231,20 @@ struct Baselines {
 template <typename Fn>
 double DeviceTimeUs(int iters, cudaStream_t s, Fn fn) {
   cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
+  KV_BENCH_CUDA(cudaEventCreate(&a));
+  KV_BENCH_CUDA(cudaEventCreate(&b));
   std::vector<double> t;
   for (int i = 0; i < iters + 2; ++i) {
-    CHECK_CUDA(cudaEventRecord(a, s));
+    KV_BENCH_CUDA(cudaEventRecord(a, s));
     fn();
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
+    KV_BENCH_CUDA(cudaEventRecord(b, s));
+    KV_BENCH_CUDA(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    KV_BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
     if (i >= 2) t.push_back(ms * 1e3);
   }
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
+  KV_BENCH_CUDA(cudaEventDestroy(a));
+  KV_BENCH_CUDA(cudaEventDestroy(b));
   return Median(t);
 }
 
@@ -442,44 +263,44 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
                model_name.c_str(), layers, (unsigned long long)bb, (unsigned long long)blocks,
                layer_bytes / 1048576.0, prompt_bytes / 1048576.0);
 
-  CHECK_CUDA(cudaSetDevice(device));
+  KV_BENCH_CUDA(cudaSetDevice(device));
   void* src = nullptr;
   void* dst = nullptr;
   void* pinned = nullptr;
-  CHECK_CUDA(cudaMalloc(&src, prompt_bytes));
-  CHECK_CUDA(cudaMalloc(&dst, prompt_bytes));
-  CHECK_CUDA(cudaMemset(src, 0x3C, prompt_bytes));
-  CHECK_CUDA(cudaHostAlloc(&pinned, prompt_bytes, cudaHostAllocPortable));
+  KV_BENCH_CUDA(cudaMalloc(&src, prompt_bytes));
+  KV_BENCH_CUDA(cudaMalloc(&dst, prompt_bytes));
+  KV_BENCH_CUDA(cudaMemset(src, 0x3C, prompt_bytes));
+  KV_BENCH_CUDA(cudaHostAlloc(&pinned, prompt_bytes, cudaHostAllocPortable));
   std::memset(pinned, 0x5A, prompt_bytes);
   cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaDeviceSynchronize());
+  KV_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  KV_BENCH_CUDA(cudaDeviceSynchronize());
   // Host -> device baselines land where the receiver's copies land: its GPU.
   void* rx_dst = dst;
   cudaStream_t rx_s = s;
   if (rx_device != device) {
-    CHECK_CUDA(cudaSetDevice(rx_device));
-    CHECK_CUDA(cudaMalloc(&rx_dst, prompt_bytes));
-    CHECK_CUDA(cudaStreamCreateWithFlags(&rx_s, cudaStreamNonBlocking));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    CHECK_CUDA(cudaSetDevice(device));
+    KV_BENCH_CUDA(cudaSetDevice(rx_device));
+    KV_BENCH_CUDA(cudaMalloc(&rx_dst, prompt_bytes));
+    KV_BENCH_CUDA(cudaStreamCreateWithFlags(&rx_s, cudaStreamNonBlocking));
+    KV_BENCH_CUDA(cudaDeviceSynchronize());
+    KV_BENCH_CUDA(cudaSetDevice(device));
   }
 
   Baselines b;
   auto copy_layers = [&](void* to, const void* from, cudaMemcpyKind kind, int n) {
     cudaStream_t cs = kind == cudaMemcpyHostToDevice ? rx_s : s;
     for (int l = 0; l < n; ++l) {
-      CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(to) + l * layer_bytes,
-                                 static_cast<const char*>(from) + l * layer_bytes, layer_bytes, kind, cs));
+      KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(to) + l * layer_bytes,
+                                    static_cast<const char*>(from) + l * layer_bytes, layer_bytes, kind, cs));
     }
-    CHECK_CUDA(cudaStreamSynchronize(cs));
+    KV_BENCH_CUDA(cudaStreamSynchronize(cs));
   };
   b.d2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, 1); }) / 1e9;
   b.d2d_prompt = prompt_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, layers); }) / 1e9;
   {
     auto enqueue = [&](int n, uint64_t bytes) {
       for (int l = 0; l < n; ++l) {
-        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + l * layer_bytes,
+        KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + l * layer_bytes,
                                    static_cast<const char*>(src) + l * layer_bytes, bytes,
                                    cudaMemcpyDeviceToDevice, s));
       }
@@ -496,28 +317,28 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
     // The staged path runs D2H (writer) and H2D (receiver) at once: the same bytes both ways
     // concurrently, on two streams of this process, each direction with its own pinned buffer.
     void* pinned2 = nullptr;
-    CHECK_CUDA(cudaHostAlloc(&pinned2, prompt_bytes, cudaHostAllocPortable));
+    KV_BENCH_CUDA(cudaHostAlloc(&pinned2, prompt_bytes, cudaHostAllocPortable));
     std::memset(pinned2, 0x5A, prompt_bytes);
     cudaStream_t s2;
-    CHECK_CUDA(cudaSetDevice(rx_device));
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    CHECK_CUDA(cudaSetDevice(device));
+    KV_BENCH_CUDA(cudaSetDevice(rx_device));
+    KV_BENCH_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    KV_BENCH_CUDA(cudaSetDevice(device));
     auto both = [&](int n) {
       for (int l = 0; l < n; ++l) {
-        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(rx_dst) + l * layer_bytes,
+        KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(rx_dst) + l * layer_bytes,
                                    static_cast<const char*>(pinned2) + l * layer_bytes, layer_bytes,
                                    cudaMemcpyHostToDevice, s2));
-        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(pinned) + l * layer_bytes,
+        KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(pinned) + l * layer_bytes,
                                    static_cast<const char*>(src) + l * layer_bytes, layer_bytes,
                                    cudaMemcpyDeviceToHost, s));
       }
-      CHECK_CUDA(cudaStreamSynchronize(s));
-      CHECK_CUDA(cudaStreamSynchronize(s2));
+      KV_BENCH_CUDA(cudaStreamSynchronize(s));
+      KV_BENCH_CUDA(cudaStreamSynchronize(s2));
     };
     b.bidir_layer = layer_bytes / TimeIt(iters, [&] { both(1); }) / 1e9;
     b.bidir_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { both(layers); }) / 1e9;
-    CHECK_CUDA(cudaStreamDestroy(s2));
-    CHECK_CUDA(cudaFreeHost(pinned2));
+    KV_BENCH_CUDA(cudaStreamDestroy(s2));
+    KV_BENCH_CUDA(cudaFreeHost(pinned2));
   }
   auto base_row = [&](const std::string& name, const std::string& kase, uint64_t bytes, size_t writes, double gbps) {
     Row r;
@@ -539,11 +360,11 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
   base_row("pinned_d2h", "prompt_contig", prompt_bytes, layers, b.d2h_prompt);
   base_row("pinned_bidir", "layer_contig", layer_bytes, 1, b.bidir_layer);
   base_row("pinned_bidir", "prompt_contig", prompt_bytes, layers, b.bidir_prompt);
-  CHECK_CUDA(cudaFreeHost(pinned));
-  CHECK_CUDA(cudaFree(dst));
+  KV_BENCH_CUDA(cudaFreeHost(pinned));
+  KV_BENCH_CUDA(cudaFree(dst));
   if (rx_device != device) {
-    CHECK_CUDA(cudaFree(rx_dst));  // UVA: freed on its own device
-    CHECK_CUDA(cudaStreamDestroy(rx_s));
+    KV_BENCH_CUDA(cudaFree(rx_dst));  // UVA: freed on its own device
+    KV_BENCH_CUDA(cudaStreamDestroy(rx_s));
   }
 
   // Scattered destination blocks: a fixed random choice of `blocks` out of `pool_blocks`.
@@ -554,29 +375,16 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
   ids.resize(blocks);
 
   for (const std::string& backend : backends) {
-    Child rx;
-    if (!rx.Start({"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rx_device),
-                   "--regions=" + std::to_string(layers),
-                   "--region-bytes=" + std::to_string(pool_blocks * bb)})) {
-      Die("fork");
-    }
-    std::string line = rx.ReadLine(60000);
-    std::istringstream in(line);
-    std::string tag, addr;
-    int n = 0;
-    in >> tag >> addr >> n;
-    if (tag != "READY") {
-      std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), line.c_str());
-      continue;
-    }
+    kvstream::testing::PeerProcess rx;
     PeerDescriptor peer;
-    peer.address = FromHex(addr);
-    for (int i = 0; i < n; ++i) {
-      std::string key;
-      transport::RemoteRegion rr;
-      in >> key >> rr.addr >> rr.length;
-      rr.key = FromHex(key);
-      peer.regions.push_back(rr);
+    const std::string err = kvstream::testing::StartPeerReceiver(
+        &rx,
+        {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rx_device),
+         "--regions=" + std::to_string(layers), "--region-bytes=" + std::to_string(pool_blocks * bb)},
+        layers, 60000, &peer);
+    if (!err.empty()) {
+      std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), err.c_str());
+      continue;
     }
     auto t = MakeBackend(backend, device);
     if (!t.ok()) Die(t.status().ToString());
@@ -696,11 +504,11 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
       sec = TimeIt(iters, [&] { run(false, tiny_n, 4096); });
       const double tiny_base = tiny_n * 4096.0 / TimeIt(iters, [&] {
         for (int l = 0; l < tiny_n; ++l) {
-          CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(src) + prompt_bytes - 4096 * (l + 1),
+          KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(src) + prompt_bytes - 4096 * (l + 1),
                                      static_cast<const char*>(src) + 4096 * l, 4096,
                                      cudaMemcpyDeviceToDevice, s));
         }
-        CHECK_CUDA(cudaStreamSynchronize(s));
+        KV_BENCH_CUDA(cudaStreamSynchronize(s));
       }) / 1e9;
       row("tiny_x32", uint64_t(tiny_n) * 4096, size_t(tiny_n), 1, sec, tiny_base);
     }
@@ -710,7 +518,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
     uint64_t got = 0;
     while (!Expired(deadline)) {
       rx.Send("COUNT");
-      std::string c = rx.ReadLine(5000);
+      std::string c = rx.ReadLine(DeadlineAfterMs(5000));
       std::istringstream ci(c);
       std::string ctag;
       ci >> ctag >> got;
@@ -723,10 +531,10 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
     ep.value().reset();
     reg.value().reset();
     t.value().reset();
-    rx.Finish();
+    rx.Finish(DeadlineAfterMs(10000));
   }
-  CHECK_CUDA(cudaStreamDestroy(s));
-  CHECK_CUDA(cudaFree(src));
+  KV_BENCH_CUDA(cudaStreamDestroy(s));
+  KV_BENCH_CUDA(cudaFree(src));
 }
 
 void PrintTable() {

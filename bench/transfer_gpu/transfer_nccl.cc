@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/transfer_gpu/bench_common.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "model/config.h"
@@ -49,49 +50,13 @@
 namespace kvstream::bench {
 namespace {
 
-using kvstream::testing::FromHex;
 using kvstream::testing::PeerProcess;
-using kvstream::testing::ToHex;
 using transport::CopyOp;
 using transport::MemoryKind;
 using transport::PeerDescriptor;
 using transport::Transport;
 using transport::WriteHandle;
 using transport::WriteRequest;
-
-#define CHECK_CUDA(expr)                                                                \
-  do {                                                                                  \
-    cudaError_t e_ = (expr);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "transfer_nccl: %s: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "transfer_nccl: %s\n", what.c_str());
-  std::exit(1);
-}
-
-std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
-  std::map<std::string, std::string> out;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) != 0) continue;
-    size_t eq = s.find('=');
-    if (eq == std::string::npos) out[s.substr(2)] = "1";
-    else out[s.substr(2, eq - 2)] = s.substr(eq + 1);
-  }
-  return out;
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 uint64_t g_chunk_bytes = 0;  // --chunk-mb: nccl staging chunk (0 = the backend's default)
 
@@ -116,50 +81,11 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
 }
 
 int RunReceiver(const std::map<std::string, std::string>& args) {
-  const std::string backend = args.at("backend");
   const int device = std::stoi(args.at("device"));
-  const int regions = std::stoi(args.at("regions"));
-  const uint64_t region_bytes = std::stoull(args.at("region-bytes"));
-  CHECK_CUDA(cudaSetDevice(device));
-  auto t = MakeBackend(backend, device);
-  if (!t.ok()) {
-    std::printf("ERROR %s\n", t.status().ToString().c_str());
-    return 1;
-  }
-  void* pool = nullptr;
-  CHECK_CUDA(cudaMalloc(&pool, region_bytes * regions));
-  std::vector<std::unique_ptr<transport::Registration>> regs;
-  for (int r = 0; r < regions; ++r) {
-    auto reg = t.value()->Register(
-        {static_cast<char*>(pool) + r * region_bytes, region_bytes, MemoryKind::kCuda, device});
-    if (!reg.ok()) {
-      std::printf("ERROR %s\n", reg.status().ToString().c_str());
-      return 1;
-    }
-    regs.push_back(std::move(reg).value());
-  }
-  std::atomic<uint64_t> notes{0};
-  t.value()->SetNotificationSink([&](const transport::Notification&) { notes++; });
-  std::printf("READY %s %d", ToHex(t.value()->LocalAddress()).c_str(), regions);
-  for (auto& reg : regs) {
-    std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
-                (unsigned long long)reinterpret_cast<uint64_t>(reg->region().addr),
-                (unsigned long long)reg->region().length);
-  }
-  std::printf("\n");
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    if (line == "COUNT") {
-      std::printf("COUNT %llu\n", (unsigned long long)notes.load());
-      std::fflush(stdout);
-    }
-  }
-  t.value()->SetNotificationSink(nullptr);
-  t.value().reset();
-  regs.clear();
-  cudaFree(pool);
-  return 0;
+  KV_BENCH_CUDA(cudaSetDevice(device));
+  return kvstream::testing::ServeAsCountingReceiver(
+      MakeBackend(args.at("backend"), device), device, std::stoi(args.at("regions")),
+      std::stoull(args.at("region-bytes")), /*host_memory=*/false);
 }
 
 struct Row {
@@ -177,27 +103,13 @@ void Emit(const Row& r, int tokens) {
     << ",\"backend\":\"" << r.backend << "\",\"case\":\"" << r.kase << "\",\"bytes\":" << r.bytes
     << ",\"writes\":" << r.writes << ",\"runs\":" << r.runs << ",\"gbps\":" << r.gbps
     << ",\"vs_memcpy_peer\":" << r.vs_peer << "}";
-  std::printf("%s\n", o.str().c_str());
-  std::fflush(stdout);
-  if (g_json.is_open()) g_json << o.str() << "\n" << std::flush;
+  EmitJsonLine(o.str(), g_json);
   g_rows.push_back(r);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 template <typename Fn>
 double TimeIt(int iters, Fn fn) {
-  for (int i = 0; i < 2; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    auto t0 = Clock::now();
-    fn();
-    t.push_back(SecondsSince(t0));
-  }
-  return Median(t);
+  return TimedMedian(2, iters, fn);  // after 2 warm-ups
 }
 
 void RunModel(const std::string& model_name, int tokens, int iters, int wdev, int rdev,
@@ -222,36 +134,36 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
   std::shuffle(ids.begin(), ids.end(), rng);
   ids.resize(blocks);
 
-  CHECK_CUDA(cudaSetDevice(wdev));
+  KV_BENCH_CUDA(cudaSetDevice(wdev));
   void* src = nullptr;
-  CHECK_CUDA(cudaMalloc(&src, prompt_bytes));
-  CHECK_CUDA(cudaMemset(src, 0x3C, prompt_bytes));
-  CHECK_CUDA(cudaDeviceSynchronize());
+  KV_BENCH_CUDA(cudaMalloc(&src, prompt_bytes));
+  KV_BENCH_CUDA(cudaMemset(src, 0x3C, prompt_bytes));
+  KV_BENCH_CUDA(cudaDeviceSynchronize());
 
   // ---- cudaMemcpyPeer baselines (this process, writer GPU -> receiver GPU) ----
   std::map<std::string, double> peer_gbps;
   {
-    CHECK_CUDA(cudaSetDevice(rdev));
+    KV_BENCH_CUDA(cudaSetDevice(rdev));
     void* dst = nullptr;
-    CHECK_CUDA(cudaMalloc(&dst, region_bytes * layers));
-    CHECK_CUDA(cudaSetDevice(wdev));
+    KV_BENCH_CUDA(cudaMalloc(&dst, region_bytes * layers));
+    KV_BENCH_CUDA(cudaSetDevice(wdev));
     cudaStream_t s;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    KV_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     auto contig = [&](int n) {
       for (int l = 0; l < n; ++l) {
-        CHECK_CUDA(cudaMemcpyPeerAsync(static_cast<char*>(dst) + l * region_bytes, rdev,
+        KV_BENCH_CUDA(cudaMemcpyPeerAsync(static_cast<char*>(dst) + l * region_bytes, rdev,
                                        static_cast<char*>(src) + l * layer_bytes, wdev, layer_bytes, s));
       }
-      CHECK_CUDA(cudaStreamSynchronize(s));
+      KV_BENCH_CUDA(cudaStreamSynchronize(s));
     };
     auto scatter = [&](int n) {
       for (int l = 0; l < n; ++l) {
         for (uint64_t b = 0; b < blocks; ++b) {
-          CHECK_CUDA(cudaMemcpyPeerAsync(static_cast<char*>(dst) + l * region_bytes + ids[b] * bb, rdev,
+          KV_BENCH_CUDA(cudaMemcpyPeerAsync(static_cast<char*>(dst) + l * region_bytes + ids[b] * bb, rdev,
                                          static_cast<char*>(src) + l * layer_bytes + b * bb, wdev, bb, s));
         }
       }
-      CHECK_CUDA(cudaStreamSynchronize(s));
+      KV_BENCH_CUDA(cudaStreamSynchronize(s));
     };
     peer_gbps["layer_contig"] = layer_bytes / TimeIt(iters, [&] { contig(1); }) / 1e9;
     peer_gbps["prompt_contig"] = prompt_bytes / TimeIt(std::max(3, iters / 2), [&] { contig(layers); }) / 1e9;
@@ -267,35 +179,23 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
     base("cudaMemcpyPeer", "prompt_contig", prompt_bytes, layers, layers, peer_gbps["prompt_contig"]);
     base("cudaMemcpyPeer_per_block", "layer_scatter", layer_bytes, 1, blocks, layer_scatter);
     base("cudaMemcpyPeer_per_block", "prompt_scatter", prompt_bytes, layers, blocks * layers, prompt_scatter);
-    CHECK_CUDA(cudaStreamDestroy(s));
-    CHECK_CUDA(cudaFree(dst));
-    CHECK_CUDA(cudaSetDevice(wdev));
+    KV_BENCH_CUDA(cudaStreamDestroy(s));
+    KV_BENCH_CUDA(cudaFree(dst));
+    KV_BENCH_CUDA(cudaSetDevice(wdev));
   }
 
   for (const std::string& backend : backends) {
     PeerProcess rx;
-    if (!rx.Start({"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rdev),
-                   "--chunk-mb=" + std::to_string(g_chunk_bytes >> 20),
-                   "--regions=" + std::to_string(layers), "--region-bytes=" + std::to_string(region_bytes)})) {
-      Die("fork receiver");
-    }
-    std::string line = rx.ReadLine(DeadlineAfterMs(60000));
-    std::istringstream in(line);
-    std::string tag, addr;
-    int n = 0;
-    in >> tag >> addr >> n;
-    if (tag != "READY" || n != layers) {
-      std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), line.c_str());
-      continue;
-    }
     PeerDescriptor peer;
-    peer.address = FromHex(addr);
-    for (int i = 0; i < n; ++i) {
-      std::string key;
-      transport::RemoteRegion rr;
-      in >> key >> rr.addr >> rr.length;
-      rr.key = FromHex(key);
-      peer.regions.push_back(rr);
+    const std::string err = kvstream::testing::StartPeerReceiver(
+        &rx,
+        {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rdev),
+         "--chunk-mb=" + std::to_string(g_chunk_bytes >> 20), "--regions=" + std::to_string(layers),
+         "--region-bytes=" + std::to_string(region_bytes)},
+        layers, 60000, &peer);
+    if (!err.empty()) {
+      std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), err.c_str());
+      continue;
     }
     auto t = MakeBackend(backend, wdev);
     if (!t.ok()) Die(backend + ": " + t.status().ToString());
@@ -368,7 +268,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
     t.value().reset();
     rx.Finish(DeadlineAfterMs(20000));
   }
-  CHECK_CUDA(cudaFree(src));
+  KV_BENCH_CUDA(cudaFree(src));
 }
 
 void PrintTable() {
@@ -406,9 +306,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "transfer_nccl: writer GPU %d, receiver GPU %d, peer access %d, %s\n", wdev, rdev,
                access, kvstream::transport::nccl::NcclVersionString().c_str());
   if (access) {
-    CHECK_CUDA(cudaSetDevice(wdev));
+    KV_BENCH_CUDA(cudaSetDevice(wdev));
     cudaError_t e = cudaDeviceEnablePeerAccess(rdev, 0);
-    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CHECK_CUDA(e);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) KV_BENCH_CUDA(e);
     (void)cudaGetLastError();
   }
   for (const auto& m : Split(models)) RunModel(m, tokens, iters, wdev, rdev, Split(backends));

@@ -1,9 +1,15 @@
-// Test support for the GPU transport tests: a peer process (this binary re-executed in a helper
-// mode) spoken to over its stdin/stdout, and the deterministic block plans and byte patterns
-// both processes derive from (request id, layer) so that the receiver can check what landed
-// without being told.
+// Test support for the GPU transport tests and benches: a peer process (this binary re-executed
+// in a helper mode) spoken to over its stdin/stdout, the receiver side of that protocol (its
+// pool, READY line and command loop), and the deterministic block plans and byte patterns both
+// processes derive from (request id, layer) so that the receiver can check what landed without
+// being told.
+//
+// Receiver protocol, stdout: "READY <hex address> <n> (<hex key> <addr> <length>)*" once its pool
+// is registered (or "ERROR <why>"), then whatever its sink and commands print; stdin: one
+// command per line until it closes, which is the writer's signal to clean up and exit.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,14 +17,25 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/status.h"
 #include "common/time.h"
+#include "transport/transport.h"
 
 namespace kvstream::testing {
 
@@ -186,6 +203,248 @@ inline std::string FromHex(const std::string& h) {
     out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
   }
   return out;
+}
+
+// ---- receiver side of the peer protocol ---------------------------------------------------
+
+// One line on stdout, flushed, under a lock shared by every thread of the process (the
+// transport's notification thread prints too).
+inline void PeerSay(const std::string& line) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// The receiver's pool: regions * region_bytes from one allocation, zeroed.
+struct ReceiverPool {
+  char* base = nullptr;
+  int regions = 0;
+  uint64_t region_bytes = 0;
+  uint64_t bytes() const { return region_bytes * static_cast<uint64_t>(regions); }
+};
+
+// Runs the receiver process: `made` is its transport (an error is printed as ERROR, exit code
+// 1); allocates the pool (on `device`, or in host memory when host_memory) and registers it as
+// `regions` regions; installs make_sink(pool) as the notification sink; prints READY; answers
+// each stdin line with on_command(line, pool) (nothing when that is empty); once stdin closes
+// removes the sink, drops the registrations, destroys the transport (registrations may refer to
+// it) and frees the pool. Returns the process's exit code.
+inline int ServeAsReceiver(
+    Result<std::unique_ptr<transport::Transport>> made, int device, int regions,
+    uint64_t region_bytes, bool host_memory,
+    const std::function<transport::NotificationSink(const ReceiverPool&)>& make_sink,
+    const std::function<std::string(const std::string&, const ReceiverPool&)>& on_command) {
+  if (!made.ok()) {
+    PeerSay("ERROR " + made.status().ToString());
+    return 1;
+  }
+  std::unique_ptr<transport::Transport> t = std::move(made).value();
+  ReceiverPool pool{nullptr, regions, region_bytes};
+  void* mem = nullptr;
+  if (host_memory) {
+    mem = std::calloc(1, pool.bytes());
+  } else if (cudaMalloc(&mem, pool.bytes()) != cudaSuccess) {
+    mem = nullptr;
+  } else if (cudaMemset(mem, 0, pool.bytes()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    cudaFree(mem);
+    mem = nullptr;
+  }
+  if (mem == nullptr) {
+    PeerSay("ERROR cannot allocate the receiver's pool of " + std::to_string(pool.bytes()) + " bytes");
+    return 1;
+  }
+  pool.base = static_cast<char*>(mem);
+  std::vector<std::unique_ptr<transport::Registration>> regs;
+  int rc = 0;
+  for (int r = 0; r < regions; ++r) {
+    auto reg = t->Register({pool.base + r * region_bytes, region_bytes,
+                            host_memory ? transport::MemoryKind::kHost : transport::MemoryKind::kCuda,
+                            host_memory ? -1 : device});
+    if (!reg.ok()) {
+      PeerSay("ERROR " + reg.status().ToString());
+      rc = 1;
+      break;
+    }
+    regs.push_back(std::move(reg).value());
+  }
+  if (rc == 0) {
+    t->SetNotificationSink(make_sink(pool));
+    std::string ready = "READY " + ToHex(t->LocalAddress()) + " " + std::to_string(regions);
+    for (auto& reg : regs) {
+      ready += " " + ToHex(reg->RemoteKey()) + " " +
+               std::to_string(reinterpret_cast<uint64_t>(reg->region().addr)) + " " +
+               std::to_string(reg->region().length);
+    }
+    PeerSay(ready);
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      const std::string reply = on_command(line, pool);
+      if (!reply.empty()) PeerSay(reply);
+    }
+    t->SetNotificationSink(nullptr);
+  }
+  regs.clear();
+  t.reset();
+  if (host_memory) std::free(mem);
+  else cudaFree(mem);
+  return rc;
+}
+
+// The benches' receiver: counts notifications; the command "COUNT" answers "COUNT <n>".
+inline int ServeAsCountingReceiver(Result<std::unique_ptr<transport::Transport>> made, int device,
+                                   int regions, uint64_t region_bytes, bool host_memory) {
+  auto notes = std::make_shared<std::atomic<uint64_t>>(0);
+  return ServeAsReceiver(
+      std::move(made), device, regions, region_bytes, host_memory,
+      [notes](const ReceiverPool&) -> transport::NotificationSink {
+        return [notes](const transport::Notification&) { notes->fetch_add(1); };
+      },
+      [notes](const std::string& line, const ReceiverPool&) {
+        return line == "COUNT" ? "COUNT " + std::to_string(notes->load()) : std::string();
+      });
+}
+
+// Writer side: the receiver's READY line as the peer to connect to. false unless `line` is a
+// READY line announcing `regions` regions.
+inline bool ParseReady(const std::string& line, int regions, transport::PeerDescriptor* peer) {
+  std::istringstream in(line);
+  std::string tag, addr;
+  int n = 0;
+  in >> tag >> addr >> n;
+  if (tag != "READY" || n != regions) return false;
+  peer->address = FromHex(addr);
+  peer->regions.clear();
+  for (int i = 0; i < n; ++i) {
+    std::string key;
+    transport::RemoteRegion rr;
+    if (!(in >> key >> rr.addr >> rr.length)) return false;
+    rr.key = FromHex(key);
+    peer->regions.push_back(rr);
+  }
+  return true;
+}
+
+// Writer: starts `proc` with `args` and waits up to timeout_ms for its READY line announcing
+// `regions` regions. "" on success (*peer filled), else why not.
+inline std::string StartPeerReceiver(PeerProcess* proc, const std::vector<std::string>& args,
+                                     int regions, int64_t timeout_ms, transport::PeerDescriptor* peer) {
+  if (!proc->Start(args)) return "fork/exec failed";
+  const std::string line = proc->ReadLine(DeadlineAfterMs(timeout_ms));
+  if (!ParseReady(line, regions, peer)) return "receiver did not start: '" + line + "'";
+  return "";
+}
+
+// ---- the transport tests' checked writes -------------------------------------------------
+
+// The receiver pool of the transport tests (one allocation, kPeerRegions regions of 64 KiB
+// blocks: one KV block of a llama-3-8b layer). Writes to one region run back to back while the
+// receiver checks earlier ones, so each layer owns a disjoint class of blocks
+// (BlockClass(b, kPeerPhases) == PeerPhase(layer)) and never overwrites another layer's blocks:
+// a check can only fail because of the write it checks.
+inline constexpr uint64_t kPeerBlock = 64 * 1024;
+inline constexpr uint64_t kPeerPoolBytes = 64ull << 20;
+inline constexpr int kPeerRegions = 2;
+inline constexpr uint64_t kPeerRegionBytes = kPeerPoolBytes / kPeerRegions;
+inline constexpr uint64_t kPeerRegionBlocks = kPeerRegionBytes / kPeerBlock;
+inline constexpr uint64_t kPeerPhases = 3;
+inline constexpr int32_t kFlagCheckUntouched = 1;  // notification flag: also check the rest of the class is zero
+inline uint64_t PeerPhase(int layer) {
+  return static_cast<uint64_t>(layer / kPeerRegions) % kPeerPhases;
+}
+// request id of a checked write: its block count in the top 16 bits (the receiver needs it).
+inline uint64_t RequestId(uint64_t serial, size_t count) { return (uint64_t(count) << 48) | serial; }
+
+// Receiver: the sink that checks, when a notification arrives (on the transport's thread:
+// blocking there is the test's choice), that every block of the announced write is already in
+// the pool (and, with kFlagCheckUntouched, that the rest of the layer's class is still zero);
+// prints "NOTE <request> <layer> OK" or "... BAD <why>".
+inline transport::NotificationSink CheckingSink(const ReceiverPool& pool, int device) {
+  auto host = std::make_shared<std::vector<uint64_t>>(kPeerRegionBytes / 8);
+  char* base = pool.base;
+  return [host, base, device](const transport::Notification& n) {
+    const int region = n.layer % kPeerRegions;
+    const size_t count = static_cast<size_t>(n.request_id >> 48);
+    std::string verdict = "OK";
+    cudaSetDevice(device);
+    if (cudaMemcpy(host->data(), base + region * kPeerRegionBytes, kPeerRegionBytes,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+      verdict = "BAD cudaMemcpy";
+    } else {
+      std::vector<uint64_t> plan = PlanBlocks(n.request_id, n.layer, kPeerRegionBlocks, count,
+                                              kPeerPhases, PeerPhase(n.layer));
+      std::vector<char> touched(kPeerRegionBlocks, 0);
+      std::vector<uint64_t> expect(kPeerBlock / 8);
+      for (uint64_t b : plan) {
+        touched[b] = 1;
+        FillPattern(n.request_id, n.layer, b, expect.data(), expect.size());
+        if (std::memcmp(expect.data(), host->data() + b * kPeerBlock / 8, kPeerBlock) != 0) {
+          verdict = "BAD block " + std::to_string(b) + " differs";
+          break;
+        }
+      }
+      if (verdict == "OK" && (n.flags & kFlagCheckUntouched)) {
+        for (uint64_t b = 0; b < kPeerRegionBlocks && verdict == "OK"; ++b) {
+          if (touched[b] || BlockClass(b, kPeerPhases) != PeerPhase(n.layer)) continue;
+          for (uint64_t w = 0; w < kPeerBlock / 8; ++w) {
+            if ((*host)[b * kPeerBlock / 8 + w] != 0) {
+              verdict = "BAD untouched block " + std::to_string(b) + " written";
+              break;
+            }
+          }
+        }
+      }
+    }
+    PeerSay("NOTE " + std::to_string(n.request_id) + " " + std::to_string(n.layer) + " " + verdict);
+  };
+}
+
+// Receiver command "HASH": a hash of the whole pool ("HASH <value>"), to see whether it changes.
+inline std::string HashCommand(const std::string& line, const ReceiverPool& pool) {
+  if (line != "HASH") return "";
+  std::vector<uint64_t> all(pool.bytes() / 8);
+  uint64_t h = 0;
+  if (cudaMemcpy(all.data(), pool.base, pool.bytes(), cudaMemcpyDeviceToHost) == cudaSuccess) {
+    for (uint64_t w : all) h = SplitMix64(h ^ w);
+  }
+  return "HASH " + std::to_string(h);
+}
+
+// Writer: the source of one checked write: block i holds the pattern of destination plan[i].
+struct SourceWrite {
+  std::vector<uint64_t> plan;
+  std::vector<uint64_t> host;  // count * kPeerBlock bytes
+  std::vector<transport::CopyOp> ops;
+};
+inline SourceWrite MakeSource(uint64_t request, int layer, size_t count) {
+  SourceWrite w;
+  w.plan = PlanBlocks(request, layer, kPeerRegionBlocks, count, kPeerPhases, PeerPhase(layer));
+  w.host.resize(count * kPeerBlock / 8);
+  for (size_t i = 0; i < w.plan.size(); ++i) {
+    FillPattern(request, layer, w.plan[i], w.host.data() + i * kPeerBlock / 8, kPeerBlock / 8);
+    w.ops.push_back({i * kPeerBlock, w.plan[i] * kPeerBlock, kPeerBlock});
+  }
+  return w;
+}
+
+// Writer: reads the receiver's NOTE lines until every (request, layer) of `want` arrived OK.
+// "" on success, else why not (a BAD verdict, an unexpected notification, the deadline).
+inline std::string ExpectNotesError(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
+                                    int64_t timeout_ms) {
+  auto deadline = DeadlineAfterMs(timeout_ms);
+  while (!want.empty()) {
+    std::string line = proc.ReadLine(deadline);
+    if (line.empty()) return std::to_string(want.size()) + " notifications missing";
+    std::istringstream in(line);
+    std::string tag, verdict;
+    unsigned long long req = 0;
+    int layer = 0;
+    in >> tag >> req >> layer >> verdict;
+    if (tag != "NOTE") continue;
+    if (verdict != "OK") return "receiver: " + line;
+    if (want.erase({req, layer}) == 0) return "unexpected notification: " + line;
+  }
+  return "";
 }
 
 }  // namespace kvstream::testing

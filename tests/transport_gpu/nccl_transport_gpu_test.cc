@@ -28,20 +28,9 @@
 namespace kvstream::transport {
 namespace {
 
-using kvstream::testing::FillPattern;
-using kvstream::testing::FromHex;
-using kvstream::testing::PeerProcess;
-using kvstream::testing::PlanBlocks;
-using kvstream::testing::ToHex;
-
-constexpr uint64_t kBlock = 64 * 1024;
-constexpr uint64_t kPoolBytes = 64ull << 20;
-constexpr int kRegions = 2;
-constexpr uint64_t kRegionBytes = kPoolBytes / kRegions;
-constexpr uint64_t kRegionBlocks = kRegionBytes / kBlock;
-constexpr int32_t kFlagCheckUntouched = 1;
-constexpr uint64_t kPhases = 3;
-uint64_t Phase(int layer) { return static_cast<uint64_t>(layer / kRegions) % kPhases; }
+// The peer protocol, the receiver's pool (kPeer*), its checking sink and the checked writes'
+// plans: tests/transport_gpu/gpu_peer.h, shared with transport_gpu_test.
+using namespace kvstream::testing;
 
 int g_devices = 0;
 
@@ -70,101 +59,14 @@ Result<std::unique_ptr<Transport>> MakeNccl(int device, nccl::CopyMode mode = nc
 
 int RunReceiver(int device) {
   if (cudaSetDevice(device) != cudaSuccess) {
-    std::printf("ERROR cudaSetDevice %d\n", device);
+    PeerSay("ERROR cudaSetDevice " + std::to_string(device));
     return 1;
   }
   // Small staging chunks so that the test's 6 MiB writes cross several chunks.
-  auto t = MakeNccl(device, nccl::CopyMode::kAuto, 1 << 20);
-  if (!t.ok()) {
-    std::printf("ERROR %s\n", t.status().ToString().c_str());
-    return 1;
-  }
-  Transport& transport = *t.value();
-  void* pool = nullptr;
-  if (cudaMalloc(&pool, kPoolBytes) != cudaSuccess || cudaMemset(pool, 0, kPoolBytes) != cudaSuccess ||
-      cudaDeviceSynchronize() != cudaSuccess) {
-    std::printf("ERROR cudaMalloc\n");
-    return 1;
-  }
-  std::vector<std::unique_ptr<Registration>> regs;
-  for (int r = 0; r < kRegions; ++r) {
-    MemoryRegion m{static_cast<char*>(pool) + r * kRegionBytes, kRegionBytes, MemoryKind::kCuda, device};
-    auto reg = transport.Register(m);
-    if (!reg.ok()) {
-      std::printf("ERROR %s\n", reg.status().ToString().c_str());
-      return 1;
-    }
-    regs.push_back(std::move(reg).value());
-  }
-  std::mutex out_mu;
-  std::vector<uint64_t> host(kRegionBytes / 8);
-  transport.SetNotificationSink([&](const Notification& n) {
-    const int region = n.layer % kRegions;
-    const size_t count = static_cast<size_t>(n.request_id >> 48);
-    std::string verdict = "OK";
-    cudaSetDevice(device);
-    if (cudaMemcpy(host.data(), static_cast<char*>(pool) + region * kRegionBytes, kRegionBytes,
-                   cudaMemcpyDeviceToHost) != cudaSuccess) {
-      verdict = "BAD cudaMemcpy";
-    } else {
-      std::vector<uint64_t> plan =
-          PlanBlocks(n.request_id, n.layer, kRegionBlocks, count, kPhases, Phase(n.layer));
-      std::vector<char> touched(kRegionBlocks, 0);
-      std::vector<uint64_t> expect(kBlock / 8);
-      for (uint64_t b : plan) {
-        touched[b] = 1;
-        FillPattern(n.request_id, n.layer, b, expect.data(), expect.size());
-        if (std::memcmp(expect.data(), host.data() + b * kBlock / 8, kBlock) != 0) {
-          verdict = "BAD block " + std::to_string(b) + " differs";
-          break;
-        }
-      }
-      if (verdict == "OK" && (n.flags & kFlagCheckUntouched)) {
-        for (uint64_t b = 0; b < kRegionBlocks && verdict == "OK"; ++b) {
-          if (touched[b] || kvstream::testing::BlockClass(b, kPhases) != Phase(n.layer)) continue;
-          for (uint64_t w = 0; w < kBlock / 8; ++w) {
-            if (host[b * kBlock / 8 + w] != 0) {
-              verdict = "BAD untouched block " + std::to_string(b) + " written";
-              break;
-            }
-          }
-        }
-      }
-    }
-    std::lock_guard<std::mutex> lock(out_mu);
-    std::printf("NOTE %llu %d %s\n", static_cast<unsigned long long>(n.request_id), n.layer,
-                verdict.c_str());
-    std::fflush(stdout);
-  });
-  {
-    std::lock_guard<std::mutex> lock(out_mu);
-    std::printf("READY %s %d", ToHex(transport.LocalAddress()).c_str(), kRegions);
-    for (auto& reg : regs) {
-      std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
-                  static_cast<unsigned long long>(reinterpret_cast<uint64_t>(reg->region().addr)),
-                  static_cast<unsigned long long>(reg->region().length));
-    }
-    std::printf("\n");
-    std::fflush(stdout);
-  }
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    if (line == "HASH") {
-      std::vector<uint64_t> all(kPoolBytes / 8);
-      uint64_t h = 0;
-      if (cudaMemcpy(all.data(), pool, kPoolBytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
-        for (uint64_t w : all) h = kvstream::testing::SplitMix64(h ^ w);
-      }
-      std::lock_guard<std::mutex> lock(out_mu);
-      std::printf("HASH %llu\n", static_cast<unsigned long long>(h));
-      std::fflush(stdout);
-    }
-  }
-  transport.SetNotificationSink(nullptr);
-  t.value().reset();
-  regs.clear();
-  cudaFree(pool);
-  return 0;
+  return ServeAsReceiver(
+      MakeNccl(device, nccl::CopyMode::kAuto, 1 << 20), device, kPeerRegions, kPeerRegionBytes,
+      /*host_memory=*/false, [device](const ReceiverPool& pool) { return CheckingSink(pool, device); },
+      HashCommand);
 }
 
 // ---- writer side --------------------------------------------------------------------------
@@ -175,65 +77,17 @@ struct Receiver {
 };
 
 ::testing::AssertionResult StartReceiver(Receiver* r) {
-  if (!r->proc.Start({"--helper=receiver", "--device=1"})) {
-    return ::testing::AssertionFailure() << "fork/exec failed";
-  }
-  std::string line = r->proc.ReadLine(DeadlineAfterMs(30000));
-  std::istringstream in(line);
-  std::string tag, addr;
-  int n = 0;
-  in >> tag >> addr >> n;
-  if (tag != "READY" || n != kRegions) {
-    return ::testing::AssertionFailure() << "receiver did not start: '" << line << "'";
-  }
-  r->peer.address = FromHex(addr);
-  for (int i = 0; i < n; ++i) {
-    std::string key;
-    RemoteRegion rr;
-    in >> key >> rr.addr >> rr.length;
-    rr.key = FromHex(key);
-    r->peer.regions.push_back(rr);
-  }
-  return ::testing::AssertionSuccess();
+  const std::string err =
+      StartPeerReceiver(&r->proc, {"--helper=receiver", "--device=1"}, kPeerRegions, 30000, &r->peer);
+  if (err.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << err;
 }
-
-struct SourceWrite {
-  std::vector<uint64_t> plan;
-  std::vector<uint64_t> host;
-  std::vector<CopyOp> ops;
-};
-
-SourceWrite MakeSource(uint64_t request, int layer, size_t count) {
-  SourceWrite w;
-  w.plan = PlanBlocks(request, layer, kRegionBlocks, count, kPhases, Phase(layer));
-  w.host.resize(count * kBlock / 8);
-  for (size_t i = 0; i < w.plan.size(); ++i) {
-    FillPattern(request, layer, w.plan[i], w.host.data() + i * kBlock / 8, kBlock / 8);
-    w.ops.push_back({i * kBlock, w.plan[i] * kBlock, kBlock});
-  }
-  return w;
-}
-
-uint64_t RequestId(uint64_t serial, size_t count) { return (uint64_t(count) << 48) | serial; }
 
 ::testing::AssertionResult ExpectNotes(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
                                        int64_t timeout_ms) {
-  auto deadline = DeadlineAfterMs(timeout_ms);
-  while (!want.empty()) {
-    std::string line = proc.ReadLine(deadline);
-    if (line.empty()) return ::testing::AssertionFailure() << want.size() << " notifications missing";
-    std::istringstream in(line);
-    std::string tag, verdict;
-    unsigned long long req = 0;
-    int layer = 0;
-    in >> tag >> req >> layer >> verdict;
-    if (tag != "NOTE") continue;
-    if (verdict != "OK") return ::testing::AssertionFailure() << "receiver: " << line;
-    if (want.erase({req, layer}) == 0) {
-      return ::testing::AssertionFailure() << "unexpected notification: " << line;
-    }
-  }
-  return ::testing::AssertionSuccess();
+  const std::string err = ExpectNotesError(proc, std::move(want), timeout_ms);
+  if (err.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << err;
 }
 
 class NcclTransportTest : public ::testing::Test {
@@ -256,29 +110,29 @@ TEST_F(NcclTransportTest, ScatteredWritesLandByteExactOnAnotherGpu) {
     constexpr int kLayers = 6;
     constexpr size_t kCount = 96;  // 6 MiB per write: several 1 MiB chunks in pack mode
     void* src = nullptr;
-    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kBlock));
-    auto reg = t.value()->Register({src, kLayers * kCount * kBlock, MemoryKind::kCuda, 0});
+    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kPeerBlock));
+    auto reg = t.value()->Register({src, kLayers * kCount * kPeerBlock, MemoryKind::kCuda, 0});
     ASSERT_OK(reg.status());
     std::vector<std::unique_ptr<WriteHandle>> handles;
     std::map<std::pair<uint64_t, int>, bool> want;
     for (int layer = 0; layer < kLayers; ++layer) {
       uint64_t req = RequestId(1000 + static_cast<uint64_t>(mode), kCount);
       SourceWrite w = MakeSource(req, layer, kCount);
-      char* base = static_cast<char*>(src) + layer * kCount * kBlock;
-      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+      char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
+      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
       CUDA_OK(cudaDeviceSynchronize());
       WriteRequest wr;
       wr.local = reg.value().get();
-      wr.remote_region = layer % kRegions;
+      wr.remote_region = layer % kPeerRegions;
       for (CopyOp op : w.ops) {
-        op.local_offset += layer * kCount * kBlock;
+        op.local_offset += layer * kCount * kPeerBlock;
         wr.ops.push_back(op);
       }
       wr.notify = true;
-      wr.notification = {req, layer, layer < kRegions ? kFlagCheckUntouched : 0};
+      wr.notification = {req, layer, layer < kPeerRegions ? kFlagCheckUntouched : 0};
       auto h = ep.value()->Write(wr);
       ASSERT_OK(h.status());
-      EXPECT_EQ(h.value()->bytes(), kCount * kBlock);
+      EXPECT_EQ(h.value()->bytes(), kCount * kPeerBlock);
       EXPECT_GT(h.value()->transfers(), 1u);
       handles.push_back(std::move(h).value());
       want[{req, layer}] = true;
@@ -309,18 +163,18 @@ TEST_F(NcclTransportTest, NotificationOnlyAfterDataProducedOnAnotherStream) {
     void* scratch = nullptr;
     void* pinned = nullptr;
     const size_t kScratch = 1ull << 30;
-    CUDA_OK(cudaMalloc(&src, kCount * kBlock));
+    CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
     CUDA_OK(cudaMalloc(&scratch, kScratch));
-    CUDA_OK(cudaMallocHost(&pinned, kCount * kBlock));
-    std::memcpy(pinned, w.host.data(), kCount * kBlock);
-    CUDA_OK(cudaMemset(src, 0xAB, kCount * kBlock));
+    CUDA_OK(cudaMallocHost(&pinned, kCount * kPeerBlock));
+    std::memcpy(pinned, w.host.data(), kCount * kPeerBlock);
+    CUDA_OK(cudaMemset(src, 0xAB, kCount * kPeerBlock));
     CUDA_OK(cudaDeviceSynchronize());
-    auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+    auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
     ASSERT_OK(reg.status());
     cudaStream_t producer;
     CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
     for (int i = 0; i < 40; ++i) CUDA_OK(cudaMemsetAsync(scratch, i, kScratch, producer));
-    CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kBlock, cudaMemcpyHostToDevice, producer));
+    CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kPeerBlock, cudaMemcpyHostToDevice, producer));
     WriteRequest wr;
     wr.local = reg.value().get();
     wr.remote_region = 1;
@@ -353,17 +207,17 @@ TEST_F(NcclTransportTest, EndpointDestructionFinishesEveryHandle) {
   auto ep = t.value()->Connect(rx.peer);
   ASSERT_OK(ep.status());
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kRegionBytes));
-  CUDA_OK(cudaMemset(src, 0x5A, kRegionBytes));
+  CUDA_OK(cudaMalloc(&src, kPeerRegionBytes));
+  CUDA_OK(cudaMemset(src, 0x5A, kPeerRegionBytes));
   CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, kRegionBytes, MemoryKind::kCuda, 0});
+  auto reg = t.value()->Register({src, kPeerRegionBytes, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   std::vector<std::unique_ptr<WriteHandle>> handles;
   for (int i = 0; i < 64; ++i) {
     WriteRequest wr;
     wr.local = reg.value().get();
-    wr.remote_region = i % kRegions;
-    wr.ops = {{0, 0, kRegionBytes}};
+    wr.remote_region = i % kPeerRegions;
+    wr.ops = {{0, 0, kPeerRegionBytes}};
     auto h = ep.value()->Write(wr);
     ASSERT_OK(h.status());
     handles.push_back(std::move(h).value());
@@ -403,9 +257,9 @@ TEST_F(NcclTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
   uint64_t req = RequestId(3000, kCount);
   SourceWrite w = MakeSource(req, 0, kCount);
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kCount * kBlock));
-  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
-  auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+  CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
+  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
+  auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   WriteRequest wr;
   wr.local = reg.value().get();

@@ -32,23 +32,10 @@
 namespace kvstream::transport {
 namespace {
 
-using kvstream::testing::FillPattern;
-using kvstream::testing::FromHex;
-using kvstream::testing::PeerProcess;
-using kvstream::testing::PlanBlocks;
-using kvstream::testing::ToHex;
-
-constexpr uint64_t kBlock = 64 * 1024;        // one KV block of a layer (llama-3-8b, 16 tokens)
-constexpr uint64_t kPoolBytes = 64ull << 20;  // receiver pool: one allocation, kRegions regions
-constexpr int kRegions = 2;
-constexpr uint64_t kRegionBytes = kPoolBytes / kRegions;
-constexpr uint64_t kRegionBlocks = kRegionBytes / kBlock;
-constexpr int32_t kFlagCheckUntouched = 1;  // receiver also checks the rest of its class is zero
-// Writes to one region run back to back while the receiver checks earlier ones, so each layer
-// owns a disjoint class of blocks (BlockClass(b) == Phase(layer)) and never overwrites another
-// layer's blocks: a check can only fail because of the write it checks.
-constexpr uint64_t kPhases = 3;
-uint64_t Phase(int layer) { return static_cast<uint64_t>(layer / kRegions) % kPhases; }
+// The peer protocol, the receiver's pool (kPeer*: one allocation, kPeerRegions regions of 64 KiB
+// blocks, each layer's writes in its own class of blocks), its checking sink and the checked
+// writes' plans: tests/transport_gpu/gpu_peer.h, shared with nccl_transport_gpu_test.
+using namespace kvstream::testing;
 
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device,
                                                cuda_ipc::CopyMode mode = cuda_ipc::CopyMode::kAuto,
@@ -106,98 +93,11 @@ std::vector<std::string> GpuBackends() {
 // Receiver helper process.
 
 int RunReceiver(const std::string& backend) {
-  auto t = MakeBackend(backend, 0);
-  if (!t.ok()) {
-    std::printf("ERROR %s\n", t.status().ToString().c_str());
-    return 1;
-  }
-  Transport& transport = *t.value();
-  void* pool = nullptr;
-  if (cudaMalloc(&pool, kPoolBytes) != cudaSuccess || cudaMemset(pool, 0, kPoolBytes) != cudaSuccess ||
-      cudaDeviceSynchronize() != cudaSuccess) {
-    std::printf("ERROR cudaMalloc\n");
-    return 1;
-  }
-  std::vector<std::unique_ptr<Registration>> regs;
-  for (int r = 0; r < kRegions; ++r) {
-    MemoryRegion m{static_cast<char*>(pool) + r * kRegionBytes, kRegionBytes, MemoryKind::kCuda, 0};
-    auto reg = transport.Register(m);
-    if (!reg.ok()) {
-      std::printf("ERROR %s\n", reg.status().ToString().c_str());
-      return 1;
-    }
-    regs.push_back(std::move(reg).value());
-  }
-  std::mutex out_mu;
-  std::vector<uint64_t> host(kRegionBytes / 8);
-  transport.SetNotificationSink([&](const Notification& n) {
-    // Runs on the transport's thread: blocking here is the test's choice (it checks the data
-    // at the moment the notification arrives).
-    const int region = n.layer % kRegions;
-    const size_t count = static_cast<size_t>(n.request_id >> 48);
-    std::string verdict = "OK";
-    if (cudaMemcpy(host.data(), static_cast<char*>(pool) + region * kRegionBytes, kRegionBytes,
-                   cudaMemcpyDeviceToHost) != cudaSuccess) {
-      verdict = "BAD cudaMemcpy";
-    } else {
-      std::vector<uint64_t> plan =
-          PlanBlocks(n.request_id, n.layer, kRegionBlocks, count, kPhases, Phase(n.layer));
-      std::vector<char> touched(kRegionBlocks, 0);
-      std::vector<uint64_t> expect(kBlock / 8);
-      for (uint64_t b : plan) {
-        touched[b] = 1;
-        FillPattern(n.request_id, n.layer, b, expect.data(), expect.size());
-        if (std::memcmp(expect.data(), host.data() + b * kBlock / 8, kBlock) != 0) {
-          verdict = "BAD block " + std::to_string(b) + " differs";
-          break;
-        }
-      }
-      if (verdict == "OK" && (n.flags & kFlagCheckUntouched)) {
-        for (uint64_t b = 0; b < kRegionBlocks && verdict == "OK"; ++b) {
-          if (touched[b] || kvstream::testing::BlockClass(b, kPhases) != Phase(n.layer)) continue;
-          for (uint64_t w = 0; w < kBlock / 8; ++w) {
-            if (host[b * kBlock / 8 + w] != 0) {
-              verdict = "BAD untouched block " + std::to_string(b) + " written";
-              break;
-            }
-          }
-        }
-      }
-    }
-    std::lock_guard<std::mutex> lock(out_mu);
-    std::printf("NOTE %llu %d %s\n", static_cast<unsigned long long>(n.request_id), n.layer,
-                verdict.c_str());
-    std::fflush(stdout);
-  });
-  {
-    std::lock_guard<std::mutex> lock(out_mu);
-    std::printf("READY %s %d", ToHex(transport.LocalAddress()).c_str(), kRegions);
-    for (auto& reg : regs) {
-      std::printf(" %s %llu %llu", ToHex(reg->RemoteKey()).c_str(),
-                  static_cast<unsigned long long>(reinterpret_cast<uint64_t>(reg->region().addr)),
-                  static_cast<unsigned long long>(reg->region().length));
-    }
-    std::printf("\n");
-    std::fflush(stdout);
-  }
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    if (line == "HASH") {
-      std::vector<uint64_t> all(kPoolBytes / 8);
-      uint64_t h = 0;
-      if (cudaMemcpy(all.data(), pool, kPoolBytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
-        for (uint64_t w : all) h = kvstream::testing::SplitMix64(h ^ w);
-      }
-      std::lock_guard<std::mutex> lock(out_mu);
-      std::printf("HASH %llu\n", static_cast<unsigned long long>(h));
-      std::fflush(stdout);
-    }
-  }
-  transport.SetNotificationSink(nullptr);
-  regs.clear();
-  t.value().reset();
-  cudaFree(pool);
-  return 0;
+  // The sink runs on the transport's thread: blocking there is the test's choice (it checks the
+  // data at the moment the notification arrives).
+  return ServeAsReceiver(
+      MakeBackend(backend, 0), 0, kPeerRegions, kPeerRegionBytes, /*host_memory=*/false,
+      [](const ReceiverPool& pool) { return CheckingSink(pool, 0); }, HashCommand);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,66 +109,17 @@ struct Receiver {
 };
 
 ::testing::AssertionResult StartReceiver(const std::string& backend, Receiver* r) {
-  if (!r->proc.Start({"--helper=receiver", "--backend=" + backend})) {
-    return ::testing::AssertionFailure() << "fork/exec failed";
-  }
-  std::string line = r->proc.ReadLine(DeadlineAfterMs(20000));
-  std::istringstream in(line);
-  std::string tag, addr;
-  int n = 0;
-  in >> tag >> addr >> n;
-  if (tag != "READY" || n != kRegions) {
-    return ::testing::AssertionFailure() << "receiver did not start: '" << line << "'";
-  }
-  r->peer.address = FromHex(addr);
-  for (int i = 0; i < n; ++i) {
-    std::string key;
-    RemoteRegion rr;
-    in >> key >> rr.addr >> rr.length;
-    rr.key = FromHex(key);
-    r->peer.regions.push_back(rr);
-  }
-  return ::testing::AssertionSuccess();
+  const std::string err = StartPeerReceiver(&r->proc, {"--helper=receiver", "--backend=" + backend},
+                                            kPeerRegions, 20000, &r->peer);
+  if (err.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << err;
 }
-
-// Source buffer for one write: block i of the source holds the pattern of destination plan[i].
-struct SourceWrite {
-  std::vector<uint64_t> plan;
-  std::vector<uint64_t> host;  // count * kBlock bytes
-  std::vector<CopyOp> ops;
-};
-
-SourceWrite MakeSource(uint64_t request, int layer, size_t count) {
-  SourceWrite w;
-  w.plan = PlanBlocks(request, layer, kRegionBlocks, count, kPhases, Phase(layer));
-  w.host.resize(count * kBlock / 8);
-  for (size_t i = 0; i < w.plan.size(); ++i) {
-    FillPattern(request, layer, w.plan[i], w.host.data() + i * kBlock / 8, kBlock / 8);
-    w.ops.push_back({i * kBlock, w.plan[i] * kBlock, kBlock});
-  }
-  return w;
-}
-
-uint64_t RequestId(uint64_t serial, size_t count) { return (uint64_t(count) << 48) | serial; }
 
 ::testing::AssertionResult ExpectNotes(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
                                        int64_t timeout_ms) {
-  auto deadline = DeadlineAfterMs(timeout_ms);
-  while (!want.empty()) {
-    std::string line = proc.ReadLine(deadline);
-    if (line.empty()) return ::testing::AssertionFailure() << want.size() << " notifications missing";
-    std::istringstream in(line);
-    std::string tag, verdict;
-    unsigned long long req = 0;
-    int layer = 0;
-    in >> tag >> req >> layer >> verdict;
-    if (tag != "NOTE") continue;
-    if (verdict != "OK") return ::testing::AssertionFailure() << "receiver: " << line;
-    if (want.erase({req, layer}) == 0) {
-      return ::testing::AssertionFailure() << "unexpected notification: " << line;
-    }
-  }
-  return ::testing::AssertionSuccess();
+  const std::string err = ExpectNotesError(proc, std::move(want), timeout_ms);
+  if (err.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << err;
 }
 
 class GpuTransportTest : public ::testing::TestWithParam<std::string> {
@@ -315,34 +166,34 @@ TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
     constexpr int kLayers = 6;
     constexpr size_t kCount = 96;  // 6 MiB per write
     void* src = nullptr;
-    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kBlock));
+    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kPeerBlock));
     // One registration over all layers' sources: op offsets include the layer's base.
-    auto reg = t.value()->Register({src, kLayers * kCount * kBlock, MemoryKind::kCuda, 0});
+    auto reg = t.value()->Register({src, kLayers * kCount * kPeerBlock, MemoryKind::kCuda, 0});
     ASSERT_OK(reg.status());
     std::vector<std::unique_ptr<WriteHandle>> handles;
     std::map<std::pair<uint64_t, int>, bool> want;
     for (int layer = 0; layer < kLayers; ++layer) {
       uint64_t req = RequestId(v.serial, kCount);
       SourceWrite w = MakeSource(req, layer, kCount);
-      char* base = static_cast<char*>(src) + layer * kCount * kBlock;
-      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+      char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
+      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
       // A pageable-memory cudaMemcpy may return before its DMA is done, and the transport's
       // copy stream does not wait for the legacy stream: without this the source could still be
       // landing while the write reads it (it did, on the H200, in the scatter-kernel pass).
       CUDA_OK(cudaDeviceSynchronize());
       WriteRequest wr;
       wr.local = reg.value().get();
-      wr.remote_region = layer % kRegions;
+      wr.remote_region = layer % kPeerRegions;
       for (CopyOp op : w.ops) {
-        op.local_offset += layer * kCount * kBlock;
+        op.local_offset += layer * kCount * kPeerBlock;
         wr.ops.push_back(op);
       }
       wr.notify = true;
       // The first write into each region also checks nothing else in it was touched.
-      wr.notification = {req, layer, layer < kRegions ? kFlagCheckUntouched : 0};
+      wr.notification = {req, layer, layer < kPeerRegions ? kFlagCheckUntouched : 0};
       auto h = ep.value()->Write(wr);
       ASSERT_OK(h.status());
-      EXPECT_EQ(h.value()->bytes(), kCount * kBlock);
+      EXPECT_EQ(h.value()->bytes(), kCount * kPeerBlock);
       handles.push_back(std::move(h).value());
       want[{req, layer}] = true;
     }
@@ -372,19 +223,19 @@ TEST_P(GpuTransportTest, NotificationOnlyAfterDataProducedOnAnotherStream) {
   void* scratch = nullptr;
   void* pinned = nullptr;
   const size_t kScratch = 1ull << 30;
-  CUDA_OK(cudaMalloc(&src, kCount * kBlock));
+  CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
   CUDA_OK(cudaMalloc(&scratch, kScratch));
-  CUDA_OK(cudaMallocHost(&pinned, kCount * kBlock));
-  std::memcpy(pinned, w.host.data(), kCount * kBlock);
-  CUDA_OK(cudaMemset(src, 0xAB, kCount * kBlock));
+  CUDA_OK(cudaMallocHost(&pinned, kCount * kPeerBlock));
+  std::memcpy(pinned, w.host.data(), kCount * kPeerBlock);
+  CUDA_OK(cudaMemset(src, 0xAB, kCount * kPeerBlock));
   CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+  auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   cudaStream_t producer;
   CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
   // Tens of milliseconds of work ahead of the source's real contents.
   for (int i = 0; i < 40; ++i) CUDA_OK(cudaMemsetAsync(scratch, i, kScratch, producer));
-  CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kBlock, cudaMemcpyHostToDevice, producer));
+  CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kPeerBlock, cudaMemcpyHostToDevice, producer));
   WriteRequest wr;
   wr.local = reg.value().get();
   wr.remote_region = 1;
@@ -417,17 +268,17 @@ TEST_P(GpuTransportTest, EndpointDestructionStopsWrites) {
   auto ep = t.value()->Connect(rx.peer);
   ASSERT_OK(ep.status());
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kRegionBytes));
-  CUDA_OK(cudaMemset(src, 0x5A, kRegionBytes));
+  CUDA_OK(cudaMalloc(&src, kPeerRegionBytes));
+  CUDA_OK(cudaMemset(src, 0x5A, kPeerRegionBytes));
   CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, kRegionBytes, MemoryKind::kCuda, 0});
+  auto reg = t.value()->Register({src, kPeerRegionBytes, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   std::vector<std::unique_ptr<WriteHandle>> handles;
   for (int i = 0; i < 32; ++i) {
     WriteRequest wr;
     wr.local = reg.value().get();
-    wr.remote_region = i % kRegions;
-    wr.ops = {{0, 0, kRegionBytes}};
+    wr.remote_region = i % kPeerRegions;
+    wr.ops = {{0, 0, kPeerRegionBytes}};
     auto h = ep.value()->Write(wr);
     ASSERT_OK(h.status());
     handles.push_back(std::move(h).value());
@@ -462,21 +313,21 @@ TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
   ASSERT_OK(ep.status());
   constexpr size_t kCount = 160;  // 10 MiB: several chunks, some still queued at Cancel()
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, 2 * kCount * kBlock));
-  auto reg = t.value()->Register({src, 2 * kCount * kBlock, MemoryKind::kCuda, 0});
+  CUDA_OK(cudaMalloc(&src, 2 * kCount * kPeerBlock));
+  auto reg = t.value()->Register({src, 2 * kCount * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   std::map<std::pair<uint64_t, int>, bool> want;
   for (int layer = 0; layer < 2; ++layer) {
     const uint64_t req = RequestId(5000, kCount);
     SourceWrite w = MakeSource(req, layer, kCount);
-    char* base = static_cast<char*>(src) + layer * kCount * kBlock;
-    CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
+    char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
+    CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
     CUDA_OK(cudaDeviceSynchronize());
     WriteRequest wr;
     wr.local = reg.value().get();
     wr.remote_region = layer;
     for (CopyOp op : w.ops) {
-      op.local_offset += layer * kCount * kBlock;
+      op.local_offset += layer * kCount * kPeerBlock;
       wr.ops.push_back(op);
     }
     wr.notify = true;
@@ -519,12 +370,12 @@ TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   constexpr uint64_t kN = 128;  // blocks of the first write (8 MiB)
   constexpr uint64_t kReq = 7000;
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, (kN + 1) * kBlock));
-  std::vector<uint64_t> host((kN + 1) * kBlock / 8);
-  for (uint64_t j = 0; j <= kN; ++j) FillPattern(kReq, 0, j, host.data() + j * kBlock / 8, kBlock / 8);
+  CUDA_OK(cudaMalloc(&src, (kN + 1) * kPeerBlock));
+  std::vector<uint64_t> host((kN + 1) * kPeerBlock / 8);
+  for (uint64_t j = 0; j <= kN; ++j) FillPattern(kReq, 0, j, host.data() + j * kPeerBlock / 8, kPeerBlock / 8);
   CUDA_OK(cudaMemcpy(src, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
   CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, (kN + 1) * kBlock, MemoryKind::kCuda, 0});
+  auto reg = t.value()->Register({src, (kN + 1) * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   // Neither side contiguous: op i reads source block (37 i) mod kN into destination block
   // (91 i) mod kN of region 0; the second write puts source block kN into the destination block
@@ -532,12 +383,12 @@ TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   WriteRequest a;
   a.local = reg.value().get();
   a.remote_region = 0;
-  for (uint64_t i = 0; i < kN; ++i) a.ops.push_back({(37 * i) % kN * kBlock, (91 * i) % kN * kBlock, kBlock});
+  for (uint64_t i = 0; i < kN; ++i) a.ops.push_back({(37 * i) % kN * kPeerBlock, (91 * i) % kN * kPeerBlock, kPeerBlock});
   const uint64_t last_dst = (91 * (kN - 1)) % kN;
   WriteRequest b;
   b.local = reg.value().get();
   b.remote_region = 0;
-  b.ops = {{kN * kBlock, last_dst * kBlock, kBlock}};
+  b.ops = {{kN * kPeerBlock, last_dst * kPeerBlock, kPeerBlock}};
   std::vector<std::unique_ptr<WriteHandle>> handles;
   for (int round = 0; round < 4; ++round) {
     for (const WriteRequest* wr : {&a, &b}) {
@@ -548,14 +399,14 @@ TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   }
   for (auto& h : handles) ASSERT_OK(h->Wait(DeadlineAfterMs(10000)));
   // The receiver's whole pool as it must be, hashed the way its HASH command does.
-  std::vector<uint64_t> pool(kPoolBytes / 8, 0);
+  std::vector<uint64_t> pool(kPeerPoolBytes / 8, 0);
   for (uint64_t i = 0; i < kN; ++i) {
     const uint64_t s = (37 * i) % kN, d = (91 * i) % kN;
-    std::memcpy(pool.data() + d * kBlock / 8, host.data() + s * kBlock / 8, kBlock);
+    std::memcpy(pool.data() + d * kPeerBlock / 8, host.data() + s * kPeerBlock / 8, kPeerBlock);
   }
-  std::memcpy(pool.data() + last_dst * kBlock / 8, host.data() + kN * kBlock / 8, kBlock);
+  std::memcpy(pool.data() + last_dst * kPeerBlock / 8, host.data() + kN * kPeerBlock / 8, kPeerBlock);
   uint64_t want = 0;
-  for (uint64_t w : pool) want = kvstream::testing::SplitMix64(want ^ w);
+  for (uint64_t w : pool) want = SplitMix64(want ^ w);
   ASSERT_TRUE(rx.proc.Send("HASH"));
   EXPECT_EQ(rx.proc.ReadLine(DeadlineAfterMs(10000)), "HASH " + std::to_string(want));
   ASSERT_OK(ep.value()->status());
@@ -576,9 +427,9 @@ TEST_P(GpuTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
   uint64_t req = RequestId(3000, kCount);
   SourceWrite w = MakeSource(req, 0, kCount);
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kCount * kBlock));
-  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kBlock, cudaMemcpyHostToDevice));
-  auto reg = t.value()->Register({src, kCount * kBlock, MemoryKind::kCuda, 0});
+  CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
+  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
+  auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   WriteRequest wr;
   wr.local = reg.value().get();
