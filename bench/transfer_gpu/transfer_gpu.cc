@@ -380,7 +380,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
     const std::string err = kvstream::testing::StartPeerReceiver(
         &rx,
         {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rx_device),
-         "--regions=" + std::to_string(layers), "--region-bytes=" + std::to_string(pool_blocks * bb)},
+         "--regions=" + std::to_string(layers),
+         "--region-bytes=" + std::to_string(pool_blocks * bb)},
         layers, 60000, &peer);
     if (!err.empty()) {
       std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), err.c_str());

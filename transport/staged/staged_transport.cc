@@ -133,8 +133,12 @@ constexpr char kKeyMagic[8] = {'K', 'V', 'S', 'T', 'R', 'K', '0', '1'};
 constexpr uint64_t kMaxPieces = (kReadyOffset - sizeof(ChunkWire)) / sizeof(PieceWire);
 
 // Doorbell words live in memory another process writes: atomic, acquire / release.
-uint64_t LoadWord(const char* p) { return __atomic_load_n(reinterpret_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE); }
-void StoreWord(char* p, uint64_t v) { __atomic_store_n(reinterpret_cast<uint64_t*>(p), v, __ATOMIC_RELEASE); }
+uint64_t LoadWord(const char* p) {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE);
+}
+void StoreWord(char* p, uint64_t v) {
+  __atomic_store_n(reinterpret_cast<uint64_t*>(p), v, __ATOMIC_RELEASE);
+}
 
 // One step of a pipeline thread's busy wait (poll_us == 0): a short pause, then a chance for
 // other threads on this core.
@@ -533,7 +537,7 @@ class Receiver {
       if (t == 0 || t == seen_[slot]) continue;
       seen_[slot] = t;
       auto it = conns_.find(uint32_t(t >> 32));
-      // Not a live doorbell writer's: a writer gone (or lost) rang it; its slot is not ours to copy.
+      // Not a live doorbell writer's: a writer gone (or lost) rang it; not ours to copy.
       if (it == conns_.end() || !it->second.doorbells || it->second.lost) continue;
       ready.push_back({t, slot});
     }
@@ -755,7 +759,8 @@ class Receiver {
   Shared* shared_;
   const int64_t poll_us_ = std::clamp<int64_t>(shared_->options.poll_us, 0, 1000);
   std::atomic<bool> posted_{false};  // inbox_ (or stop_) changed since the thread last looked
-  std::vector<uint64_t> seen_ = std::vector<uint64_t>(size_t(shared_->options.recv_slots), 0);  // per slot: last ready token seen
+  // Per slot: the last ready token seen.
+  std::vector<uint64_t> seen_ = std::vector<uint64_t>(size_t(shared_->options.recv_slots), 0);
   Clock::time_point last_chunk_{};
   SlotLedger ledger_;  // receiver thread only
   std::unique_ptr<cuda::Stream> stream_;         // host -> device copies
