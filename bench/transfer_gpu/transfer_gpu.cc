@@ -3,12 +3,21 @@
 //
 //   transfer_gpu [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=20]
 //                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
+//                [--rx-device=N]
+//
+// --rx-device: the receiver process's GPU (default --device). With two GPUs the pinned
+// baselines are host->device on the receiver's GPU and device->host on the writer's, and
+// "both at once" runs each on its own GPU (own PCIe link).
 //
 // ucx_staged variants: "ucx_staged" (zero-copy on a same-host peer when the mapping works),
 // "ucx_staged_put" (zero-copy off: device -> pinned send buffer -> UCX put), either with
 // ":cN" for N MiB chunks (both processes) and ":kN" for N credits (slots granted to the writer)
 // and N send buffers, ":mN" for at least N chunks per write (min_chunks_per_write), e.g.
-// ucx_staged:c16 or ucx_staged:c8:k3. Their rows carry "path"
+// ucx_staged:c16 or ucx_staged:c8:k3; ":aN" sets adaptive_chunk_fill to N KiB (0 = chunks of
+// chunk_bytes always), ":s0" runs the gather/scatter kernels on the copy stream (no overlap),
+// ":pN" polls copy events every N us (0: busy wait), ":d0" turns doorbells off (UCX messages
+// each way per chunk); ucx_staged:a0:s0:p20:d0 is the previous pass's defaults. Their rows
+// carry "path"
 // (zero_copy / ucx_put: what the endpoint actually used).
 //
 // Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
@@ -117,6 +126,18 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
       if (n < 1 || n > 64) return InvalidArgument("bad credit count in " + name);
       o.credits_per_peer = o.send_buffers = n;
       o.recv_slots = std::max(o.recv_slots, 2 * n);
+    }
+    if (auto a = name.find(":a"); a != std::string::npos) {
+      const int kib = std::atoi(name.c_str() + a + 2);
+      if (kib < 0 || kib > 65536) return InvalidArgument("bad chunk fill in " + name);
+      o.adaptive_chunk_fill = uint64_t(kib) << 10;
+    }
+    if (name.find(":s0") != std::string::npos) o.overlap_kernels = false;
+    if (name.find(":d0") != std::string::npos) o.doorbells = false;
+    if (auto p = name.find(":p"); p != std::string::npos) {
+      const int us = std::atoi(name.c_str() + p + 2);
+      if (us < 0 || us > 1000) return InvalidArgument("bad poll interval in " + name);
+      o.poll_us = us;
     }
     if (base == "ucx_staged_put") {
       o.zero_copy = transport::staged::ZeroCopy::kOff;
@@ -227,7 +248,7 @@ double DeviceTimeUs(int iters, cudaStream_t s, Fn fn) {
   return Median(t);
 }
 
-void RunModel(const std::string& model_name, int tokens, int iters, int device,
+void RunModel(const std::string& model_name, int tokens, int iters, int device, int rx_device,
               const std::vector<std::string>& backends) {
   auto cfg = model::PresetConfig(model_name);
   if (!cfg.ok()) Die(cfg.status().ToString());
@@ -254,14 +275,25 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
   cudaStream_t s;
   KV_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   KV_BENCH_CUDA(cudaDeviceSynchronize());
+  // Host -> device baselines land where the receiver's copies land: its GPU.
+  void* rx_dst = dst;
+  cudaStream_t rx_s = s;
+  if (rx_device != device) {
+    KV_BENCH_CUDA(cudaSetDevice(rx_device));
+    KV_BENCH_CUDA(cudaMalloc(&rx_dst, prompt_bytes));
+    KV_BENCH_CUDA(cudaStreamCreateWithFlags(&rx_s, cudaStreamNonBlocking));
+    KV_BENCH_CUDA(cudaDeviceSynchronize());
+    KV_BENCH_CUDA(cudaSetDevice(device));
+  }
 
   Baselines b;
   auto copy_layers = [&](void* to, const void* from, cudaMemcpyKind kind, int n) {
+    cudaStream_t cs = kind == cudaMemcpyHostToDevice ? rx_s : s;
     for (int l = 0; l < n; ++l) {
       KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(to) + l * layer_bytes,
-                                 static_cast<const char*>(from) + l * layer_bytes, layer_bytes, kind, s));
+                                    static_cast<const char*>(from) + l * layer_bytes, layer_bytes, kind, cs));
     }
-    KV_BENCH_CUDA(cudaStreamSynchronize(s));
+    KV_BENCH_CUDA(cudaStreamSynchronize(cs));
   };
   b.d2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, 1); }) / 1e9;
   b.d2d_prompt = prompt_bytes / TimeIt(iters, [&] { copy_layers(dst, src, cudaMemcpyDeviceToDevice, layers); }) / 1e9;
@@ -277,8 +309,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
     b.d2d_prompt_dev_us = DeviceTimeUs(std::max(3, iters / 4), s, [&] { enqueue(layers, layer_bytes); });
     b.d2d_tiny_dev_us = DeviceTimeUs(iters, s, [&] { enqueue(32, 4096); });
   }
-  b.h2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, 1); }) / 1e9;
-  b.h2d_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(dst, pinned, cudaMemcpyHostToDevice, layers); }) / 1e9;
+  b.h2d_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(rx_dst, pinned, cudaMemcpyHostToDevice, 1); }) / 1e9;
+  b.h2d_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(rx_dst, pinned, cudaMemcpyHostToDevice, layers); }) / 1e9;
   b.d2h_layer = layer_bytes / TimeIt(iters, [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, 1); }) / 1e9;
   b.d2h_prompt = prompt_bytes / TimeIt(std::max(3, iters / 4), [&] { copy_layers(pinned, src, cudaMemcpyDeviceToHost, layers); }) / 1e9;
   {
@@ -288,10 +320,12 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
     KV_BENCH_CUDA(cudaHostAlloc(&pinned2, prompt_bytes, cudaHostAllocPortable));
     std::memset(pinned2, 0x5A, prompt_bytes);
     cudaStream_t s2;
+    KV_BENCH_CUDA(cudaSetDevice(rx_device));
     KV_BENCH_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    KV_BENCH_CUDA(cudaSetDevice(device));
     auto both = [&](int n) {
       for (int l = 0; l < n; ++l) {
-        KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + l * layer_bytes,
+        KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(rx_dst) + l * layer_bytes,
                                    static_cast<const char*>(pinned2) + l * layer_bytes, layer_bytes,
                                    cudaMemcpyHostToDevice, s2));
         KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(pinned) + l * layer_bytes,
@@ -328,6 +362,10 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
   base_row("pinned_bidir", "prompt_contig", prompt_bytes, layers, b.bidir_prompt);
   KV_BENCH_CUDA(cudaFreeHost(pinned));
   KV_BENCH_CUDA(cudaFree(dst));
+  if (rx_device != device) {
+    KV_BENCH_CUDA(cudaFree(rx_dst));  // UVA: freed on its own device
+    KV_BENCH_CUDA(cudaStreamDestroy(rx_s));
+  }
 
   // Scattered destination blocks: a fixed random choice of `blocks` out of `pool_blocks`.
   std::mt19937_64 rng(42);
@@ -341,7 +379,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device,
     PeerDescriptor peer;
     const std::string err = kvstream::testing::StartPeerReceiver(
         &rx,
-        {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(device),
+        {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rx_device),
          "--regions=" + std::to_string(layers),
          "--region-bytes=" + std::to_string(pool_blocks * bb)},
         layers, 60000, &peer);
@@ -543,6 +581,11 @@ int main(int argc, char** argv) {
   const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
   const int iters = args.count("iters") ? std::stoi(args["iters"]) : 20;
   const int device = args.count("device") ? std::stoi(args["device"]) : 0;
+  const int rx_device = args.count("rx-device") ? std::stoi(args["rx-device"]) : device;
+  if (device >= count || rx_device < 0 || rx_device >= count) {
+    std::fprintf(stderr, "transfer_gpu: --device=%d / --rx-device=%d: %d GPUs usable\n", device, rx_device, count);
+    return 77;
+  }
   std::string backends = "cuda_ipc,cuda_ipc_memcpy";
 #if KVSTREAM_HAVE_UCX_STAGED
   backends += ",ucx_host,ucx_staged";
@@ -550,7 +593,7 @@ int main(int argc, char** argv) {
   if (args.count("backends")) backends = args["backends"];
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
-  for (const auto& m : Split(models)) RunModel(m, tokens, iters, device, Split(backends));
+  for (const auto& m : Split(models)) RunModel(m, tokens, iters, device, rx_device, Split(backends));
   PrintTable();
   return 0;
 }

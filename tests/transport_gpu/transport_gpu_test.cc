@@ -50,12 +50,21 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
 #if KVSTREAM_HAVE_UCX_STAGED
   // ucx_staged: zero-copy where the peer is on this host; ucx_staged_put: UCX puts always;
   // ucx_staged_c1: zero-copy in 1 MiB chunks (every write of the tests spans several chunks,
-  // which may land in any order).
-  if (name == "ucx_staged" || name == "ucx_staged_put" || name == "ucx_staged_c1") {
+  // which may land in any order); ucx_staged_plain: zero-copy with UCX messages instead of
+  // doorbells, one stream per side, fixed-size chunks and 20 us sleeps between looks at the
+  // copies instead of a busy wait (the paths before those four).
+  if (name == "ucx_staged" || name == "ucx_staged_put" || name == "ucx_staged_c1" ||
+      name == "ucx_staged_plain") {
     staged::StagedOptions o;
     o.device = device;
     if (name == "ucx_staged_put") o.zero_copy = staged::ZeroCopy::kOff;
     if (name == "ucx_staged_c1") o.chunk_bytes = 1 << 20;
+    if (name == "ucx_staged_plain") {
+      o.doorbells = false;
+      o.overlap_kernels = false;
+      o.adaptive_chunk_fill = 0;
+      o.poll_us = 20;
+    }
     return staged::CreateStagedTransport(o);
   }
 #endif
@@ -68,6 +77,7 @@ std::vector<std::string> GpuBackends() {
   b.push_back("ucx_staged");
   b.push_back("ucx_staged_put");
   b.push_back("ucx_staged_c1");
+  b.push_back("ucx_staged_plain");
 #endif
   return b;
 }
@@ -338,6 +348,67 @@ TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
     }
   }
   EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
+  ASSERT_OK(ep.value()->status());
+  ep.value().reset();
+  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  reg.value().reset();
+  cudaFree(src);
+}
+
+// ucx_staged: a write whose blocks are gathered on the writer and scattered on the receiver by
+// kernels (on streams of their own, overlapping the copies), followed at once by a small
+// write that the copy engine lands straight in one of the first write's blocks: the later write
+// must win, every time, and every other block must hold what the first write put there.
+TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
+  if (GetParam().rfind("ucx_staged", 0) != 0) GTEST_SKIP() << GetParam() << ": staged ordering only";
+  Receiver rx;
+  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
+  auto t = MakeBackend(GetParam(), 0);
+  ASSERT_OK(t.status());
+  auto ep = t.value()->Connect(rx.peer);
+  ASSERT_OK(ep.status());
+  constexpr uint64_t kN = 128;  // blocks of the first write (8 MiB)
+  constexpr uint64_t kReq = 7000;
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, (kN + 1) * kPeerBlock));
+  std::vector<uint64_t> host((kN + 1) * kPeerBlock / 8);
+  for (uint64_t j = 0; j <= kN; ++j) FillPattern(kReq, 0, j, host.data() + j * kPeerBlock / 8, kPeerBlock / 8);
+  CUDA_OK(cudaMemcpy(src, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto reg = t.value()->Register({src, (kN + 1) * kPeerBlock, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  // Neither side contiguous: op i reads source block (37 i) mod kN into destination block
+  // (91 i) mod kN of region 0; the second write puts source block kN into the destination block
+  // of the first write's last op (its last chunk).
+  WriteRequest a;
+  a.local = reg.value().get();
+  a.remote_region = 0;
+  for (uint64_t i = 0; i < kN; ++i) a.ops.push_back({(37 * i) % kN * kPeerBlock, (91 * i) % kN * kPeerBlock, kPeerBlock});
+  const uint64_t last_dst = (91 * (kN - 1)) % kN;
+  WriteRequest b;
+  b.local = reg.value().get();
+  b.remote_region = 0;
+  b.ops = {{kN * kPeerBlock, last_dst * kPeerBlock, kPeerBlock}};
+  std::vector<std::unique_ptr<WriteHandle>> handles;
+  for (int round = 0; round < 4; ++round) {
+    for (const WriteRequest* wr : {&a, &b}) {
+      auto h = ep.value()->Write(*wr);
+      ASSERT_OK(h.status());
+      handles.push_back(std::move(h).value());
+    }
+  }
+  for (auto& h : handles) ASSERT_OK(h->Wait(DeadlineAfterMs(10000)));
+  // The receiver's whole pool as it must be, hashed the way its HASH command does.
+  std::vector<uint64_t> pool(kPeerPoolBytes / 8, 0);
+  for (uint64_t i = 0; i < kN; ++i) {
+    const uint64_t s = (37 * i) % kN, d = (91 * i) % kN;
+    std::memcpy(pool.data() + d * kPeerBlock / 8, host.data() + s * kPeerBlock / 8, kPeerBlock);
+  }
+  std::memcpy(pool.data() + last_dst * kPeerBlock / 8, host.data() + kN * kPeerBlock / 8, kPeerBlock);
+  uint64_t want = 0;
+  for (uint64_t w : pool) want = SplitMix64(want ^ w);
+  ASSERT_TRUE(rx.proc.Send("HASH"));
+  EXPECT_EQ(rx.proc.ReadLine(DeadlineAfterMs(10000)), "HASH " + std::to_string(want));
   ASSERT_OK(ep.value()->status());
   ep.value().reset();
   EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -20,6 +22,7 @@
 #include "common/log.h"
 #include "transport/cuda_ipc/cuda_util.h"
 #include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/staged/chunk_plan.h"
 #include "transport/staged/slot_ledger.h"
 #include "transport/ucx/ucx_transport.h"
 #include "transport/write_plan.h"
@@ -67,7 +70,7 @@ struct AddrWire {
   uint32_t staging_key_len;
 };
 struct HelloWire {
-  char magic[8];  // "KVSTHL02"
+  char magic[8];  // "KVSTHL03"
   uint64_t nonce;
   uint32_t conn_id;
   uint32_t addr_len;
@@ -75,9 +78,13 @@ struct HelloWire {
   uint32_t writer_pid;  // != 0: a zero-copy writer on the receiver's host (its pid there)
   uint64_t box_addr;
   uint64_t box_len;
+  uint32_t flags;       // kHelloDoorbells
+  uint32_t pad;
 };
+// A zero-copy writer that rings doorbells (StagedOptions::doorbells).
+constexpr uint32_t kHelloDoorbells = 1;
 struct ChunkWire {
-  char magic[8];  // "KVSTCK02"
+  char magic[8];  // "KVSTCK03"
   uint32_t conn_id;
   uint32_t npieces;
   uint64_t write_seq;
@@ -89,6 +96,22 @@ struct ChunkWire {
   int32_t note_flags;
   uint32_t pad;
   uint64_t data_bytes;
+  uint64_t token;  // doorbell writers: this chunk's token (0 otherwise)
+};
+// Doorbells (zero-copy writers that asked for them, see StagedOptions::doorbells): two words at
+// the end of each slot's header area, in the receiver's staging memory that both map. The
+// writer stores the chunk's token (conn_id << 32 | its own chunk counter, never 0) at
+// kReadyOffset once the chunk's device -> host copy is complete; the receiver stores a DoneWire
+// at kDoneOffset, token last, once the chunk is on its device (instead of a UCX credit). Both
+// sides still poll only while chunks are in flight; the writer also sends the UCX announcement
+// as a wake-up for a receiver that is idle.
+constexpr uint64_t kReadyOffset = kHeaderBytes - 128;
+constexpr uint64_t kDoneOffset = kHeaderBytes - 64;
+struct DoneWire {
+  uint64_t write_seq;
+  int32_t bits;  // kBitWriteDone, kBitError
+  uint32_t pad;
+  uint64_t token;
 };
 struct PieceWire {
   uint32_t region_id;
@@ -104,10 +127,27 @@ struct KeyWire {
   uint64_t length;
 };
 constexpr char kAddrMagic[8] = {'K', 'V', 'S', 'T', 'G', 'A', '0', '2'};
-constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '2'};
-constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '2'};
+constexpr char kHelloMagic[8] = {'K', 'V', 'S', 'T', 'H', 'L', '0', '3'};
+constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '3'};
 constexpr char kKeyMagic[8] = {'K', 'V', 'S', 'T', 'R', 'K', '0', '1'};
-constexpr uint64_t kMaxPieces = (kHeaderBytes - sizeof(ChunkWire)) / sizeof(PieceWire);
+constexpr uint64_t kMaxPieces = (kReadyOffset - sizeof(ChunkWire)) / sizeof(PieceWire);
+
+// Doorbell words live in memory another process writes: atomic, acquire / release.
+uint64_t LoadWord(const char* p) {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE);
+}
+void StoreWord(char* p, uint64_t v) {
+  __atomic_store_n(reinterpret_cast<uint64_t*>(p), v, __ATOMIC_RELEASE);
+}
+
+// One step of a pipeline thread's busy wait (poll_us == 0): a short pause, then a chance for
+// other threads on this core.
+void SpinPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  for (int i = 0; i < 16; ++i) __builtin_ia32_pause();
+#endif
+  std::this_thread::yield();
+}
 
 Notification Msg(MsgType type, uint64_t request_id, int32_t layer, int32_t bits = 0) {
   return Notification{request_id, layer, kFlagMagic | type | bits};
@@ -117,11 +157,37 @@ Notification Msg(MsgType type, uint64_t request_id, int32_t layer, int32_t bits 
 // `runs` move between scattered device addresses and the chunk's contiguous staging bytes
 // [0, bytes). Few runs: cudaMemcpyAsync each. Many: the copy engine moves the chunk in one
 // piece between staging and a device scratch buffer, and the scatter kernel does the
-// scattering device-side (its run table, `table`, is pinned and stays untouched until the
-// stream passes it).
+// gathering / scattering device-side (its run table, `table`, is pinned and stays untouched
+// until the stream passes it).
+//
+// Lanes: transfers go on `copy`, kernels on `kernel` (when it differs), so that one chunk's
+// kernel runs while the copy engine moves the next chunk instead of between the two copies.
+// The caller records the chunk's completion on the stream CopyChunk returns.
 enum class Direction { kToHost, kToDevice };
-Status CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t staging, uint64_t bytes,
-                 void* scratch, CopyRun* table, size_t table_cap, cudaStream_t stream) {
+struct Lanes {
+  cudaStream_t copy = nullptr;
+  cudaStream_t kernel = nullptr;  // == copy: one stream
+  cuda::EventPool* events = nullptr;
+  // Receive side: a scatter was enqueued on `kernel` since `copy` last waited for it. A chunk
+  // copied straight to the device then waits for it first, so that writes still land in the
+  // order they were announced (a later write to the same bytes wins).
+  bool kernel_ahead = false;
+};
+
+// `to` waits for everything enqueued on `from` so far.
+Status Follow(Lanes& lanes, cudaStream_t from, cudaStream_t to) {
+  if (from == to) return OkStatus();
+  KV_ASSIGN_OR_RETURN(cudaEvent_t ev, lanes.events->Acquire());
+  cudaError_t err = cudaEventRecord(ev, from);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(to, ev, 0);
+  // The wait captured the record: the event may be recorded again by its next user.
+  lanes.events->Release(ev);
+  return CudaStatus(err, "cudaStreamWaitEvent (between the copy and kernel streams)");
+}
+
+Result<cudaStream_t> CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t staging,
+                               uint64_t bytes, void* scratch, CopyRun* table, size_t table_cap,
+                               Lanes& lanes) {
   if (runs.size() >= 4 && scratch != nullptr) {
     // Re-aim the runs' staging side at the scratch buffer.
     std::vector<CopyRun> dev = runs;
@@ -132,29 +198,36 @@ Status CopyChunk(Direction dir, const std::vector<CopyRun>& runs, uint64_t stagi
     }
     size_t entries = cuda::ScatterTableEntries(dev.data(), dev.size());
     if (entries <= table_cap) {
+      cuda::SplitRuns(dev.data(), dev.size(), table);
       if (dir == Direction::kToDevice) {
         KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch, reinterpret_cast<const void*>(staging), bytes,
-                                                cudaMemcpyHostToDevice, stream),
+                                                cudaMemcpyHostToDevice, lanes.copy),
                                 "cudaMemcpyAsync (staging to scratch)");
+        KV_RETURN_IF_ERROR(Follow(lanes, lanes.copy, lanes.kernel));
+        KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, lanes.kernel));
+        lanes.kernel_ahead = lanes.kernel != lanes.copy;
+        return lanes.kernel;
       }
-      cuda::SplitRuns(dev.data(), dev.size(), table);
-      KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, stream));
-      if (dir == Direction::kToHost) {
-        KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(staging), scratch, bytes,
-                                                cudaMemcpyDeviceToHost, stream),
-                                "cudaMemcpyAsync (scratch to staging)");
-      }
-      return OkStatus();
+      KV_RETURN_IF_ERROR(cuda::LaunchScatterCopy(table, entries, lanes.kernel));
+      KV_RETURN_IF_ERROR(Follow(lanes, lanes.kernel, lanes.copy));
+      KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(staging), scratch, bytes,
+                                              cudaMemcpyDeviceToHost, lanes.copy),
+                              "cudaMemcpyAsync (scratch to staging)");
+      return lanes.copy;
     }
+  }
+  if (dir == Direction::kToDevice && lanes.kernel_ahead) {
+    KV_RETURN_IF_ERROR(Follow(lanes, lanes.kernel, lanes.copy));
+    lanes.kernel_ahead = false;
   }
   const cudaMemcpyKind kind = dir == Direction::kToHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (const CopyRun& r : runs) {
     KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(reinterpret_cast<void*>(r.dst),
                                             reinterpret_cast<const void*>(r.src), r.length, kind,
-                                            stream),
+                                            lanes.copy),
                             "cudaMemcpyAsync (staging)");
   }
-  return OkStatus();
+  return lanes.copy;
 }
 
 constexpr size_t kTableEntriesPerSlot = 4096;  // >= pieces after splitting into 256 KiB pieces
@@ -251,6 +324,12 @@ class Receiver {
 
   Status Start() {
     KV_ASSIGN_OR_RETURN(stream_, cuda::Stream::CreateLowestPriority(shared_->device));
+    if (shared_->options.overlap_kernels) {
+      KV_ASSIGN_OR_RETURN(kernel_stream_, cuda::Stream::CreateLowestPriority(shared_->device));
+    }
+    lanes_.copy = stream_->get();
+    lanes_.kernel = kernel_stream_ ? kernel_stream_->get() : lanes_.copy;
+    lanes_.events = &shared_->events;
     KV_ASSIGN_OR_RETURN(scratch_, cuda::DeviceBuffer::Allocate(
                                       shared_->device, size_t(shared_->options.recv_slots) *
                                                            shared_->options.chunk_bytes));
@@ -263,10 +342,12 @@ class Receiver {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       stop_ = true;
+      posted_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (stream_) (void)cuda::WaitStreamIdle(stream_->get(), DeadlineAfterMs(5000));
+    if (kernel_stream_) (void)cuda::WaitStreamIdle(kernel_stream_->get(), DeadlineAfterMs(5000));
     for (auto& [id, c] : conns_) {
       if (c.pidfd >= 0) close(c.pidfd);
     }
@@ -274,6 +355,7 @@ class Receiver {
     pending_sends_.clear();
     closing_.clear();
     stream_.reset();
+    kernel_stream_.reset();
     scratch_.reset();
   }
 
@@ -281,6 +363,7 @@ class Receiver {
     {
       std::lock_guard<std::mutex> lock(mu_);
       inbox_.push_back(n);
+      posted_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -297,6 +380,7 @@ class Receiver {
     };
     std::map<uint64_t, Progress> progress;
     int pidfd = -1;                         // zero-copy writer's process (same host)
+    bool doorbells = false;                 // announces and gets slots back through doorbells
     Clock::time_point last_sent{};
     bool lost = false;
   };
@@ -304,6 +388,8 @@ class Receiver {
     bool bye = false;
     uint32_t conn_id = 0;
     uint32_t slot = 0;
+    uint64_t token = 0;  // doorbell chunks
+    bool doorbell = false;
     uint64_t write_seq = 0;
     uint32_t total = 0;
     bool has_note = false;
@@ -379,6 +465,7 @@ class Receiver {
     Conn& c = conns_[h.conn_id];
     c.back = std::move(ep).value();
     c.last_sent = Clock::now();
+    c.doorbells = h.writer_pid != 0 && (h.flags & kHelloDoorbells) != 0;
     if (h.writer_pid != 0) {
       // A zero-copy writer copies straight into our slots: once it is lost, its process having
       // exited is what makes its slots safe to hand out again (no copy of it can still land).
@@ -394,7 +481,8 @@ class Receiver {
     const char* base = shared_->staging + shared_->SlotOffset(slot);
     ChunkWire cw;
     std::memcpy(&cw, base, sizeof(cw));
-    if (std::memcmp(cw.magic, kChunkMagic, sizeof(cw.magic)) != 0 || cw.conn_id != conn_id) {
+    if (std::memcmp(cw.magic, kChunkMagic, sizeof(cw.magic)) != 0 || cw.conn_id != conn_id ||
+        cw.token != item->token) {
       return DataLoss("ucx_staged: chunk descriptor in slot " + std::to_string(slot) + " is corrupt");
     }
     item->write_seq = cw.write_seq;
@@ -427,9 +515,37 @@ class Receiver {
     return OkStatus();
   }
 
+  // A UCX announcement. From a doorbell writer it only wakes us: the doorbells say which
+  // chunks are ready (this one, and maybe others; a late announcement finds its doorbell seen).
   void HandleChunk(const Notification& n) {
     uint32_t conn_id = uint32_t(n.request_id >> 32);
     uint32_t slot = uint32_t(n.request_id & 0xFFFFFFFFu);
+    auto it = conns_.find(conn_id);
+    if (it != conns_.end() && it->second.doorbells) {
+      ScanDoorbells();
+      return;
+    }
+    StartChunk(conn_id, slot, 0);
+  }
+
+  // Chunks whose ready doorbell shows a token not seen before, in the order their writer rang
+  // them (its copies started in that order: a later write to the same bytes lands last).
+  void ScanDoorbells() {
+    std::vector<std::pair<uint64_t, uint32_t>> ready;  // (token, slot)
+    for (uint32_t slot = 0; slot < seen_.size(); ++slot) {
+      const uint64_t t = LoadWord(shared_->staging + shared_->SlotOffset(slot) + kReadyOffset);
+      if (t == 0 || t == seen_[slot]) continue;
+      seen_[slot] = t;
+      auto it = conns_.find(uint32_t(t >> 32));
+      // Not a live doorbell writer's: a writer gone (or lost) rang it; not ours to copy.
+      if (it == conns_.end() || !it->second.doorbells || it->second.lost) continue;
+      ready.push_back({t, slot});
+    }
+    std::sort(ready.begin(), ready.end());
+    for (const auto& [t, slot] : ready) StartChunk(uint32_t(t >> 32), slot, t);
+  }
+
+  void StartChunk(uint32_t conn_id, uint32_t slot, uint64_t token) {
     auto it = conns_.find(conn_id);
     if (it == conns_.end() || !ledger_.BeginChunk(conn_id, slot)) {
       if (it == conns_.end() || !it->second.lost) {
@@ -437,9 +553,12 @@ class Receiver {
       }
       return;
     }
+    last_chunk_ = Clock::now();
     Item item;
     item.conn_id = conn_id;
     item.slot = slot;
+    item.token = token;
+    item.doorbell = it->second.doorbells;
     std::vector<CopyRun> runs;
     uint64_t data_bytes = 0;
     item.error = ParseChunk(conn_id, slot, &item, &runs, &data_bytes);
@@ -447,14 +566,17 @@ class Receiver {
       CopyRun* table = static_cast<CopyRun*>(shared_->recv_tables->data()) + size_t(slot) * kTableEntriesPerSlot;
       const uint64_t staging = reinterpret_cast<uint64_t>(shared_->staging) + shared_->SlotOffset(slot) + kHeaderBytes;
       void* scratch = static_cast<char*>(scratch_->data()) + size_t(slot) * shared_->options.chunk_bytes;
-      Status s = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
-                           kTableEntriesPerSlot, stream_->get());
+      auto done_on = CopyChunk(Direction::kToDevice, runs, staging, data_bytes, scratch, table,
+                               kTableEntriesPerSlot, lanes_);
+      Status s = done_on.status();
       auto ev = shared_->events.Acquire();
       if (s.ok() && ev.ok()) {
         item.event = ev.value();
-        s = CudaStatus(cudaEventRecord(item.event, stream_->get()), "cudaEventRecord");
+        s = CudaStatus(cudaEventRecord(item.event, done_on.value()), "cudaEventRecord");
       } else if (s.ok()) {
         s = ev.status();
+      } else if (ev.ok()) {
+        shared_->events.Release(ev.value());
       }
       item.error = s;
     }
@@ -498,6 +620,17 @@ class Receiver {
         c.progress.erase(item.write_seq);
         bits = kBitWriteDone;
       }
+    }
+    if (item.doorbell) {
+      // The slot goes back to its writer through its done doorbell (it polls it).
+      char* hdr = shared_->staging + shared_->SlotOffset(item.slot);
+      DoneWire d{};
+      d.write_seq = item.write_seq;
+      d.bits = bits;
+      std::memcpy(hdr + kDoneOffset, &d, offsetof(DoneWire, token));
+      StoreWord(hdr + kDoneOffset + offsetof(DoneWire, token), item.token);
+      last_chunk_ = Clock::now();
+      return;
     }
     Send(item.conn_id, c, Msg(kCredit, (item.write_seq << 16) | item.slot, int32_t(item.conn_id), bits));
   }
@@ -547,17 +680,30 @@ class Receiver {
 
   void Run() {
     DeviceGuard guard(shared_->device);
-    // The 20 us waits below pace the pipeline: keep them 20 us, not 20 + 50 us of default slack.
+    // The short waits below pace the pipeline: keep them short, not + 50 us of default slack.
     (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     auto last_housekeeping = Clock::now();
     for (;;) {
       std::deque<Notification> inbox;
-      {
+      // Doorbell writers are polled for a while after the last chunk (the next layer's write
+      // usually follows); after that their UCX announcements wake us.
+      const bool idle = inflight_.empty() && pending_sends_.empty() && closing_.empty() &&
+                        Clock::now() - last_chunk_ > std::chrono::milliseconds(2);
+      if (!idle && poll_us_ == 0) {
+        // Busy wait: mu_ only when something was posted, so the poster never waits for us.
+        SpinPause();
+        if (posted_.load(std::memory_order_acquire)) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stop_) break;
+          posted_.store(false, std::memory_order_relaxed);
+          inbox.swap(inbox_);
+        }
+      } else {
         std::unique_lock<std::mutex> lock(mu_);
-        auto idle = inflight_.empty() && pending_sends_.empty() && closing_.empty();
-        cv_.wait_for(lock, idle ? std::chrono::microseconds(50000) : std::chrono::microseconds(20),
+        cv_.wait_for(lock, idle ? std::chrono::microseconds(50000) : std::chrono::microseconds(poll_us_),
                      [&] { return stop_ || !inbox_.empty(); });
         if (stop_) break;
+        posted_.store(false, std::memory_order_relaxed);
         inbox.swap(inbox_);
       }
       for (const Notification& n : inbox) {
@@ -580,6 +726,7 @@ class Receiver {
           default: break;
         }
       }
+      ScanDoorbells();
       // One in-order stream: complete items from the front as their copies finish.
       while (!inflight_.empty()) {
         Item& front = inflight_.front();
@@ -610,8 +757,15 @@ class Receiver {
   }
 
   Shared* shared_;
+  const int64_t poll_us_ = std::clamp<int64_t>(shared_->options.poll_us, 0, 1000);
+  std::atomic<bool> posted_{false};  // inbox_ (or stop_) changed since the thread last looked
+  // Per slot: the last ready token seen.
+  std::vector<uint64_t> seen_ = std::vector<uint64_t>(size_t(shared_->options.recv_slots), 0);
+  Clock::time_point last_chunk_{};
   SlotLedger ledger_;  // receiver thread only
-  std::unique_ptr<cuda::Stream> stream_;
+  std::unique_ptr<cuda::Stream> stream_;         // host -> device copies
+  std::unique_ptr<cuda::Stream> kernel_stream_;  // scatter kernels (overlap_kernels)
+  Lanes lanes_;
   std::unique_ptr<cuda::DeviceBuffer> scratch_;  // chunk_bytes per slot
   std::mutex mu_;
   std::condition_variable cv_;
@@ -653,6 +807,7 @@ struct SendBuf {
   std::unique_ptr<WriteHandle> put;
   Chunk chunk;
   uint32_t slot = 0;
+  uint64_t token = 0;  // doorbells
 };
 // A write from Write() until no chunk of it is in flight any more.
 struct WriteEntry {
@@ -673,7 +828,9 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::unique_ptr<Registration> send_reg;
   std::unique_ptr<cuda::PinnedBuffer> tables;  // kTableEntriesPerSlot per send buffer
   std::unique_ptr<cuda::DeviceBuffer> scratch;  // chunk_cap per send buffer
-  std::unique_ptr<cuda::Stream> stream;
+  std::unique_ptr<cuda::Stream> stream;         // device -> host copies
+  std::unique_ptr<cuda::Stream> kernel_stream;  // gather kernels (overlap_kernels)
+  Lanes lanes;
   std::vector<RegionInfo> remote;  // per peer region: id in `addr`, length
   AddrWire peer{};
   uint64_t buf_stride = 0;
@@ -682,39 +839,44 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   std::unique_ptr<ucx::PeerMapping> peer_map;
   bool peer_map_registered = false;
   bool zero_copy = false;
+  bool doorbells = false;  // zero-copy, announcing and getting slots back through doorbells
   bool hello_sent = false;
 
   ~WriterCore() { Shutdown(); }
 
   void OnCredit(const Notification& n) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       const int type = n.flags & 0xFF;
       if (type == kByeAck) {
         bye_acked_ = true;
       } else if (type == kCredit) {
-        credits_.push_back(uint32_t(n.request_id & 0xFFFF));
-        const uint64_t seq = n.request_id >> 16;  // 0: a fresh grant
-        auto it = seq == 0 ? writes_.end() : writes_.find(seq);
-        if (it != writes_.end()) {
-          WriteEntry& e = it->second;
-          if (e.in_flight > 0) --e.in_flight;
-          if ((n.flags & kBitError) && e.error.ok()) {
-            e.error = DataLoss("ucx_staged: the peer rejected a chunk of this write");
-          }
-          if ((n.flags & kBitWriteDone) && e.error.ok()) {
-            e.delivered = true;
-            e.completion->Complete(OkStatus());
-          }
-          MaybeFinishLocked(it);
-        }
+        CreditBackLocked(uint32_t(n.request_id & 0xFFFF), n.request_id >> 16, n.flags);
       }
     }
     cv_.notify_all();
   }
 
+  // Slot `slot` is ours again: a fresh grant (seq 0), or the peer is done with our chunk of
+  // write `seq` (bits: kBitWriteDone, kBitError).
+  void CreditBackLocked(uint32_t slot, uint64_t seq, int32_t bits) {
+    credits_.push_back(slot);
+    auto it = seq == 0 ? writes_.end() : writes_.find(seq);
+    if (it == writes_.end()) return;
+    WriteEntry& e = it->second;
+    if (e.in_flight > 0) --e.in_flight;
+    if ((bits & kBitError) && e.error.ok()) {
+      e.error = DataLoss("ucx_staged: the peer rejected a chunk of this write");
+    }
+    if ((bits & kBitWriteDone) && e.error.ok()) {
+      e.delivered = true;
+      e.completion->Complete(OkStatus());
+    }
+    MaybeFinishLocked(it);
+  }
+
   Status WaitFirstCredit(Deadline deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     if (!cv_.wait_until(lock, deadline, [&] { return !credits_.empty(); })) {
       return Unavailable("ucx_staged: the peer granted no staging slot in time (hello lost?)");
     }
@@ -722,6 +884,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   }
 
   void Start(int nbufs) {
+    poll_us_ = std::clamp<int64_t>(shared->options.poll_us, 0, 1000);
     for (int i = 0; i < nbufs; ++i) {
       bufs_.emplace_back();
       bufs_.back().offset = uint64_t(i) * buf_stride;
@@ -730,7 +893,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   }
 
   Status status() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     return status_;
   }
 
@@ -738,7 +901,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
 
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       if (shut_down_) return;
       shut_down_ = true;
       // Queued chunks never start; their writes end (kCanceled) once their started chunks are back.
@@ -760,7 +923,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     const Deadline deadline = DeadlineAfterMs(shared->options.close_timeout_ms);
     bool drained = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       drained = cv_.wait_until(lock, deadline, [&] {
         return !status_.ok() || (writes_.empty() && in_flight_bufs_ == 0 && notes_.empty());
       });
@@ -777,7 +940,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       if (h.ok()) {
         // Without a pipeline thread (Connect() failed) nothing watches the peer: wait briefly.
         const Deadline ack_deadline = thread_.joinable() ? deadline : std::min(deadline, DeadlineAfterMs(1000));
-        std::unique_lock<std::mutex> lock(mu_);
+        auto lock = LockFromOutside();
         cv_.wait_until(lock, ack_deadline, [&] { return bye_acked_ || !status_.ok(); });
         if (!bye_acked_) {
           KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
@@ -787,7 +950,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockFromOutside();
       stop_ = true;
       if (status_.ok()) status_ = Canceled("ucx_staged: endpoint destroyed");
       for (auto& [seq, e] : writes_) e.completion->Complete(Canceled("ucx_staged: endpoint destroyed"));
@@ -800,6 +963,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       shared->writers.erase(conn_id);
     }
     if (stream) (void)cuda::WaitStreamIdle(stream->get(), DeadlineAfterMs(5000));
+    if (kernel_stream) (void)cuda::WaitStreamIdle(kernel_stream->get(), DeadlineAfterMs(5000));
     if (ping_) (void)ping_->Wait(DeadlineAfterMs(1000));
     for (auto& h : notes_) (void)h->Wait(DeadlineAfterMs(1000));
     for (auto& h : misc_) (void)h->Wait(DeadlineAfterMs(1000));
@@ -858,6 +1022,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     writes_.clear();
     for (Chunk& c : queue_) shared->events.Release(c.dep);
     queue_.clear();
+    awaiting_.clear();  // the peer will not hand these slots back (and may be unmapped soon)
   }
 
   // A started chunk that never reached the peer: its slot is still ours.
@@ -892,6 +1057,11 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     cw.note_layer = chunk.note.layer;
     cw.note_flags = chunk.note.flags;
     cw.data_bytes = chunk.bytes;
+    if (doorbells) {
+      if (++token_counter_ == 0) ++token_counter_;
+      cw.token = (uint64_t(conn_id) << 32) | token_counter_;
+    }
+    b.token = cw.token;
     std::memcpy(base, &cw, sizeof(cw));
     std::vector<CopyRun> runs;
     const uint64_t staging = reinterpret_cast<uint64_t>(base + kHeaderBytes);
@@ -911,15 +1081,19 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
     b.dep = chunk.dep;
     chunk.dep = nullptr;
     if (b.dep != nullptr) {
-      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream->get(), b.dep, 0), "cudaStreamWaitEvent");
+      // Both streams: this write's later chunks may use either, and they rely on this wait.
+      KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes.copy, b.dep, 0), "cudaStreamWaitEvent");
+      if (lanes.kernel != lanes.copy) {
+        KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes.kernel, b.dep, 0), "cudaStreamWaitEvent");
+      }
     }
     const size_t index = size_t(&b - bufs_.data());
     CopyRun* table = static_cast<CopyRun*>(tables->data()) + index * kTableEntriesPerSlot;
     void* sc = static_cast<char*>(scratch->data()) + index * chunk_cap;
-    KV_RETURN_IF_ERROR(CopyChunk(Direction::kToHost, runs, staging, chunk.bytes, sc, table,
-                                 kTableEntriesPerSlot, stream->get()));
+    KV_ASSIGN_OR_RETURN(cudaStream_t done_on, CopyChunk(Direction::kToHost, runs, staging, chunk.bytes, sc,
+                                                        table, kTableEntriesPerSlot, lanes));
     KV_ASSIGN_OR_RETURN(b.event, shared->events.Acquire());
-    KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.event, stream->get()), "cudaEventRecord");
+    KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(b.event, done_on), "cudaEventRecord");
     b.chunk = std::move(chunk);
     b.slot = slot;
     b.state = 1;
@@ -942,6 +1116,10 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       // The copy engine's writes are complete (its event passed) and the descriptor was stored
       // by this thread; the announcement below must not overtake them.
       std::atomic_thread_fence(std::memory_order_release);
+      if (doorbells) {
+        StoreWord(PeerSlot(b.slot) + kReadyOffset, b.token);
+        awaiting_.push_back({b.slot, b.token});
+      }
     }
     wr.notify = true;
     wr.notification = Msg(kChunk, (uint64_t(conn_id) << 32) | b.slot, int32_t(b.chunk.index));
@@ -975,7 +1153,7 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   void Run() {
     DeviceGuard guard(shared->device);
     (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // see Receiver::Run
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);  // the pipeline thread's own
     while (!stop_) {
       bool active = false;
       // Copies to the host finish in stream order: announce chunks in the order they started,
@@ -1023,6 +1201,22 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
         it = notes_.erase(it);
         if (!s.ok()) FailAllLocked(s);
       }
+      // Doorbells: the peer hands slots back by storing the chunk's token in the done word.
+      if (status_.ok() && peer_map && !awaiting_.empty()) {
+        active = true;
+        for (size_t i = 0; i < awaiting_.size();) {
+          const char* done = PeerSlot(awaiting_[i].slot) + kDoneOffset;
+          if (LoadWord(done + offsetof(DoneWire, token)) != awaiting_[i].token) {
+            ++i;
+            continue;
+          }
+          DoneWire d;
+          std::memcpy(&d, done, offsetof(DoneWire, token));
+          const uint32_t slot = awaiting_[i].slot;
+          awaiting_.erase(awaiting_.begin() + ptrdiff_t(i));
+          CreditBackLocked(slot, d.write_seq, d.bits);
+        }
+      }
       misc_.erase(std::remove_if(misc_.begin(), misc_.end(),
                                  [](const std::unique_ptr<WriteHandle>& h) { return h->Done(); }),
                   misc_.end());
@@ -1061,45 +1255,74 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
       // Canceled or failed writes start no more chunks, whether or not a slot is free.
       while (!queue_.empty() && DropFrontLocked()) {
       }
-      // Start chunks while a buffer and a peer slot are free.
-      while (status_.ok() && !queue_.empty() && !credits_.empty()) {
-        if (DropFrontLocked()) continue;
-        SendBuf* free_buf = nullptr;
-        for (SendBuf& b : bufs_) {
-          if (b.state == 0) {
-            free_buf = &b;
-            break;
-          }
-        }
-        if (free_buf == nullptr) break;
-        Chunk c = std::move(queue_.front());
-        queue_.pop_front();
-        auto it = writes_.find(c.write_seq);  // present: DropFrontLocked kept it
-        uint32_t slot = credits_.front();
-        credits_.pop_front();
-        Status s = StartChunk(*free_buf, std::move(c), slot);
-        if (!s.ok()) {
-          credits_.push_back(slot);
-          shared->events.Release(free_buf->dep);
-          shared->events.Release(free_buf->event);
-          free_buf->dep = free_buf->event = nullptr;
-          it->second.dropped = true;
-          if (it->second.error.ok()) it->second.error = s;
-          MaybeFinishLocked(it);
-          continue;
-        }
-        it->second.started++;
-        it->second.in_flight++;
-        in_flight_bufs_++;
-        active = true;
-      }
+      if (StartQueuedLocked()) active = true;
       if (!active) cv_.notify_all();  // Shutdown waits for the pipeline to drain
-      cv_.wait_for(lock, active ? std::chrono::microseconds(20) : std::chrono::microseconds(50000));
+      if (active && poll_us_ == 0) {
+        // Busy wait; a caller waiting for mu_ (Write(), a credit) gets it before we take it back.
+        lock.unlock();
+        do {
+          SpinPause();
+        } while (lock_waiters_.load(std::memory_order_acquire) > 0);
+        lock.lock();
+      } else {
+        cv_.wait_for(lock, active ? std::chrono::microseconds(poll_us_) : std::chrono::microseconds(50000));
+      }
     }
   }
 
+  // mu_ for every thread but the pipeline thread (which may be busy waiting, see Run).
+  std::unique_lock<std::mutex> LockFromOutside() const {
+    lock_waiters_.fetch_add(1, std::memory_order_acq_rel);
+    std::unique_lock<std::mutex> lock(mu_);
+    lock_waiters_.fetch_sub(1, std::memory_order_acq_rel);
+    return lock;
+  }
+
+  // Starts queued chunks (at most max_chunks) while a send buffer and a peer slot are free; true
+  // when one started. The pipeline thread calls it, and Write() for one chunk, so that a write
+  // to an idle pipeline starts copying without waiting for the thread to wake up (the caller
+  // pays one copy's enqueue, not more).
+  bool StartQueuedLocked(size_t max_chunks = SIZE_MAX) {
+    bool started = false;
+    for (size_t n = 0; n < max_chunks && status_.ok() && !queue_.empty() && !credits_.empty();) {
+      if (DropFrontLocked()) continue;
+      SendBuf* free_buf = nullptr;
+      for (SendBuf& b : bufs_) {
+        if (b.state == 0) {
+          free_buf = &b;
+          break;
+        }
+      }
+      if (free_buf == nullptr) break;
+      Chunk c = std::move(queue_.front());
+      queue_.pop_front();
+      auto it = writes_.find(c.write_seq);  // present: DropFrontLocked kept it
+      uint32_t slot = credits_.front();
+      credits_.pop_front();
+      Status s = StartChunk(*free_buf, std::move(c), slot);
+      if (!s.ok()) {
+        credits_.push_back(slot);
+        shared->events.Release(free_buf->dep);
+        shared->events.Release(free_buf->event);
+        free_buf->dep = free_buf->event = nullptr;
+        it->second.dropped = true;
+        if (it->second.error.ok()) it->second.error = s;
+        MaybeFinishLocked(it);
+        continue;
+      }
+      it->second.started++;
+      it->second.in_flight++;
+      in_flight_bufs_++;
+      started = true;
+      ++n;
+    }
+    return started;
+  }
+
   mutable std::mutex mu_;
+  mutable std::atomic<int> lock_waiters_{0};
   std::condition_variable cv_;
+  int64_t poll_us_ = 5;
   Status status_;
   bool stop_ = false;
   bool shut_down_ = false;
@@ -1115,6 +1338,12 @@ class WriterCore : public std::enable_shared_from_this<WriterCore> {
   Clock::time_point last_ping_ = Clock::now();
   std::vector<SendBuf> bufs_;
   std::deque<SendBuf*> copying_;  // state 1, in the order their copies started
+  struct Awaiting {
+    uint32_t slot;
+    uint64_t token;
+  };
+  std::vector<Awaiting> awaiting_;  // doorbells: chunks rung, their done word not seen yet
+  uint32_t token_counter_ = 0;
   std::thread thread_;
 };
 
@@ -1129,13 +1358,18 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
   if (!planned.ok()) return planned.status().WithContext("ucx_staged Write");
   const internal::WritePlan plan = std::move(planned).value();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     if (!status_.ok()) return status_;
   }
   const uint64_t local_base = reinterpret_cast<uint64_t>(local->region().addr);
   auto completion = std::make_shared<WriteCompletion>(plan.bytes, plan.runs.size());
   std::vector<Chunk> chunks(1);
-  uint64_t cap = chunk_cap;
+  uint64_t queued = 0;  // bytes ahead of this write that have not started
+  {
+    auto lock = LockFromOutside();
+    for (const Chunk& c : queue_) queued += c.bytes;
+  }
+  uint64_t cap = AdaptiveChunkBytes(queued, plan.bytes, shared->options.adaptive_chunk_fill, chunk_cap);
   if (const int m = shared->options.min_chunks_per_write; m > 1) {
     constexpr uint64_t kMinChunk = 1 << 20, kAlign = 64 << 10;
     const uint64_t want = (plan.bytes / uint64_t(m) + kAlign - 1) / kAlign * kAlign;
@@ -1168,7 +1402,7 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockFromOutside();
     if (!status_.ok() || shut_down_) {
       shared->events.Release(dep);
       return status_.ok() ? Canceled("ucx_staged: endpoint closing") : status_;
@@ -1185,6 +1419,10 @@ Result<std::unique_ptr<WriteHandle>> WriterCore::Write(const WriteRequest& req) 
       queue_.push_back(std::move(c));
     }
     writes_[seq].completion = completion;
+    if (thread_.joinable()) {
+      DeviceGuard guard(shared->device);
+      if (guard.status().ok()) (void)StartQueuedLocked(1);
+    }
   }
   cv_.notify_all();
   return std::unique_ptr<WriteHandle>(new CompletionHandle(std::move(completion)));
@@ -1244,6 +1482,10 @@ class StagedTransport : public Transport {
     const uint64_t raw_len = uint64_t(kMailboxes) * kMailboxBytes + uint64_t(s.options.recv_slots) * s.slot_stride;
     s.staging_len = (raw_len + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
     KV_RETURN_IF_ERROR(AllocateStaging());
+    // Doorbell words start clear (cudaHostAlloc'd memory need not be zero).
+    for (uint32_t slot = 0; slot < uint32_t(s.options.recv_slots); ++slot) {
+      std::memset(s.staging + s.SlotOffset(slot) + kReadyOffset, 0, kHeaderBytes - kReadyOffset);
+    }
     KV_ASSIGN_OR_RETURN(s.recv_tables, cuda::PinnedBuffer::Allocate(size_t(s.options.recv_slots) *
                                                                      kTableEntriesPerSlot * sizeof(CopyRun)));
     s.box.resize(4096);
@@ -1356,6 +1598,12 @@ class StagedTransport : public Transport {
                                                            MemoryKind::kHost, -1}));
     KV_ASSIGN_OR_RETURN(core->tables, cuda::PinnedBuffer::Allocate(size_t(nbufs) * kTableEntriesPerSlot * sizeof(CopyRun)));
     KV_ASSIGN_OR_RETURN(core->stream, cuda::Stream::CreateLowestPriority(s.device));
+    if (s.options.overlap_kernels) {
+      KV_ASSIGN_OR_RETURN(core->kernel_stream, cuda::Stream::CreateLowestPriority(s.device));
+    }
+    core->lanes.copy = core->stream->get();
+    core->lanes.kernel = core->kernel_stream ? core->kernel_stream->get() : core->lanes.copy;
+    core->lanes.events = &s.events;
     KV_ASSIGN_OR_RETURN(core->scratch, cuda::DeviceBuffer::Allocate(s.device, size_t(nbufs) * chunk));
     static std::mt19937_64 rng(std::random_device{}());
     static std::mutex rng_mu;
@@ -1381,6 +1629,7 @@ class StagedTransport : public Transport {
     h.addr_len = uint32_t(my_addr.size());
     h.key_len = uint32_t(my_key.size());
     h.writer_pid = core->zero_copy ? uint32_t(getpid()) : 0;
+    h.flags = core->doorbells ? kHelloDoorbells : 0;
     h.box_addr = reinterpret_cast<uint64_t>(s.box.data());
     h.box_len = s.box.size();
     if (sizeof(h) + my_addr.size() + my_key.size() > kMailboxBytes) {
@@ -1465,6 +1714,7 @@ class StagedTransport : public Transport {
     core.peer_map = std::move(map).value();
     core.peer_map_registered = true;
     core.zero_copy = true;
+    core.doorbells = shared_->options.doorbells;
     KV_LOG_INFO << "ucx_staged: peer on this host, its staging area mapped: device-to-host copies land "
                 << "in its slots directly, UCX carries only announcements and credits (zero-copy; "
                 << "KVSTREAM_STAGED_ZERO_COPY=0 forces UCX puts)";
@@ -1486,6 +1736,11 @@ void ApplyStagedEnv(StagedOptions* options) {
     char* end = nullptr;
     const long mib = std::strtol(c, &end, 10);
     if (end != c && *end == '\0' && mib >= 1 && mib <= 256) options->chunk_bytes = size_t(mib) << 20;
+  }
+  if (const char* f = std::getenv("KVSTREAM_STAGED_FILL_KIB")) {
+    char* end = nullptr;
+    const long kib = std::strtol(f, &end, 10);
+    if (end != f && *end == '\0' && kib >= 0 && kib <= 65536) options->adaptive_chunk_fill = uint64_t(kib) << 10;
   }
 }
 

@@ -18,7 +18,8 @@
 //    * zero-copy (same host): the inner endpoint maps the peer's staging memfd
 //      (ucx::MapPeerRegion) and this process page-locks its own mapping, so the writer's
 //      device -> host copy lands directly in the peer's slot; UCX then carries only the
-//      descriptor's announcement (an active message) and the credits. Chosen when the mapping
+//      descriptor's announcement (an active message) and the credits, or with `doorbells`
+//      words in the shared slot headers do (the announcement stays as a wake-up). Chosen when the mapping
 //      and the page-locking both succeed (logged), unless zero_copy is kOff or the environment
 //      says KVSTREAM_STAGED_ZERO_COPY=0.
 //    * UCX put (any two hosts): device -> one of `send_buffers` pinned send buffers, then a UCX
@@ -26,7 +27,10 @@
 //  - Write(): validates and coalesces the ops, cuts them into chunks of <= chunk_bytes, and a
 //    per-endpoint pipeline thread, for each chunk: waits for a free send buffer and a credit
 //    (a peer slot), copies device -> host on a LOWEST-priority stream (waiting first on
-//    `after_stream`, recorded when Write() was called), and announces the chunk. The peer's
+//    `after_stream`, recorded when Write() was called), and announces the chunk. Chunks are
+//    sized per write (adaptive_chunk_fill): small for a lone layer, chunk_bytes for a long
+//    queue. Scattered sources are gathered (and scattered destinations scattered) by a kernel
+//    on a second lowest-priority stream, overlapping the neighbouring chunks' copies. The peer's
 //    transport thread copies the slot -> device (lowest-priority stream), hands the slot back
 //    as a credit, and once every chunk of the write is on the device it calls its
 //    NotificationSink (if asked) and tells the writer, whose WriteHandle then completes. So a
@@ -80,6 +84,28 @@ struct StagedOptions {
   // least 1 MiB) so that the receiver's host -> device copy of its first part overlaps the
   // device -> host copy of the rest (one layer's latency); 1 = chunks of chunk_bytes always.
   int min_chunks_per_write = 1;
+  // Chunk size per write, so that a lone layer does not wait for a large first chunk's
+  // device -> host copy before its host -> device copy starts (and for the last one's after):
+  // a write is cut into chunks of sqrt((bytes queued ahead + its bytes) * adaptive_chunk_fill),
+  // rounded up to 64 KiB, at least 1 MiB, at most chunk_bytes. With equal copy rates both
+  // ways a pipeline of chunks of size s takes (bytes + s) / rate plus s-independent latency, and
+  // each chunk costs a fixed overhead o: the square root balances the two with
+  // adaptive_chunk_fill ~= o * rate. Writes posted behind a queue get larger chunks (the queue
+  // hides their fill). 0 = always chunk_bytes.
+  uint64_t adaptive_chunk_fill = 256 << 10;
+  // Gather/scatter kernels (scattered blocks on either side) run on a second stream, so that one
+  // chunk's kernel overlaps the next chunk's copy instead of following it; false = one stream
+  // per side (the previous behaviour, kept to measure both side by side).
+  bool overlap_kernels = true;
+  // How often the pipeline threads look at copy events (and doorbells) while chunks are in
+  // flight (they also wake on every message). 0 = busy wait (a core each while chunks are in
+  // flight, and the receiver's for 2 ms after its last chunk): no sleep and wake-up per look.
+  int64_t poll_us = 0;
+  // Zero-copy endpoints: announce chunks and hand slots back through doorbell words in the
+  // shared staging area (each side polls them while chunks are in flight) rather than through a
+  // UCX message each way; the writer still sends the announcement as a wake-up. false = UCX
+  // messages only (the previous behaviour, kept to measure both side by side).
+  bool doorbells = true;
   // Receiver: a lost writer's slots are reused once the writer process is known to have exited,
   // or after this long (a copy or put of it could still be landing).
   int64_t reclaim_quarantine_ms = 2000;
@@ -89,7 +115,8 @@ struct StagedOptions {
 };
 
 // Applies the environment's overrides to `options`: KVSTREAM_STAGED_ZERO_COPY=0 (zero_copy =
-// kOff; 1 = kAuto), KVSTREAM_STAGED_CHUNK_MIB=N (chunk_bytes = N MiB, 1..256); unset or
+// kOff; 1 = kAuto), KVSTREAM_STAGED_CHUNK_MIB=N (chunk_bytes = N MiB, 1..256),
+// KVSTREAM_STAGED_FILL_KIB=N (adaptive_chunk_fill = N KiB, 0..65536; 0 = off); unset or
 // malformed values change nothing. The registry's CreateStagedTransport(TransportOptions) calls
 // it, so the daemons can be switched without a rebuild; the StagedOptions overload does not.
 void ApplyStagedEnv(StagedOptions* options);
