@@ -1766,6 +1766,9 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& op
     DeviceGuard guard(device);
     KV_RETURN_IF_ERROR(guard.status());
     KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
+    // Gather/scatter kernels loaded now, not at a first Write() behind running compute
+    // (scatter_copy.h, PreloadScatterKernels).
+    KV_RETURN_IF_ERROR(cuda::PreloadScatterKernels());
   }
   auto shared = std::make_shared<Shared>(device);
   shared->options = options;
