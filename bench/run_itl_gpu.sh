@@ -57,14 +57,9 @@ DECODE_TARGET=${DECODE_TARGET:-1}  # D: the decode also gets itl_target_ms (join
 STEP_TIMEOUT=${STEP_TIMEOUT:-120}
 TOTAL_BUDGET=${TOTAL_BUDGET:-290}
 PORT=${PORT:-46100}
-MPS=${MPS:-0}                     # 1: run both daemons as clients of an MPS server started here
 TMP=$(mktemp -d)
-MPS_CONTROL=""
-stop_mps() {
-  [[ -n "$MPS_CONTROL" ]] && echo quit | "$MPS_CONTROL" > /dev/null 2>&1
-  MPS_CONTROL=""
-}
-trap 'stop_mps; rm -rf "$TMP"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_mps.sh"  # MPS=1: both daemons as clients of an MPS server
+trap 'mps_stop; rm -rf "$TMP"' EXIT
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }
 log() { echo "[$(elapsed)s] $*" | tee -a "$OUT/summary.txt" >&2; }
@@ -161,25 +156,7 @@ collect_logs() {
   done > "$OUT/daemons.log"
 }
 
-# MPS: one GPU shared by two processes is otherwise time-sliced between their contexts, which
-# costs the decode ~1.2x whenever the prefill submits anything (bench/results/
-# decode_step_2026-11-29.md). The server gets its own pipe directory, and is stopped on exit.
-if [[ "$MPS" == 1 ]]; then
-  MPS_CONTROL=$(command -v nvidia-cuda-mps-control || true)
-  if [[ -z "$MPS_CONTROL" ]]; then
-    log "MPS=1 but nvidia-cuda-mps-control is not installed: running without MPS"
-  else
-    export CUDA_MPS_PIPE_DIRECTORY="$TMP/mps_pipe" CUDA_MPS_LOG_DIRECTORY="$TMP/mps_log"
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if "$MPS_CONTROL" -d; then
-      log "MPS server started ($MPS_CONTROL, pipe $CUDA_MPS_PIPE_DIRECTORY)"
-    else
-      log "MPS server did not start: running without MPS"
-      MPS_CONTROL=""
-      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-    fi
-  fi
-fi
+mps_start
 
 log "$MODEL/$TRANSPORT: $STREAMS streams x $STREAM_LEN (+$STREAM_MAX), $LANDING_CLIENTS landing x $LANDING_LEN;"\
 " pools decode $DECODE_POOL, prefill $PREFILL_POOL (cache $CACHE_BLOCKS) blocks; max_batch $MAX_BATCH"

@@ -11,7 +11,8 @@
 #     machine.txt, gpu_test.log, bench.log (the tables), ttft_gpu.jsonl (every JSON line, one
 #     bench run after another), daemons.log (tails of the daemon logs), summary.txt.
 #   Knobs (env): MODELS, TRANSPORTS, REQUESTS, WARMUP, MAX_NEW, LENS_<model with _ for ->,
-#     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, DEVICE (or PREFILL_DEVICE and
+#     STEP_TIMEOUT (s per bench run), TEST_TIMEOUT, TOTAL_BUDGET, MPS (1: both daemons as clients
+#     of an MPS server started and stopped here, bench/gpu_mps.sh), DEVICE (or PREFILL_DEVICE and
 #     DECODE_DEVICE for two GPUs), UCX_TLS (for ucx_staged),
 #     BACKEND (cuda; cpu only to try the script on a machine without a GPU),
 #     EXTRA_DECODE_FLAGS (e.g. "--first_step_after_load=false"; the default auto waits for the
@@ -44,7 +45,8 @@ TOTAL_BUDGET=${TOTAL_BUDGET:-270}
 LENS_llama_3_8b=${LENS_llama_3_8b:-1024,4096,$((8192 - MAX_NEW))}
 LENS_llama_2_7b=${LENS_llama_2_7b:-1024,2048,$((4096 - MAX_NEW))}
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_mps.sh"  # MPS=1: both daemons as clients of an MPS server
+trap 'mps_stop; rm -rf "$TMP"' EXIT
 START=$(date +%s)
 elapsed() { echo $(( $(date +%s) - START )); }
 log() { echo "[$(elapsed)s] $*" | tee -a "$OUT/summary.txt" >&2; }
@@ -56,6 +58,8 @@ log() { echo "[$(elapsed)s] $*" | tee -a "$OUT/summary.txt" >&2; }
   uname -r
   echo "binaries: $B"
 } > "$OUT/machine.txt"
+
+mps_start
 
 if [[ "${SKIP_TEST:-0}" != 1 && -x "$B/daemons_gpu_test" ]]; then
   log "daemons_gpu_test (timeout ${TEST_TIMEOUT}s)"
