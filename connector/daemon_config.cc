@@ -273,10 +273,10 @@ Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string&
 }
 
 bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& local_device_id,
-                               const std::string& peer_device_id) {
+                               const std::string& peer_device_id, bool local_shared_via_mps) {
   if (setting == "true") return true;
   if (setting != "auto") return false;
-  return !local_device_id.empty() && local_device_id == peer_device_id;
+  return !local_device_id.empty() && local_device_id == peer_device_id && !local_shared_via_mps;
 }
 
 std::vector<std::string> SplitPeers(const std::string& peers) {

@@ -59,7 +59,8 @@ struct DaemonConfig {
   // decode: start the first token's forward only once every layer of the prompt's KV landed
   // (the transfer still overlaps the prefill's compute). "true", "false", or "auto": true
   // exactly when the handshake showed the prefill computing on this very GPU (same UUID), whose
-  // compute a layer-by-layer first step would time-slice with (ResolveFirstStepAfterLoad).
+  // compute a layer-by-layer first step would time-slice with, unless the GPU is shared through
+  // MPS (no time slicing there; ResolveFirstStepAfterLoad).
   std::string first_step_after_load = "auto";
   // decode, cuda_ipc + cuda backend: the prefill sends each layer's notification as soon as its
   // copy is enqueued and the decode's compute stream waits for the copy on the GPU (the
@@ -91,9 +92,12 @@ Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string&
 std::string DaemonUsage(const std::string& role);
 
 // DaemonConfig::first_step_after_load applied: "true" / "false" as given; "auto" is true when
-// both device ids are known (non-empty) and equal, i.e. prefill and decode compute on one GPU.
+// both device ids are known (non-empty) and equal, i.e. prefill and decode compute on one GPU,
+// and that GPU is not shared through MPS.
+// Under MPS (local_shared_via_mps, ComputeDeviceSharedViaMps) the two processes' kernels run
+// side by side instead of being time-sliced, so "auto" keeps the layer-by-layer first step there.
 bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& local_device_id,
-                               const std::string& peer_device_id);
+                               const std::string& peer_device_id, bool local_shared_via_mps = false);
 
 // DaemonConfig::peer split at commas: the decode daemon's prefill daemons, in order (one
 // element when there is no comma; empty elements are kept, and refused by the config check).

@@ -72,6 +72,24 @@ std::string ComputeDeviceId(const DaemonConfig& cfg) {
 #endif
 }
 
+bool ComputeDeviceSharedViaMps(const DaemonConfig& cfg) {
+#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+  if (cfg.backend != "cuda") return false;
+  // By number: the enumerator is missing from older CUDA 12 headers; an older driver answers
+  // cudaErrorInvalidValue, read as "no".
+  constexpr int kMpsEnabled = 133;
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, static_cast<cudaDeviceAttr>(kMpsEnabled), cfg.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return v != 0;
+#else
+  (void)cfg;
+  return false;
+#endif
+}
+
 Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLayout& layout) {
 #ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
   if (cfg.backend != "cuda") return InvalidArgument("pool_gpu_fraction needs --backend cuda");

@@ -34,6 +34,10 @@ Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg);
 // backend (the same string in every process that uses that GPU), empty for the CPU backend or
 // when the device cannot be queried.
 std::string ComputeDeviceId(const DaemonConfig& cfg);
+// True when this process's contexts on cfg.device are shared through an MPS server (CUDA's
+// cudaDevAttrMpsEnabled, attribute 133; false for the CPU backend, when the device cannot be
+// queried, or when the driver does not know the attribute).
+bool ComputeDeviceSharedViaMps(const DaemonConfig& cfg);
 // role "prefill" (the writer) or "decode": on the decode itl_target_ms is the join budget
 // (decode/join_budget.h), not a pacing rate, so it does not reach the transport there.
 Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg,

@@ -57,11 +57,16 @@ DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBa
                            std::vector<connector::DecodeConnector*> connectors)
     : config_(config),
       device_id_(connector::ComputeDeviceId(config)),
+      shared_via_mps_(connector::ComputeDeviceSharedViaMps(config)),
       backend_(backend),
       pool_(pool),
       connectors_(std::move(connectors)),
       join_budget_(config.itl_target_ms * 1e-3,
                    double(backend->config().decode_step_weight_bytes())) {
+  if (shared_via_mps_ && config_.first_step_after_load == "auto") {
+    KV_LOG_INFO << "GPU shared through MPS: first_step_after_load=auto keeps the layer-by-layer "
+                   "first step even with the prefill on this GPU";
+  }
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   if (connectors_.size() > 1) {
     prober_ = std::thread([this] {
@@ -83,7 +88,7 @@ DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBa
 
 bool DecodeServer::FirstStepAfterLoad(const Request& r) const {
   return connector::ResolveFirstStepAfterLoad(config_.first_step_after_load, device_id_,
-                                              r.conn->peer_device_id());
+                                              r.conn->peer_device_id(), shared_via_mps_);
 }
 
 connector::DecodeConnector* DecodeServer::PickConnector() {

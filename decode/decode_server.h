@@ -82,6 +82,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
 
   connector::DaemonConfig config_;
   std::string device_id_;  // connector::ComputeDeviceId(config_)
+  bool shared_via_mps_;    // connector::ComputeDeviceSharedViaMps(config_)
   model::ModelBackend* backend_;
   model::KvPool* pool_;
   std::vector<connector::DecodeConnector*> connectors_;

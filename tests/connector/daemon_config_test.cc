@@ -105,6 +105,11 @@ TEST(DaemonConfig, FirstStepAfterLoadAutoByDefaultAndResolvedByDevice) {
   EXPECT_TRUE(ResolveFirstStepAfterLoad("true", gpu0, gpu1));
   EXPECT_TRUE(ResolveFirstStepAfterLoad("true", "", ""));
   EXPECT_FALSE(ResolveFirstStepAfterLoad("false", gpu0, gpu0));
+  // One GPU shared through MPS: no time slicing, so auto keeps the layer-by-layer first step;
+  // an explicit "true" still holds.
+  EXPECT_FALSE(ResolveFirstStepAfterLoad("auto", gpu0, gpu0, /*local_shared_via_mps=*/true));
+  EXPECT_TRUE(ResolveFirstStepAfterLoad("auto", gpu0, gpu0, /*local_shared_via_mps=*/false));
+  EXPECT_TRUE(ResolveFirstStepAfterLoad("true", gpu0, gpu0, /*local_shared_via_mps=*/true));
 }
 
 // gpu_landed_wait: off by default; accepted with cuda_ipc and the CUDA backend only (the GPU
