@@ -7,6 +7,24 @@ namespace kvstream::transport::cuda_ipc {
 
 using cuda::CopyRun;
 
+namespace {
+
+// Both planners' bound check: op i must lie inside both regions (overflow-safe).
+Status CheckOpInRegions(const CopyOp& op, size_t i, uint64_t local_len, uint64_t remote_len) {
+  if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
+      op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
+    return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
+                           std::to_string(op.local_offset) + ", remote " +
+                           std::to_string(op.remote_offset) + ", length " +
+                           std::to_string(op.length) + ") lies outside the regions (" +
+                           std::to_string(local_len) + " local, " +
+                           std::to_string(remote_len) + " remote bytes)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Status CopyPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base, uint64_t local_len,
                           uint64_t remote_base, uint64_t remote_len) {
   runs_.clear();
@@ -16,16 +34,10 @@ Status CopyPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base, u
   bool sorted = true;  // by destination, the common case (a request's blocks in pool order)
   for (size_t i = 0; i < ops.size(); ++i) {
     const CopyOp& op = ops[i];
-    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
-        op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
+    if (Status st = CheckOpInRegions(op, i, local_len, remote_len); !st.ok()) {
       runs_.clear();
       bytes_ = 0;
-      return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
-                             std::to_string(op.local_offset) + ", remote " +
-                             std::to_string(op.remote_offset) + ", length " +
-                             std::to_string(op.length) + ") lies outside the regions (" +
-                             std::to_string(local_len) + " local, " +
-                             std::to_string(remote_len) + " remote bytes)");
+      return st;
     }
     if (op.length == 0) continue;
     const CopyRun r{local_base + op.local_offset, remote_base + op.remote_offset, op.length};
@@ -104,16 +116,10 @@ Status BlockPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base,
   uint64_t prev_l = ~0ull, prev_r = ~0ull;  // end of the previous non-empty op
   for (size_t i = 0; i < ops.size(); ++i) {
     const CopyOp& op = ops[i];
-    if (op.local_offset > local_len || op.length > local_len - op.local_offset ||
-        op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
+    if (Status st = CheckOpInRegions(op, i, local_len, remote_len); !st.ok()) {
       bytes_ = 0;
       runs_ = 0;
-      return InvalidArgument("cuda_ipc Write: op " + std::to_string(i) + " (local " +
-                             std::to_string(op.local_offset) + ", remote " +
-                             std::to_string(op.remote_offset) + ", length " +
-                             std::to_string(op.length) + ") lies outside the regions (" +
-                             std::to_string(local_len) + " local, " +
-                             std::to_string(remote_len) + " remote bytes)");
+      return st;
     }
     if (op.length == 0) continue;
     bits |= op.local_offset | op.remote_offset | op.length;
