@@ -191,17 +191,23 @@ cudaError_t LaunchChunk(const PackedTable& table, const PackedTable::Chunk& c, u
 using ChunkLauncher = cudaError_t (*)(const PackedTable&, const PackedTable::Chunk&, uint32_t,
                                       uint32_t, cudaStream_t);
 
+// The (threads, unroll) shapes the parameter-table and block-table kernels are built for, in one
+// list: f.template operator()<threads, unroll>() for each until one returns true (PickLauncher,
+// PickBlockLauncher and PreloadScatterKernels all walk it).
+template <class F>
+bool ForEachKernelShape(F&& f) {
+  return f.template operator()<128, 4>() || f.template operator()<256, 4>() ||
+         f.template operator()<512, 4>() || f.template operator()<128, 8>() ||
+         f.template operator()<256, 8>() || f.template operator()<512, 8>();
+}
+
 ChunkLauncher PickLauncher(int threads, int unroll) {
-  if (unroll == 4) {
-    if (threads == 128) return &LaunchChunk<128, 4>;
-    if (threads == 256) return &LaunchChunk<256, 4>;
-    if (threads == 512) return &LaunchChunk<512, 4>;
-  } else if (unroll == 8) {
-    if (threads == 128) return &LaunchChunk<128, 8>;
-    if (threads == 256) return &LaunchChunk<256, 8>;
-    if (threads == 512) return &LaunchChunk<512, 8>;
-  }
-  return nullptr;
+  ChunkLauncher out = nullptr;
+  ForEachKernelShape([&]<int kThreads, int kUnroll>() {
+    if (kThreads == threads && kUnroll == unroll) out = &LaunchChunk<kThreads, kUnroll>;
+    return out != nullptr;
+  });
+  return out;
 }
 
 }  // namespace
@@ -392,22 +398,15 @@ cudaError_t LaunchBlockChunk(const BlockLaunch& l, const BlockEntry* e, size_t n
 using BlockLauncher = cudaError_t (*)(const BlockLaunch&, const BlockEntry*, size_t, cudaStream_t);
 
 BlockLauncher PickBlockLauncher(int threads, int unroll) {
-  if (unroll == 4) {
-    if (threads == 128) return &LaunchBlockChunk<128, 4>;
-    if (threads == 256) return &LaunchBlockChunk<256, 4>;
-    if (threads == 512) return &LaunchBlockChunk<512, 4>;
-  } else if (unroll == 8) {
-    if (threads == 128) return &LaunchBlockChunk<128, 8>;
-    if (threads == 256) return &LaunchBlockChunk<256, 8>;
-    if (threads == 512) return &LaunchBlockChunk<512, 8>;
-  }
-  return nullptr;
+  BlockLauncher out = nullptr;
+  ForEachKernelShape([&]<int kThreads, int kUnroll>() {
+    if (kThreads == threads && kUnroll == unroll) out = &LaunchBlockChunk<kThreads, kUnroll>;
+    return out != nullptr;
+  });
+  return out;
 }
 
-}  // namespace
-
-namespace {
-
+// The parameter-table kernel and the block-table kernel at every capacity LaunchBlockChunk picks.
 template <int kThreads, int kUnroll>
 cudaError_t PreloadShape() {
   cudaFuncAttributes a;
@@ -427,13 +426,13 @@ Status PreloadScatterKernels() {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, ScatterCopyKernel);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, ScatterCopyPiecesKernel);
-  // Every (threads, unroll) PickLauncher / PickBlockLauncher accepts.
-  if (e == cudaSuccess) e = PreloadShape<128, 4>();
-  if (e == cudaSuccess) e = PreloadShape<256, 4>();
-  if (e == cudaSuccess) e = PreloadShape<512, 4>();
-  if (e == cudaSuccess) e = PreloadShape<128, 8>();
-  if (e == cudaSuccess) e = PreloadShape<256, 8>();
-  if (e == cudaSuccess) e = PreloadShape<512, 8>();
+  // Every (threads, unroll) PickLauncher / PickBlockLauncher accepts; stops at the first error.
+  if (e == cudaSuccess) {
+    ForEachKernelShape([&]<int kThreads, int kUnroll>() {
+      e = PreloadShape<kThreads, kUnroll>();
+      return e != cudaSuccess;
+    });
+  }
   if (e != cudaSuccess) return CudaStatus(e, "loading the scatter-copy kernels");
   return OkStatus();
 }
