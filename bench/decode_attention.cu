@@ -5,7 +5,7 @@
 //
 //   decode_attention [--json FILE] [--mem-cap-gib N] [--models a,b] [--batches 1,8]
 //                    [--contexts 1024,4096] [--replays N] [--quick]
-//                    [--schedules v2,kernel,fused,wide_kernel,wide_fused,auto]
+//                    [--schedules v2,kernel,fused,wide_kernel,wide_fused,cluster,wide_cluster,auto]
 //                    [--early fused,wide_fused] [--early-units 1,2,4]
 //                    [--distances 1,2] [--split-probes 0.5,2] [--no-graph]
 //
@@ -19,6 +19,12 @@
 // launches cycling through the sets, replayed several times interleaved with the other variants;
 // time = median replay time (CUDA events) / launches. KV bytes = batch * ctx * kv_heads *
 // head_dim * 2 (K, V) * 2 bytes.
+//
+// Two ceilings per shape: the streaming-read kernel over a 2 GiB buffer at the start and end
+// of the run (the device's read bandwidth; `frac_stream`), and the same kernel reading exactly
+// one call's bytes - each KV set's pool as one contiguous range, the same back-to-back launches
+// cycling through the sets in a graph, replayed interleaved with the variants (`frac_same_size`:
+// what a call of that size could reach if it did nothing but read its bytes once).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -85,13 +91,16 @@ const char* ScheduleName(Schedule s) {
     case Schedule::kFused: return "fused";
     case Schedule::kWideKernel: return "wide_kernel";
     case Schedule::kWideFused: return "wide_fused";
+    case Schedule::kCluster: return "cluster";
+    case Schedule::kWideCluster: return "wide_cluster";
   }
   return "?";
 }
 
 bool ParseSchedule(const std::string& n, Schedule* s) {
   for (Schedule x : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
-                     Schedule::kWideKernel, Schedule::kWideFused})
+                     Schedule::kWideKernel, Schedule::kWideFused, Schedule::kCluster,
+                     Schedule::kWideCluster})
     if (n == ScheduleName(x)) {
       *s = x;
       return true;
@@ -258,6 +267,7 @@ int main(int argc, char** argv) {
     std::vector<double> gbps_sched;  // per schedule variant (prefetch off)
     double pf_gain;
     bool identical;
+    double same_gbps;  // the streaming read of one call's bytes
   };
   std::vector<Row> rows;
   std::vector<std::string> summary_lines;
@@ -398,6 +408,21 @@ int main(int argc, char** argv) {
         // Graph capture (falls back to timing plain launch loops if capture is refused).
         std::vector<cudaGraphExec_t> execs(variants.size(), nullptr);
         bool use_graph = !force_loop;
+        // The same-size streaming read: its own graph of `launches` reads of one set each.
+        cudaGraphExec_t same_exec = nullptr;
+        auto same_size_read = [&](int s) {
+          StreamRead<<<prop.multiProcessorCount * 8, 512, 0, st>>>(
+              reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes),
+              set_bytes / 16, sink);
+        };
+        if (!force_loop) {
+          cudaGraph_t g = nullptr;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          for (int l = 0; l < launches; ++l) same_size_read(l % n_sets);
+          CK(cudaStreamEndCapture(st, &g));
+          CK(cudaGraphInstantiate(&same_exec, g, 0));
+          CK(cudaGraphDestroy(g));
+        }
         for (size_t vi = 0; vi < variants.size() && use_graph; ++vi) {  // (skipped with --no-graph)
           cudaGraph_t g = nullptr;
           if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
@@ -427,23 +452,48 @@ int main(int argc, char** argv) {
               CK(PagedDecodeAttention(set_params(l % n_sets, variants[vi]), st));
           }
         };
+        auto run_same_size = [&]() {
+          if (same_exec) {
+            CK(cudaGraphLaunch(same_exec, st));
+          } else {
+            for (int l = 0; l < launches; ++l) same_size_read(l % n_sets);
+          }
+          CK(cudaGetLastError());
+        };
         for (size_t vi = 0; vi < variants.size(); ++vi) run_variant(vi);  // warm-up
+        run_same_size();
         CK(cudaStreamSynchronize(st));
         std::vector<std::vector<double>> us(variants.size());
+        std::vector<double> same_us;
         EventPair t;
         for (int r = 0; r < replays; ++r) {
-          for (size_t vi = 0; vi < variants.size(); ++vi) {
+          for (size_t vi = 0; vi <= variants.size(); ++vi) {
             CK(cudaEventRecord(t.a, st));
-            run_variant(vi);
+            if (vi < variants.size()) {
+              run_variant(vi);
+            } else {
+              run_same_size();
+            }
             CK(cudaEventRecord(t.b, st));
             CK(cudaEventSynchronize(t.b));
             float ms = 0;
             CK(cudaEventElapsedTime(&ms, t.a, t.b));
-            us[vi].push_back(ms * 1e3 / launches);
+            (vi < variants.size() ? us[vi] : same_us).push_back(ms * 1e3 / launches);
           }
         }
         for (auto& e : execs)
           if (e) CK(cudaGraphExecDestroy(e));
+        if (same_exec) CK(cudaGraphExecDestroy(same_exec));
+        const double same_size_us = Median(same_us);
+        const double same_size_gbps = double(set_bytes) / (same_size_us * 1e-6) / 1e9;
+        {
+          std::ostringstream o;
+          o << "{\"bench\":\"decode_attention\",\"impl\":\"stream_read_same_size\",\"model\":\""
+            << m.name << "\",\"batch\":" << B << ",\"ctx\":" << ctx << ",\"bytes\":" << set_bytes
+            << ",\"us\":" << same_size_us << ",\"gbps\":" << same_size_gbps
+            << ",\"frac_stream\":" << same_size_gbps / stream_gbps << "}";
+          emit(o.str());
+        }
 
         const double kv_bytes = double(B) * ctx * m.kv_heads * D * 2 * 2;
         std::vector<double> med(variants.size());
@@ -461,10 +511,12 @@ int main(int argc, char** argv) {
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
             << ",\"prefetch_distance\":" << variants[vi].distance
             << ",\"splits\":" << PagedDecodeNumSplits(set_params(0, variants[vi]))
+            << ",\"cluster\":" << PagedDecodeClusterSize(set_params(0, variants[vi]))
             << ",\"us\":" << med[vi] << ",\"us_min\":" << *std::min_element(us[vi].begin(), us[vi].end())
             << ",\"us_max\":" << *std::max_element(us[vi].begin(), us[vi].end())
             << ",\"kv_bytes\":" << kv_bytes << ",\"gbps\":" << gbps
-            << ",\"frac_stream\":" << gbps / stream_gbps << ",\"n_sets\":" << n_sets
+            << ",\"frac_stream\":" << gbps / stream_gbps
+            << ",\"frac_same_size\":" << gbps / same_size_gbps << ",\"n_sets\":" << n_sets
             << ",\"rotated_mib\":" << double(set_bytes) * n_sets / (1 << 20)
             << ",\"launches_per_graph\":" << launches << ",\"graph\":" << (use_graph ? "true" : "false") << "}";
           emit(o.str());
@@ -495,6 +547,8 @@ int main(int argc, char** argv) {
             << ",\"frac_stream_v2\":" << kv_bytes / (us_v2 * 1e-6) / 1e9 / stream_gbps
             << ",\"gbps_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9
             << ",\"frac_stream_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9 / stream_gbps
+            << ",\"same_size_gbps\":" << same_size_gbps
+            << ",\"frac_same_size_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9 / same_size_gbps
             << ",\"fastest_variant\":\"" << variants[best_sched].name << "\",\"us_fastest\":" << med[best_sched]
             << ",\"auto_slower_than_fastest\":" << us_auto / med[best_sched] - 1.0
             << ",\"us_off\":" << us_auto << ",\"us_on\":" << (on1 < variants.size() ? med[on1] : 0)
@@ -508,7 +562,8 @@ int main(int argc, char** argv) {
           emit(o.str());
         }
         Row row{m.name, B, ctx, splits_v2, splits, auto_sched, kv_bytes / (us_v2 * 1e-6) / 1e9,
-                kv_bytes / (us_auto * 1e-6) / 1e9, {}, pf_gain, identical && finite && max_diff_v2 < 2e-2};
+                kv_bytes / (us_auto * 1e-6) / 1e9, {}, pf_gain, identical && finite && max_diff_v2 < 2e-2,
+                same_size_gbps};
         for (size_t vi = 0; vi < variants.size(); ++vi)
           if (variants[vi].prefetch == Prefetch::kOff && variants[vi].split_factor == 0)
             row.gbps_sched.push_back(kv_bytes / (med[vi] * 1e-6) / 1e9);
@@ -538,19 +593,22 @@ int main(int argc, char** argv) {
   CK(cudaFree(sbuf));
   CK(cudaFree(sink));
 
-  std::printf("\nstreaming read: %.0f GB/s (start), %.0f GB/s (end); fractions below use the start value\n",
+  std::printf("\nstreaming read: %.0f GB/s (start), %.0f GB/s (end); fractions below use the start value;\n"
+              "'same': the streaming read of exactly one call's bytes, back to back like the calls\n",
               stream_gbps, stream_gbps2);
   std::printf("%-11s %4s %6s %7s | %7s %5s |", "model", "B", "ctx", "splits", "v2 GB/s", "frac");
   for (const Variant& v : variants)
     if (v.prefetch == Prefetch::kOff && v.split_factor == 0 && v.schedule != Schedule::kV2)
       std::printf(" %11s", v.sched_name.c_str());
-  std::printf(" | %11s %7s %5s %7s %6s | %3s\n", "auto =", "GB/s", "frac", "speedup", "pf", "ok");
+  std::printf(" | %11s %7s %5s %7s %6s | %9s %5s | %3s\n", "auto =", "GB/s", "frac", "speedup", "pf",
+              "same GB/s", "frac", "ok");
   for (const Row& r : rows) {
     std::printf("%-11s %4d %6d %3d/%-3d | %7.0f %5.3f |", r.model.c_str(), r.batch, r.ctx, r.splits_v2,
                 r.splits_auto, r.gbps_v2, r.gbps_v2 / stream_gbps);
     for (size_t k = 1; k < r.gbps_sched.size(); ++k) std::printf(" %11.0f", r.gbps_sched[k]);
-    std::printf(" | %11s %7.0f %5.3f %7.3f %6.3f | %3s\n", r.auto_sched.c_str(), r.gbps_auto,
-                r.gbps_auto / stream_gbps, r.gbps_auto / r.gbps_v2, r.pf_gain, r.identical ? "yes" : "NO");
+    std::printf(" | %11s %7.0f %5.3f %7.3f %6.3f | %9.0f %5.3f | %3s\n", r.auto_sched.c_str(), r.gbps_auto,
+                r.gbps_auto / stream_gbps, r.gbps_auto / r.gbps_v2, r.pf_gain, r.same_gbps,
+                r.gbps_auto / r.same_gbps, r.identical ? "yes" : "NO");
   }
   if (json) std::fclose(json);
   CK(cudaStreamDestroy(st));

@@ -19,11 +19,14 @@
 // Online softmax in fp32 (base 2, the scale folded with log2(e)); per-warp (m, l, O) states are
 // merged in shared memory at the end of the CTA, and split partials (normalised O and its
 // log2-sum-exp) are merged by a second kernel launched with programmatic dependent launch, or
-// (fused schedules) by the last CTA of each (sequence, KV head). The schedules (Schedule in the
+// (fused schedules) by the last CTA of each (sequence, KV head), or (cluster schedules) inside
+// each thread-block cluster through distributed shared memory, then across clusters by the
+// last warp to finish each 32-dim slice. The schedules (Schedule in the
 // header; 4- or 16-warp CTAs, split plan, merge, PDL, early L2 prefetch) change only the layout
 // of this work, and kAuto picks one per shape from kAutoTable (measured).
 #include "kernels/paged_attention.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -75,6 +78,8 @@ struct KernelArgs {
   int trigger;            // let the next PDL-launched grid be scheduled from this grid's start
   int early_units;        // 0..kMaxEarlyUnits: first units per warp prefetched before the wait
   int num_blocks;         // pool size in blocks (bounds the early prefetch's addresses)
+  int cluster;            // CTAs per cluster (splits merged through DSMEM); 1 = no cluster
+  int partials;           // cluster schedules: clusters per (sequence, KV head, chunk)
 };
 
 template <bool kBf16>
@@ -149,9 +154,14 @@ constexpr int MinCtasPerSm(int d, int warps) {
 // Dynamic shared memory of a CTA: the warps' (unnormalised) O for the CTA merge, reused by the
 // fused combine for the split weights and the per-thread partial sums.
 constexpr size_t OSmemBytes(int d, int warps) { return size_t(warps) * 8 * d * sizeof(float); }
+// Cluster schedules add the CTA's merged output [8][d] and its per-head lse [8] after it, read
+// by the other CTAs of the cluster.
+constexpr size_t ClusterSmemBytes(int d) { return size_t(kHeadsPerCta) * (d + 1) * sizeof(float); }
 
 template <bool kBf16, int D, int W>
 __device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, int nh);
+template <bool kBf16, int D, int W>
+__device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, int seq, int h0, int nh);
 
 template <bool kBf16, int D, bool kPrefetch, int W>
 __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(const KernelArgs a) {
@@ -437,13 +447,22 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     }
     const float val = sum > 0.f ? acc / sum : 0.f;
     const int h = h0 + hh;
-    if (a.num_splits == 1) {
+    if (a.cluster > 1) {
+      // Kept in shared memory for the cluster merge below.
+      dyn_smem[W * kHeadsPerCta * D + hh * D + d] = val;
+      if (d == 0) dyn_smem[W * kHeadsPerCta * D + kHeadsPerCta * D + hh] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+    } else if (a.num_splits == 1) {
       static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h) * D + d] = FromF<kBf16>(val);
     } else {
       const size_t row = (size_t(seq) * a.num_heads + h) * a.num_splits + split;
       a.ws_o[row * D + d] = val;
       if (d == 0) a.ws_lse[row] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
     }
+  }
+  if (a.cluster > 1) {
+    ClusterMerge<kBf16, D, W>(a, dyn_smem + W * kHeadsPerCta * D, dyn_smem + W * kHeadsPerCta * D + kHeadsPerCta * D,
+                              seq, h0, nh);
+    return;
   }
   if (!a.fused) return;
 
@@ -583,6 +602,86 @@ __device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, in
       store(c, acc);
     }
   }
+}
+
+// The cluster schedules' merge. Each CTA of a cluster holds its split's normalised output
+// red_s[nh][D] and per-head lse_s[nh]; after a cluster barrier, the 32-dim slices (head hh,
+// dims 32j..32j+32) are dealt to the cluster's warps (slice p to rank p % cs), each lane reads
+// its dim from all cs CTAs' shared memory at once (DSMEM) and merges them. When a head's splits
+// span several clusters (a.partials > 1), each cluster's merged slice is a partial: it goes to
+// the workspace, and the warp whose arrival completes the slice's counter merges the partials
+// (at most a few, in L2) into the output and resets the counter. A second barrier keeps every
+// CTA's shared memory alive until the whole cluster has read it.
+template <bool kBf16, int D, int W>
+__device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, int seq, int h0, int nh) {
+  namespace cg = cooperative_groups;
+  using T = Elem<kBf16>;
+  constexpr int kMaxCluster = 16;
+  constexpr int kSlices = D / 32;
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();
+  const int cs = a.cluster;
+  const int rank = int(cl.block_rank());
+  const int cid = blockIdx.x / cs;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pieces = nh * kSlices;
+  for (int p = rank + cs * warp; p < pieces; p += cs * W) {
+    const int hh = p / kSlices, dc = p % kSlices, d = dc * 32 + lane;
+    float lse[kMaxCluster], v[kMaxCluster];
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r) {
+      if (r < cs) {
+        lse[r] = cl.map_shared_rank(lse_s, r)[hh];
+        v[r] = cl.map_shared_rank(red_s, r)[hh * D + d];
+      } else {
+        lse[r] = -INFINITY;
+        v[r] = 0.f;
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r) mx = fmaxf(mx, lse[r]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r) {
+      const float f = (lse[r] == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse[r] - mx);
+      sum += f;
+      acc += f * v[r];
+    }
+    const float val = sum > 0.f ? acc / sum : 0.f;
+    const size_t orow = size_t(seq) * a.num_heads + h0 + hh;
+    if (a.partials == 1) {
+      static_cast<T*>(a.out)[orow * D + d] = FromF<kBf16>(val);
+      continue;
+    }
+    const int P = a.partials;
+    const size_t row = orow * P + cid;
+    a.ws_o[row * D + d] = val;
+    if (lane == 0) a.ws_lse[row * kSlices + dc] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+    __threadfence();  // this lane's partial is visible device-wide before the slice is counted
+    __syncwarp();
+    unsigned prev = 0;
+    unsigned* ctr = a.counters + (size_t(seq) * gridDim.y + blockIdx.y) * (a.group < kHeadsPerCta ? a.group : kHeadsPerCta) * kSlices + p;
+    if (lane == 0) {
+      prev = atomicAdd(ctr, 1u);
+      if (prev == unsigned(P - 1)) atomicExch(ctr, 0u);
+    }
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != unsigned(P - 1)) continue;
+    __threadfence();
+    // The last of the P clusters for this slice: merge their partials (fixed order).
+    float m2 = -INFINITY;
+    for (int c = 0; c < P; ++c) m2 = fmaxf(m2, __ldcg(a.ws_lse + (orow * P + c) * kSlices + dc));
+    float s2 = 0.f, acc2 = 0.f;
+    for (int c = 0; c < P; ++c) {
+      const float l = __ldcg(a.ws_lse + (orow * P + c) * kSlices + dc);
+      const float f = (l == -INFINITY || m2 == -INFINITY) ? 0.f : exp2f(l - m2);
+      s2 += f;
+      acc2 += f * __ldcg(a.ws_o + (orow * P + c) * D + d);
+    }
+    static_cast<T*>(a.out)[orow * D + d] = FromF<kBf16>(s2 > 0.f ? acc2 / s2 : 0.f);
+  }
+  cl.sync();
 }
 
 // Merges the split partials: out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M), one CTA per
@@ -737,6 +836,8 @@ struct Plan {
   bool fused = false;  // the last CTA merges (no combine kernel); only with num_splits > 1
   bool pdl = false;    // main (and combine) kernel launched with programmatic dependent launch
   bool early = false;  // early L2 prefetch before griddepcontrol.wait
+  int cluster = 1;     // cluster schedules: CTAs per cluster (the grid's x is a multiple of it)
+  int partials = 1;    // cluster schedules: clusters per (sequence, KV head, chunk)
 };
 
 template <bool kBf16, int D, int W>
@@ -745,8 +846,11 @@ int CtasPerSm() {
     int v = 0;
     auto* k = PagedDecodeKernel<kBf16, D, false, W>;
     const size_t smem = OSmemBytes(D, W);
-    if ((smem > 48 * 1024 &&
-         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) ||
+    // The attribute gets the largest size any schedule launches with (the same value
+    // LaunchMain and MaxActiveClusters set), the occupancy the plain schedules' size.
+    const size_t max_smem = smem + ClusterSmemBytes(D);
+    if ((max_smem > 48 * 1024 &&
+         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)) != cudaSuccess) ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k, W * 32, smem) != cudaSuccess) {
       (void)cudaGetLastError();
       v = 0;
@@ -870,8 +974,83 @@ int OneWaveSplits(long base, int units, long slots, int warps) {
   return best;
 }
 
-bool ScheduleWide(Schedule s) { return s == Schedule::kWideKernel || s == Schedule::kWideFused; }
+bool ScheduleWide(Schedule s) {
+  return s == Schedule::kWideKernel || s == Schedule::kWideFused || s == Schedule::kWideCluster;
+}
 bool ScheduleFused(Schedule s) { return s == Schedule::kFused || s == Schedule::kWideFused; }
+bool ScheduleCluster(Schedule s) { return s == Schedule::kCluster || s == Schedule::kWideCluster; }
+// The 4-warp / 16-warp counterpart a schedule falls back to.
+Schedule KernelCombineOf(Schedule s) { return ScheduleWide(s) ? Schedule::kWideKernel : Schedule::kKernel; }
+
+// How many clusters of `cs` CTAs of the main kernel the device holds at once (0: none, or the
+// query failed). Clusters of 16 are "non-portable" and need the kernel attribute set first.
+template <bool kBf16, int D, int W>
+int MaxActiveClusters(int cs) {
+  static int cache[5] = {-1, -1, -1, -1, -1};  // cs = 1, 2, 4, 8, 16
+  const int idx = cs == 16 ? 4 : (cs == 8 ? 3 : (cs == 4 ? 2 : (cs == 2 ? 1 : 0)));
+  if (cache[idx] >= 0) return cache[idx];
+  int n = 0;
+  bool ok = true;
+  for (auto* k : {PagedDecodeKernel<kBf16, D, false, W>, PagedDecodeKernel<kBf16, D, true, W>}) {
+    const size_t smem = OSmemBytes(D, W) + ClusterSmemBytes(D);
+    ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
+    if (cs > 8) ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    if (!ok) break;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(cs);
+    cfg.blockDim = dim3(W * 32);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cs;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int v = 0;
+    ok = cudaOccupancyMaxActiveClusters(&v, k, &cfg) == cudaSuccess;
+    n = n == 0 ? v : std::min(n, v);
+  }
+  if (!ok) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  cache[idx] = n;
+  return n;
+}
+
+int MaxActiveClustersFor(DType dt, int d, int warps, int cs) {
+  const bool bf = dt == DType::kBF16;
+  if (warps == kWideWarps) {
+    if (d == 64) return bf ? MaxActiveClusters<true, 64, kWideWarps>(cs) : MaxActiveClusters<false, 64, kWideWarps>(cs);
+    return bf ? MaxActiveClusters<true, 128, kWideWarps>(cs) : MaxActiveClusters<false, 128, kWideWarps>(cs);
+  }
+  switch (d) {
+    case 64: return bf ? MaxActiveClusters<true, 64, kWarps>(cs) : MaxActiveClusters<false, 64, kWarps>(cs);
+    case 128: return bf ? MaxActiveClusters<true, 128, kWarps>(cs) : MaxActiveClusters<false, 128, kWarps>(cs);
+    default: return bf ? MaxActiveClusters<true, 256, kWarps>(cs) : MaxActiveClusters<false, 256, kWarps>(cs);
+  }
+}
+
+// The cluster schedules' cluster size: the largest power of two <= 16 and <= the split count
+// whose clusters the device holds all at once where the plan fits one wave (else at least one),
+// and whose slice counters fit the workspace's counter region when a head spans several
+// clusters. 1 = no cluster possible (the schedule falls back to its kernel-combine counterpart).
+int ClusterSizeFor(const PagedDecodeParams& p, const Plan& plan, long base, long slots) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const long slices_per_y = long(std::min(group, kHeadsPerCta)) * (p.head_dim / 32);
+  for (int cs = 16; cs >= 2; cs /= 2) {
+    if (cs > plan.num_splits) continue;
+    const int partials = (plan.num_splits + cs - 1) / cs;
+    const long ctas = base * partials * cs;
+    const int active = MaxActiveClustersFor(p.dtype, p.head_dim, plan.warps, cs);
+    if (active <= 0) continue;
+    if (ctas <= slots && long(active) * cs < ctas) continue;
+    if (partials > 1 && base * slices_per_y > kMaxFusedCounters) continue;
+    return cs;
+  }
+  return 1;
+}
 
 // kAuto's choice by (MHA | GQA) x batch class x context class: the schedule and early-prefetch
 // setting that measured fastest on an H200, each variant timed against v2 in the same process
@@ -951,6 +1130,14 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
   plan.num_splits = (units + plan.units_per_split - 1) / plan.units_per_split;
   plan.fused = plan.num_splits > 1 && ScheduleFused(sched) &&
                long(p.num_seqs) * p.num_kv_heads * plan.head_chunks <= kMaxFusedCounters;
+  if (ScheduleCluster(sched)) {
+    plan.cluster = plan.num_splits > 1 ? ClusterSizeFor(p, plan, base, slots) : 1;
+    if (plan.cluster > 1) {
+      plan.partials = (plan.num_splits + plan.cluster - 1) / plan.cluster;
+    } else {
+      plan.schedule = KernelCombineOf(sched);
+    }
+  }
   plan.early = plan.pdl && p.num_blocks > 0 &&
                (p.early_prefetch == Prefetch::kOn ||
                 (p.early_prefetch == Prefetch::kAuto && AutoEarlyPrefetch(p, plan)));
@@ -969,10 +1156,16 @@ struct WorkspaceLayout {
 WorkspaceLayout LayoutFor(const PagedDecodeParams& p, const Plan& plan) {
   WorkspaceLayout w;
   if (plan.num_splits <= 1) return w;
-  const size_t rows = size_t(p.num_seqs) * p.num_heads * plan.num_splits;
+  // Cluster schedules keep one partial per cluster, with an lse per 32-dim slice; none when one
+  // cluster holds all of a head's splits (only the counters' region, unused, stays).
+  const bool cluster = plan.cluster > 1;
+  const size_t per_head = cluster ? (plan.partials > 1 ? plan.partials : 0) : plan.num_splits;
+  const size_t rows = size_t(p.num_seqs) * p.num_heads * per_head;
+  const size_t lse_cols = cluster ? p.head_dim / 32 : 1;
+  if (cluster && rows == 0) return w;
   w.o_offset = kCounterBytes;
   w.lse_offset = w.o_offset + AlignUp(rows * p.head_dim * sizeof(float), 256);
-  w.total = w.lse_offset + AlignUp(rows * sizeof(float), 256);
+  w.total = w.lse_offset + AlignUp(rows * lse_cols * sizeof(float), 256);
   return w;
 }
 
@@ -990,10 +1183,12 @@ bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
 template <bool kBf16, int D, bool kPrefetch, int W>
 cudaError_t LaunchMain(const KernelArgs& a, const Plan& plan, dim3 grid, cudaStream_t stream) {
   auto* k = PagedDecodeKernel<kBf16, D, kPrefetch, W>;
-  const size_t smem = OSmemBytes(D, W);
-  if (smem > 48 * 1024) {
-    static const cudaError_t attr_err =
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  // The cluster region is always within the maximum set here (MaxActiveClusters sets the same
+  // attribute with the same value before any cluster launch).
+  const size_t smem = OSmemBytes(D, W) + (plan.cluster > 1 ? ClusterSmemBytes(D) : 0);
+  if (OSmemBytes(D, W) + ClusterSmemBytes(D) > 48 * 1024) {
+    static const cudaError_t attr_err = cudaFuncSetAttribute(
+        k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(OSmemBytes(D, W) + ClusterSmemBytes(D)));
     if (attr_err != cudaSuccess) return attr_err;
   }
   cudaLaunchConfig_t cfg{};
@@ -1001,11 +1196,22 @@ cudaError_t LaunchMain(const KernelArgs& a, const Plan& plan, dim3 grid, cudaStr
   cfg.blockDim = dim3(W * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (plan.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (plan.cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(plan.cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = plan.pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, k, a);
 }
 
@@ -1038,7 +1244,12 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.units_per_split = plan.units_per_split;
   a.prefetch_distance = p.prefetch_distance > 0 ? p.prefetch_distance : kDefaultPrefetchDistance;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  const dim3 grid(plan.num_splits, p.num_kv_heads * plan.head_chunks, p.num_seqs);
+  a.cluster = plan.cluster;
+  a.partials = plan.partials;
+  // A cluster launch needs whole clusters: the CTAs past the last split find no units and
+  // contribute nothing (lse -inf) to their cluster's merge.
+  const dim3 grid(plan.cluster > 1 ? plan.partials * plan.cluster : plan.num_splits,
+                  p.num_kv_heads * plan.head_chunks, p.num_seqs);
   cudaError_t err;
   if constexpr (D <= 128) {
     if (plan.warps == kWideWarps) {
@@ -1056,7 +1267,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
     (void)cudaGetLastError();
     return err;
   }
-  if (plan.num_splits == 1 || plan.fused) return cudaSuccess;
+  if (plan.num_splits == 1 || plan.fused || plan.cluster > 1) return cudaSuccess;
 
   // The combine kernel may start launching while the last CTAs of the main kernel drain; it
   // waits (griddepcontrol.wait) for the main grid's memory before reading the partials.
@@ -1103,7 +1314,7 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
   if (p.num_splits < 0 || p.prefetch_distance < 0 || p.prefetch_distance > 16) return false;
   if (p.prefetch != Prefetch::kAuto && p.prefetch != Prefetch::kOff && p.prefetch != Prefetch::kOn)
     return false;
-  if (int(p.schedule) < int(Schedule::kAuto) || int(p.schedule) > int(Schedule::kWideFused))
+  if (int(p.schedule) < int(Schedule::kAuto) || int(p.schedule) > int(Schedule::kWideCluster))
     return false;
   if (p.early_prefetch != Prefetch::kAuto && p.early_prefetch != Prefetch::kOff &&
       p.early_prefetch != Prefetch::kOn)
@@ -1147,6 +1358,13 @@ bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
   const int ccls = p.max_context_len < 4096 ? 0 : (p.max_context_len < 16384 ? 1 : 2);
   return kTable[gqa ? 1 : 0][ccls][bcls];
+}
+
+int PagedDecodeClusterSize(const PagedDecodeParams& p) {
+  if (!PagedDecodeSupported(p) || p.num_seqs == 0) return 0;
+  Plan plan;
+  if (!PlanFor(p, &plan)) return 0;
+  return plan.cluster;
 }
 
 Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p) {

@@ -49,6 +49,12 @@ enum class Schedule : int {
                     // splits (no second kernel; needs the zeroed workspace)
   kWideKernel = 3,  // one 16-warp CTA per SM (head <= 128; else as kKernel): 4x fewer splits
   kWideFused = 4,   // kWideKernel's plan with the fused merge
+  kCluster = 5,     // kKernel's plan; the splits of a (sequence, KV head) run as thread-block
+                    // clusters of up to 16 CTAs that merge their partials through distributed
+                    // shared memory; where a head has more splits than one cluster, the last
+                    // cluster to finish a 32-dim slice merges the clusters' partials (needs the
+                    // zeroed workspace). No second kernel.
+  kWideCluster = 6, // kWideKernel's plan with kCluster's merge
 };
 
 struct PagedDecodeParams {
@@ -111,8 +117,12 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p);
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);
 // The schedule a launch with these params runs (kAuto resolved; a wide schedule at head 256 or
 // for an uneven batch runs its 4-warp counterpart; a fused one with more than 4096
-// (sequence, KV head) pairs its kernel-combine counterpart). kV2 for unsupported shapes.
+// (sequence, KV head) pairs its kernel-combine counterpart; a cluster one whose clusters the
+// device cannot hold in the planned wave, or whose slice counters do not fit the workspace's
+// 4096, its kernel-combine counterpart). kV2 for unsupported shapes.
 Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p);
+// CTAs per thread-block cluster the launch uses (1: no cluster), 0 if unsupported.
+int PagedDecodeClusterSize(const PagedDecodeParams& p);
 // Enqueues the decode attention on `stream` (one kernel, plus a combine kernel when the
 // context is split and the schedule does not fuse the merge). Both prefetch variants of a
 // schedule compute bit-identical outputs.

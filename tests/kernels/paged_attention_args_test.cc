@@ -40,7 +40,8 @@ TEST(PagedDecodeArgs, ValidShapesAreSupported) {
         p.block_size = bs;
         EXPECT_TRUE(PagedDecodeSupported(p)) << d << " " << bs;
         for (Schedule sc : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
-                            Schedule::kWideKernel, Schedule::kWideFused}) {
+                            Schedule::kWideKernel, Schedule::kWideFused, Schedule::kCluster,
+                            Schedule::kWideCluster}) {
           p.schedule = sc;
           EXPECT_TRUE(PagedDecodeSupported(p)) << d << " " << bs << " schedule " << int(sc);
         }
@@ -69,7 +70,7 @@ TEST(PagedDecodeArgs, UnsupportedShapesAreRefused) {
   refused([](auto& p) { p.num_splits = -2; }, "negative splits");
   refused([](auto& p) { p.prefetch = static_cast<Prefetch>(7); }, "bad prefetch");
   refused([](auto& p) { p.prefetch_distance = 99; }, "prefetch distance");
-  refused([](auto& p) { p.schedule = static_cast<Schedule>(5); }, "bad schedule");
+  refused([](auto& p) { p.schedule = static_cast<Schedule>(7); }, "bad schedule");
   refused([](auto& p) { p.schedule = static_cast<Schedule>(-2); }, "bad schedule (negative)");
   refused([](auto& p) { p.early_prefetch_units = 5; }, "early prefetch over 4 units");
   refused([](auto& p) { p.q = nullptr; }, "null q");

@@ -63,8 +63,9 @@ std::string Describe(const Shape& s) {
   return o.str();
 }
 
-constexpr Schedule kSchedules[] = {Schedule::kAuto, Schedule::kV2, Schedule::kKernel,
-                                   Schedule::kFused, Schedule::kWideKernel, Schedule::kWideFused};
+constexpr Schedule kSchedules[] = {Schedule::kAuto,       Schedule::kV2,        Schedule::kKernel,
+                                   Schedule::kFused,      Schedule::kWideKernel, Schedule::kWideFused,
+                                   Schedule::kCluster,    Schedule::kWideCluster};
 
 // Runs every schedule, each with both prefetch variants (and kAuto), on one random instance and
 // checks them against the CPU reference, and the variants of one schedule against each other
@@ -300,6 +301,42 @@ TEST(SmallCase, FusedManySplitsWorkspaceReuse) {
   RunCase({DType::kF16, 128, 16, 28, 4, {3000}}, 4, ws.p, bytes);
   RunCase({DType::kBF16, 64, 32, 8, 2, {900, 1, 2000}, 0}, 5, ws.p, bytes);
   RunCase({DType::kF16, 128, 16, 28, 4, {3000}}, 4, ws.p, bytes);
+}
+
+// The cluster schedules really run as clusters (no silent fallback) at the shapes they exist
+// for - one cluster per head (16 splits), several clusters per head whose partials the last
+// one merges (128 splits: 8 clusters of 16), and a split count that is not a multiple of the
+// cluster size (40: 3 clusters, 8 CTAs with no units) - and match the CPU reference.
+TEST(PagedDecode, ClusterMerge) {
+  for (auto [sc, splits] : {std::pair{Schedule::kCluster, 16}, {Schedule::kCluster, 128},
+                            {Schedule::kCluster, 40}, {Schedule::kWideCluster, 16},
+                            {Schedule::kWideCluster, 40}}) {
+    PagedDecodeParams p;
+    p.out = p.kv_layer = p.q = reinterpret_cast<void*>(uintptr_t(256));
+    p.block_tables = p.context_lens = reinterpret_cast<const int32_t*>(uintptr_t(256));
+    p.num_seqs = 2;
+    p.num_heads = 28;
+    p.num_kv_heads = 4;
+    p.head_dim = 128;
+    p.max_blocks_per_seq = 512;
+    p.max_context_len = 8191;
+    p.scale = 0.1f;
+    p.num_splits = splits;
+    p.schedule = sc;
+    SCOPED_TRACE("schedule " + std::to_string(int(sc)) + " splits " + std::to_string(splits));
+    EXPECT_EQ(PagedDecodeResolvedSchedule(p), sc);
+    const int cs = PagedDecodeClusterSize(p);
+    EXPECT_GE(cs, 2);
+    EXPECT_LE(cs, 16);
+    std::printf("schedule %d, %d splits: clusters of %d\n", int(sc), splits, cs);
+  }
+  uint32_t seed = 900;
+  for (DType dt : {DType::kF16, DType::kBF16})
+    for (int splits : {16, 40, 128}) {
+      RunCase({dt, 128, 16, 28, 4, {8191, 3000}, splits}, seed++);
+      RunCase({dt, 64, 32, 8, 8, {4100}, splits}, seed++);
+      if (HasFatalFailure()) return;
+    }
 }
 
 // Every dtype x head size x block size x group (1, 4, 7, 8, 16) on lengths 1, not multiples of
