@@ -312,7 +312,8 @@ TEST(PagedDecode, ClusterMerge) {
                             {Schedule::kCluster, 40}, {Schedule::kWideCluster, 16},
                             {Schedule::kWideCluster, 40}}) {
     PagedDecodeParams p;
-    p.out = p.kv_layer = p.q = reinterpret_cast<void*>(uintptr_t(256));
+    p.out = reinterpret_cast<void*>(uintptr_t(256));
+    p.kv_layer = p.q = p.out;
     p.block_tables = p.context_lens = reinterpret_cast<const int32_t*>(uintptr_t(256));
     p.num_seqs = 2;
     p.num_heads = 28;
