@@ -7,6 +7,8 @@
 //                    [--contexts 1024,4096] [--replays N] [--quick]
 //                    [--schedules v2,kernel,fused,wide_kernel,wide_fused,cluster,wide_cluster,auto]
 //                    [--early fused,wide_fused] [--early-units 1,2,4]
+//                    [--combine128 wide_kernel,...]  (those schedules, and their early
+//                    variants, again with 128-dim combine CTAs)
 //                    [--distances 1,2] [--split-probes 0.5,2] [--no-graph]
 //
 // A decode step runs the attention as back-to-back launches on one stream; the graph (one per
@@ -81,6 +83,7 @@ struct Variant {
   std::string sched_name = "auto";
   Prefetch early = Prefetch::kOff;  // early L2 prefetch before the wait for the previous kernel
   int early_units = 0;              // its depth (0 = the launcher's default)
+  int combine_dims = 0;             // dims per split-combine CTA (0 = the launcher's 32)
 };
 
 const char* ScheduleName(Schedule s) {
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
   bool force_loop = false;
   std::vector<Schedule> early_schedules = {Schedule::kFused, Schedule::kWideFused};
   std::vector<int> early_units = {0};
+  std::vector<Schedule> combine128;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -152,6 +156,19 @@ int main(int argc, char** argv) {
           early_schedules.push_back(sc);
         } else if (!t.empty()) {
           std::fprintf(stderr, "--early: bad schedule %s\n", t.c_str());
+          return 2;
+        }
+      }
+    }
+    else if (a == "--combine128") {
+      std::stringstream ss(next());
+      std::string t;
+      while (std::getline(ss, t, ',')) {
+        Schedule sc;
+        if (!t.empty() && ParseSchedule(t, &sc) && sc != Schedule::kAuto && sc != Schedule::kV2) {
+          combine128.push_back(sc);
+        } else if (!t.empty()) {
+          std::fprintf(stderr, "--combine128: bad schedule %s\n", t.c_str());
           return 2;
         }
       }
@@ -244,6 +261,14 @@ int main(int argc, char** argv) {
       const std::string n = std::string(ScheduleName(sc)) + "+early" + (eu > 0 ? std::to_string(eu) : "");
       variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n, Prefetch::kOn, eu});
     }
+  for (Schedule sc : combine128) {
+    const std::string n = std::string(ScheduleName(sc)) + "+c128";
+    variants.push_back({n + "_off", Prefetch::kOff, 1, 0, sc, n, Prefetch::kOff, 0, 128});
+    if (std::find(early_schedules.begin(), early_schedules.end(), sc) != early_schedules.end()) {
+      const std::string ne = std::string(ScheduleName(sc)) + "+early+c128";
+      variants.push_back({ne + "_off", Prefetch::kOff, 1, 0, sc, ne, Prefetch::kOn, 0, 128});
+    }
+  }
   std::stable_sort(variants.begin(), variants.end(),
                    [](const Variant& x, const Variant& y) { return x.schedule == Schedule::kV2 && y.schedule != Schedule::kV2; });
   for (int d : distances)
@@ -366,6 +391,7 @@ int main(int argc, char** argv) {
           q.schedule = v.schedule;
           q.early_prefetch = v.early;
           q.early_prefetch_units = v.early_units;
+          q.combine_dims = v.combine_dims;
           return q;
         };
 
@@ -391,7 +417,8 @@ int main(int argc, char** argv) {
           // The first variant of each schedule is the reference of its other variants.
           size_t first = vi;
           for (size_t k = 0; k < vi; ++k)
-            if (variants[k].schedule == variants[vi].schedule && variants[k].split_factor == 0) {
+            if (variants[k].schedule == variants[vi].schedule && variants[k].split_factor == 0 &&
+                variants[k].combine_dims == variants[vi].combine_dims) {
               first = k;
               break;
             }
@@ -512,6 +539,7 @@ int main(int argc, char** argv) {
             << ",\"prefetch_distance\":" << variants[vi].distance
             << ",\"splits\":" << PagedDecodeNumSplits(set_params(0, variants[vi]))
             << ",\"cluster\":" << PagedDecodeClusterSize(set_params(0, variants[vi]))
+            << ",\"combine_dims\":" << (variants[vi].combine_dims ? variants[vi].combine_dims : 32)
             << ",\"us\":" << med[vi] << ",\"us_min\":" << *std::min_element(us[vi].begin(), us[vi].end())
             << ",\"us_max\":" << *std::max_element(us[vi].begin(), us[vi].end())
             << ",\"kv_bytes\":" << kv_bytes << ",\"gbps\":" << gbps

@@ -78,8 +78,7 @@ struct KernelArgs {
   int trigger;            // let the next PDL-launched grid be scheduled from this grid's start
   int early_units;        // 0..kMaxEarlyUnits: first units per warp prefetched before the wait
   int num_blocks;         // pool size in blocks (bounds the early prefetch's addresses)
-  int cluster;            // CTAs per cluster (splits merged through DSMEM); 1 = no cluster
-  int partials;           // cluster schedules: clusters per (sequence, KV head, chunk)
+  int cluster;            // CTAs per cluster (all splits, merged through DSMEM); 1 = no cluster
 };
 
 template <bool kBf16>
@@ -604,14 +603,12 @@ __device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, in
   }
 }
 
-// The cluster schedules' merge. Each CTA of a cluster holds its split's normalised output
-// red_s[nh][D] and per-head lse_s[nh]; after a cluster barrier, the 32-dim slices (head hh,
-// dims 32j..32j+32) are dealt to the cluster's warps (slice p to rank p % cs), each lane reads
-// its dim from all cs CTAs' shared memory at once (DSMEM) and merges them. When a head's splits
-// span several clusters (a.partials > 1), each cluster's merged slice is a partial: it goes to
-// the workspace, and the warp whose arrival completes the slice's counter merges the partials
-// (at most a few, in L2) into the output and resets the counter. A second barrier keeps every
-// CTA's shared memory alive until the whole cluster has read it.
+// The cluster schedules' merge (one cluster holds every split of a (sequence, KV head,
+// chunk)). Each CTA of the cluster holds its split's normalised output red_s[nh][D] and
+// per-head lse_s[nh]; after a cluster barrier, the 32-dim slices (head hh, dims 32j..32j+32)
+// are dealt to the cluster's warps (slice p to rank p % cs), and each lane reads its dim from
+// all cs CTAs' shared memory at once (DSMEM), merges them and writes the output. A second
+// barrier keeps every CTA's shared memory alive until the whole cluster has read it.
 template <bool kBf16, int D, int W>
 __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, int seq, int h0, int nh) {
   namespace cg = cooperative_groups;
@@ -622,11 +619,10 @@ __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, in
   cl.sync();
   const int cs = a.cluster;
   const int rank = int(cl.block_rank());
-  const int cid = blockIdx.x / cs;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pieces = nh * kSlices;
   for (int p = rank + cs * warp; p < pieces; p += cs * W) {
-    const int hh = p / kSlices, dc = p % kSlices, d = dc * 32 + lane;
+    const int hh = p / kSlices, d = (p % kSlices) * 32 + lane;
     float lse[kMaxCluster], v[kMaxCluster];
 #pragma unroll
     for (int r = 0; r < kMaxCluster; ++r) {
@@ -648,60 +644,29 @@ __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, in
       sum += f;
       acc += f * v[r];
     }
-    const float val = sum > 0.f ? acc / sum : 0.f;
-    const size_t orow = size_t(seq) * a.num_heads + h0 + hh;
-    if (a.partials == 1) {
-      static_cast<T*>(a.out)[orow * D + d] = FromF<kBf16>(val);
-      continue;
-    }
-    const int P = a.partials;
-    const size_t row = orow * P + cid;
-    a.ws_o[row * D + d] = val;
-    if (lane == 0) a.ws_lse[row * kSlices + dc] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
-    __threadfence();  // this lane's partial is visible device-wide before the slice is counted
-    __syncwarp();
-    unsigned prev = 0;
-    unsigned* ctr = a.counters + (size_t(seq) * gridDim.y + blockIdx.y) * (a.group < kHeadsPerCta ? a.group : kHeadsPerCta) * kSlices + p;
-    if (lane == 0) {
-      prev = atomicAdd(ctr, 1u);
-      if (prev == unsigned(P - 1)) atomicExch(ctr, 0u);
-    }
-    prev = __shfl_sync(0xffffffffu, prev, 0);
-    if (prev != unsigned(P - 1)) continue;
-    __threadfence();
-    // The last of the P clusters for this slice: merge their partials (fixed order).
-    float m2 = -INFINITY;
-    for (int c = 0; c < P; ++c) m2 = fmaxf(m2, __ldcg(a.ws_lse + (orow * P + c) * kSlices + dc));
-    float s2 = 0.f, acc2 = 0.f;
-    for (int c = 0; c < P; ++c) {
-      const float l = __ldcg(a.ws_lse + (orow * P + c) * kSlices + dc);
-      const float f = (l == -INFINITY || m2 == -INFINITY) ? 0.f : exp2f(l - m2);
-      s2 += f;
-      acc2 += f * __ldcg(a.ws_o + (orow * P + c) * D + d);
-    }
-    static_cast<T*>(a.out)[orow * D + d] = FromF<kBf16>(s2 > 0.f ? acc2 / s2 : 0.f);
+    static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h0 + hh) * D + d] = FromF<kBf16>(sum > 0.f ? acc / sum : 0.f);
   }
   cl.sync();
 }
 
 // Merges the split partials: out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M), one CTA per
-// (sequence, query head, 32-dim slice). The kernel is pure latency (the partials are a few KiB
+// (sequence, query head, kDims-dim slice: 32, or 128 for fewer CTAs - each then holds up to 16
+// partial float4 per thread). The kernel is pure latency (the partials are a few KiB
 // per head and sit in L2, just written), so every load it needs - all splits' lse and this
 // slice of all their partials, at most kCombinePer float4 per thread - is issued at once, before
 // anything that depends on a loaded value: one memory round trip, then block reductions. (The
 // previous version loaded the partials in a loop behind the weights: several dependent round
 // trips, more with more splits; 2.5x this one's time at 114 splits.)
 constexpr int kCombineThreads = 256;
-constexpr int kCombineDims = 32;                                  // dims per CTA
-constexpr int kCombineCols = kCombineDims / 4;                    // float4 columns per CTA
-constexpr int kCombineGroups = kCombineThreads / kCombineCols;   // split groups (32)
-constexpr int kCombinePer = kMaxSplits / kCombineGroups;          // partials per thread (4)
 static_assert(kMaxSplits <= kCombineThreads, "one lse per thread");
-template <bool kBf16>
+template <bool kBf16, int kCombineDims>
 __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out, const float* ws_o,
                                                                        const float* ws_lse,
                                                                        int num_splits, int head_dim) {
   using T = Elem<kBf16>;
+  constexpr int kCombineCols = kCombineDims / 4;                   // float4 columns per CTA
+  constexpr int kCombineGroups = kCombineThreads / kCombineCols;  // split groups (32 or 8)
+  constexpr int kCombinePer = kMaxSplits / kCombineGroups;         // partials per thread (4 or 16)
   constexpr int kW = kCombineThreads / 32;
   __shared__ float w_s[kMaxSplits];
   __shared__ float max_s[kW], sum_s[kW];
@@ -749,7 +714,8 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out
     acc.z += f * v[i].z;
     acc.w += f * v[i].w;
   }
-  // Lanes l, l^8, l^16, l^24 of a warp hold the same column (4 split groups per warp).
+  // 32-dim slices: lanes l, l^8, l^16, l^24 of a warp hold the same column (4 split groups
+  // per warp); 128-dim slices: one group per warp.
   for (int off = kCombineCols; off < 32; off <<= 1) {
     acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
     acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
@@ -836,8 +802,8 @@ struct Plan {
   bool fused = false;  // the last CTA merges (no combine kernel); only with num_splits > 1
   bool pdl = false;    // main (and combine) kernel launched with programmatic dependent launch
   bool early = false;  // early L2 prefetch before griddepcontrol.wait
-  int cluster = 1;     // cluster schedules: CTAs per cluster (the grid's x is a multiple of it)
-  int partials = 1;    // cluster schedules: clusters per (sequence, KV head, chunk)
+  int cluster = 1;     // cluster schedules: CTAs per cluster, >= num_splits (grid x = cluster)
+  int combine_dims = 32;  // > kFewSplits splits: dims per combine CTA (32 or 128)
 };
 
 template <bool kBf16, int D, int W>
@@ -1032,69 +998,21 @@ int MaxActiveClustersFor(DType dt, int d, int warps, int cs) {
   }
 }
 
-// The cluster schedules' cluster size: the largest power of two <= 16 and <= the split count
-// whose clusters the device holds all at once where the plan fits one wave (else at least one),
-// and whose slice counters fit the workspace's counter region when a head spans several
-// clusters. 1 = no cluster possible (the schedule falls back to its kernel-combine counterpart).
+// The cluster schedules' cluster size: the smallest power of two >= the split count (at most
+// 16) if the device holds every cluster of the launch at once where the plan fits one wave (else
+// at least one cluster); 1 = no cluster (the schedule falls back to its kernel-combine
+// counterpart). Where a head's splits would span several clusters, the cross-cluster merge
+// (partials in global memory, the last arrival of each slice merging them) measured slower than
+// the combine kernel at every shape (bench/results/decode_attention_2026-11-29_v4.md), so
+// there is none.
 int ClusterSizeFor(const PagedDecodeParams& p, const Plan& plan, long base, long slots) {
-  const int group = p.num_heads / p.num_kv_heads;
-  const long slices_per_y = long(std::min(group, kHeadsPerCta)) * (p.head_dim / 32);
-  for (int cs = 16; cs >= 2; cs /= 2) {
-    if (cs > plan.num_splits) continue;
-    const int partials = (plan.num_splits + cs - 1) / cs;
-    const long ctas = base * partials * cs;
-    const int active = MaxActiveClustersFor(p.dtype, p.head_dim, plan.warps, cs);
-    if (active <= 0) continue;
-    if (ctas <= slots && long(active) * cs < ctas) continue;
-    if (partials > 1 && base * slices_per_y > kMaxFusedCounters) continue;
-    return cs;
-  }
-  return 1;
-}
-
-// kAuto's choice by (MHA | GQA) x batch class x context class: the schedule and early-prefetch
-// setting that measured fastest on an H200, each variant timed against v2 in the same process
-// (bench/results/decode_attention_2026-11-29_v3.md; measured at batch 1, 8, 32, 64, 128 and
-// ctx 1k, 4k, 8k, 16k, 32k; fp16, head 128, block 16). Where nothing beat v2 by more than the
-// run-to-run spread (~1 %), v2 stays. Uneven batches keep v2 (their planner was measured there).
-// Classes: batch 1 | 2-8 | 9-32 | > 32; context < 4096 | < 8192 | < 16384 | longer.
-struct AutoChoice {
-  Schedule schedule;
-  bool early;
-};
-constexpr AutoChoice kV2Choice{Schedule::kV2, false};
-constexpr AutoChoice kWide{Schedule::kWideKernel, false};
-constexpr AutoChoice kWideEarly{Schedule::kWideKernel, true};
-constexpr AutoChoice kKernelEarly{Schedule::kKernel, true};
-constexpr AutoChoice kAutoTable[2][4][4] = {
-    // MHA. B1: wide 1.07x (1k), wide+early 1.01-1.03x; B8 >= 8k: wide 1.01-1.02x.
-    {{kWide, kWideEarly, kWideEarly, kWideEarly},
-     {kV2Choice, kV2Choice, kWide, kWide},
-     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
-     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
-    // GQA. B1: kernel+early 1.17-1.23x (1k), wide+early 1.02-1.10x (4k-32k); B8: wide+early
-    // 1.02-1.19x at 1k-4k, 0.99-1.04x at 8k-32k; B32 ctx 1k: kernel+early 1.02-1.06x.
-    {{kKernelEarly, kWideEarly, kWideEarly, kWideEarly},
-     {kWideEarly, kWideEarly, kWideEarly, kWideEarly},
-     {kKernelEarly, kV2Choice, kV2Choice, kV2Choice},
-     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
-};
-
-const AutoChoice& AutoFor(const PagedDecodeParams& p) {
-  const bool gqa = p.num_kv_heads > 0 && p.num_heads != p.num_kv_heads;
-  const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
-  const int ccls = p.max_context_len < 4096   ? 0
-                   : p.max_context_len < 8192  ? 1
-                   : p.max_context_len < 16384 ? 2
-                                               : 3;
-  return kAutoTable[gqa ? 1 : 0][bcls][ccls];
-}
-
-Schedule AutoSchedule(const PagedDecodeParams& p) { return AutoFor(p).schedule; }
-
-bool AutoEarlyPrefetch(const PagedDecodeParams& p, const Plan& plan) {
-  (void)plan;
-  return p.schedule == Schedule::kAuto && !UnevenBatch(p) && AutoFor(p).early;
+  int cs = 2;
+  while (cs < plan.num_splits) cs *= 2;
+  if (cs > 16) return 1;
+  const long ctas = base * cs;
+  const int active = MaxActiveClustersFor(p.dtype, p.head_dim, plan.warps, cs);
+  if (active <= 0 || (ctas <= slots && long(active) * cs < ctas)) return 1;
+  return cs;
 }
 
 Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
@@ -1105,7 +1023,9 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
   // Uneven batches keep the 4-warp kernel (their planner's costs are made for it); the 16-warp
   // CTA needs head <= 128 (registers).
   if (ScheduleWide(sched) && (p.head_dim > 128 || UnevenBatch(p)))
-    sched = sched == Schedule::kWideFused ? Schedule::kFused : Schedule::kKernel;
+    sched = sched == Schedule::kWideFused     ? Schedule::kFused
+            : sched == Schedule::kWideCluster ? Schedule::kCluster
+                                              : Schedule::kKernel;
   plan.schedule = sched;
   plan.warps = ScheduleWide(sched) ? kWideWarps : kWarps;
   plan.pdl = sched != Schedule::kV2;
@@ -1132,12 +1052,9 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
                long(p.num_seqs) * p.num_kv_heads * plan.head_chunks <= kMaxFusedCounters;
   if (ScheduleCluster(sched)) {
     plan.cluster = plan.num_splits > 1 ? ClusterSizeFor(p, plan, base, slots) : 1;
-    if (plan.cluster > 1) {
-      plan.partials = (plan.num_splits + plan.cluster - 1) / plan.cluster;
-    } else {
-      plan.schedule = KernelCombineOf(sched);
-    }
+    if (plan.cluster == 1) plan.schedule = KernelCombineOf(sched);
   }
+  plan.combine_dims = p.combine_dims == 128 && p.head_dim >= 128 ? 128 : 32;
   plan.early = plan.pdl && p.num_blocks > 0 &&
                (p.early_prefetch == Prefetch::kOn ||
                 (p.early_prefetch == Prefetch::kAuto && AutoEarlyPrefetch(p, plan)));
@@ -1155,17 +1072,11 @@ struct WorkspaceLayout {
 
 WorkspaceLayout LayoutFor(const PagedDecodeParams& p, const Plan& plan) {
   WorkspaceLayout w;
-  if (plan.num_splits <= 1) return w;
-  // Cluster schedules keep one partial per cluster, with an lse per 32-dim slice; none when one
-  // cluster holds all of a head's splits (only the counters' region, unused, stays).
-  const bool cluster = plan.cluster > 1;
-  const size_t per_head = cluster ? (plan.partials > 1 ? plan.partials : 0) : plan.num_splits;
-  const size_t rows = size_t(p.num_seqs) * p.num_heads * per_head;
-  const size_t lse_cols = cluster ? p.head_dim / 32 : 1;
-  if (cluster && rows == 0) return w;
+  if (plan.num_splits <= 1 || plan.cluster > 1) return w;  // (clusters merge in shared memory)
+  const size_t rows = size_t(p.num_seqs) * p.num_heads * plan.num_splits;
   w.o_offset = kCounterBytes;
   w.lse_offset = w.o_offset + AlignUp(rows * p.head_dim * sizeof(float), 256);
-  w.total = w.lse_offset + AlignUp(rows * lse_cols * sizeof(float), 256);
+  w.total = w.lse_offset + AlignUp(rows * sizeof(float), 256);
   return w;
 }
 
@@ -1245,10 +1156,9 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.prefetch_distance = p.prefetch_distance > 0 ? p.prefetch_distance : kDefaultPrefetchDistance;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.cluster = plan.cluster;
-  a.partials = plan.partials;
   // A cluster launch needs whole clusters: the CTAs past the last split find no units and
   // contribute nothing (lse -inf) to their cluster's merge.
-  const dim3 grid(plan.cluster > 1 ? plan.partials * plan.cluster : plan.num_splits,
+  const dim3 grid(plan.cluster > 1 ? plan.cluster : plan.num_splits,
                   p.num_kv_heads * plan.head_chunks, p.num_seqs);
   cudaError_t err;
   if constexpr (D <= 128) {
@@ -1288,10 +1198,17 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
                              static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
                              plan.num_splits, p.head_dim, int(rows));
   } else {
-    cfg.gridDim = dim3(rows, unsigned(p.head_dim / kCombineDims));
-    err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16>, p.out,
-                             static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
-                             plan.num_splits, p.head_dim);
+    if (plan.combine_dims == 128) {
+      cfg.gridDim = dim3(rows, unsigned(p.head_dim / 128));
+      err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16, 128>, p.out,
+                               static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
+                               plan.num_splits, p.head_dim);
+    } else {
+      cfg.gridDim = dim3(rows, unsigned(p.head_dim / 32));
+      err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16, 32>, p.out,
+                               static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
+                               plan.num_splits, p.head_dim);
+    }
   }
   if (err != cudaSuccess) (void)cudaGetLastError();
   return err;
@@ -1320,6 +1237,7 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
       p.early_prefetch != Prefetch::kOn)
     return false;
   if (p.num_blocks < 0 || p.early_prefetch_units < 0 || p.early_prefetch_units > 4) return false;
+  if (p.combine_dims != 0 && p.combine_dims != 32 && p.combine_dims != 128) return false;
   if (p.num_seqs > 0 && (!p.out || !p.q || !p.kv_layer || !p.block_tables || !p.context_lens))
     return false;
   // 16-byte vector access to q, out and KV tiles.

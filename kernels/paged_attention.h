@@ -49,11 +49,9 @@ enum class Schedule : int {
                     // splits (no second kernel; needs the zeroed workspace)
   kWideKernel = 3,  // one 16-warp CTA per SM (head <= 128; else as kKernel): 4x fewer splits
   kWideFused = 4,   // kWideKernel's plan with the fused merge
-  kCluster = 5,     // kKernel's plan; the splits of a (sequence, KV head) run as thread-block
-                    // clusters of up to 16 CTAs that merge their partials through distributed
-                    // shared memory; where a head has more splits than one cluster, the last
-                    // cluster to finish a 32-dim slice merges the clusters' partials (needs the
-                    // zeroed workspace). No second kernel.
+  kCluster = 5,     // kKernel's plan; the splits of a (sequence, KV head) run as one
+                    // thread-block cluster (<= 16 CTAs) that merges them through distributed
+                    // shared memory: no second kernel, no workspace
   kWideCluster = 6, // kWideKernel's plan with kCluster's merge
 };
 
@@ -96,6 +94,10 @@ struct PagedDecodeParams {
   // Number of blocks in kv_layer's pool (0 = unknown: no early prefetch). Block ids read before
   // the wait may be stale, and only ids below this are prefetched.
   int num_blocks = 0;
+  // Dims each CTA of the split combine kernel merges when the context has more than 8 splits:
+  // 32 (more, smaller CTAs), 128 (4x fewer CTAs, head_dim >= 128 only; else 32), 0 = 32. The
+  // two sum the splits in different orders (outputs may differ in the last bit).
+  int combine_dims = 0;
 };
 
 // True when the shape is implemented: dtype kF16/kBF16, head_dim 64/128/256, block_size 16/32,
@@ -117,9 +119,9 @@ int PagedDecodeNumSplits(const PagedDecodeParams& p);
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);
 // The schedule a launch with these params runs (kAuto resolved; a wide schedule at head 256 or
 // for an uneven batch runs its 4-warp counterpart; a fused one with more than 4096
-// (sequence, KV head) pairs its kernel-combine counterpart; a cluster one whose clusters the
-// device cannot hold in the planned wave, or whose slice counters do not fit the workspace's
-// 4096, its kernel-combine counterpart). kV2 for unsupported shapes.
+// (sequence, KV head) pairs its kernel-combine counterpart; a cluster one with one split, more
+// than 16 splits, or clusters the device cannot hold all at once, its kernel-combine
+// counterpart). kV2 for unsupported shapes.
 Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p);
 // CTAs per thread-block cluster the launch uses (1: no cluster), 0 if unsupported.
 int PagedDecodeClusterSize(const PagedDecodeParams& p);

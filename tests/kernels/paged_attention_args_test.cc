@@ -73,6 +73,7 @@ TEST(PagedDecodeArgs, UnsupportedShapesAreRefused) {
   refused([](auto& p) { p.schedule = static_cast<Schedule>(7); }, "bad schedule");
   refused([](auto& p) { p.schedule = static_cast<Schedule>(-2); }, "bad schedule (negative)");
   refused([](auto& p) { p.early_prefetch_units = 5; }, "early prefetch over 4 units");
+  refused([](auto& p) { p.combine_dims = 64; }, "combine slice other than 32 or 128");
   refused([](auto& p) { p.q = nullptr; }, "null q");
   refused([](auto& p) { p.context_lens = nullptr; }, "null lens");
   refused([](auto& p) { p.kv_layer = fake + 2; }, "misaligned kv");

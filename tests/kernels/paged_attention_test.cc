@@ -214,9 +214,21 @@ void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_w
     EXPECT_EQ(PagedDecodeNumSplits(p), (units + per - 1) / per);
   }
 
+  // Every schedule, each with the 32-dim combine and (where it differs: > 8 splits, head >= 128)
+  // the 128-dim one.
+  std::vector<std::pair<Schedule, int>> runs;
   for (Schedule sc : kSchedules) {
-  SCOPED_TRACE("schedule " + std::to_string(int(sc)));
+    runs.push_back({sc, 0});
+    PagedDecodeParams q = p;
+    q.schedule = sc;
+    if (D >= 128 && PagedDecodeNumSplits(q) > 8 && PagedDecodeClusterSize(q) == 1 &&
+        PagedDecodeResolvedSchedule(q) != Schedule::kFused && PagedDecodeResolvedSchedule(q) != Schedule::kWideFused)
+      runs.push_back({sc, 128});
+  }
+  for (auto [sc, combine_dims] : runs) {
+  SCOPED_TRACE("schedule " + std::to_string(int(sc)) + " combine_dims " + std::to_string(combine_dims));
   p.schedule = sc;
+  p.combine_dims = combine_dims;
   std::vector<std::vector<uint16_t>> outs;
   // (prefetch, distance, early prefetch): the last two run the early L2 prefetch before the
   // wait for the previous kernel (a hint; the same arithmetic).
@@ -303,14 +315,18 @@ TEST(SmallCase, FusedManySplitsWorkspaceReuse) {
   RunCase({DType::kF16, 128, 16, 28, 4, {3000}}, 4, ws.p, bytes);
 }
 
-// The cluster schedules really run as clusters (no silent fallback) at the shapes they exist
-// for - one cluster per head (16 splits), several clusters per head whose partials the last
-// one merges (128 splits: 8 clusters of 16), and a split count that is not a multiple of the
-// cluster size (40: 3 clusters, 8 CTAs with no units) - and match the CPU reference.
+// The cluster schedules really run as clusters (no silent fallback) where a head's splits fit
+// one cluster the device can hold - 16 splits of 4-warp CTAs, and a split count that is not a
+// power of two (5: a cluster of 8 with 3 CTAs that find no units) - fall back to the combine
+// kernel where they do not (40 splits), and match the CPU reference in every case.
 TEST(PagedDecode, ClusterMerge) {
-  for (auto [sc, splits] : {std::pair{Schedule::kCluster, 16}, {Schedule::kCluster, 128},
-                            {Schedule::kCluster, 40}, {Schedule::kWideCluster, 16},
-                            {Schedule::kWideCluster, 40}}) {
+  struct C {
+    Schedule sc;
+    int splits;
+    int want_cluster;  // 0: any cluster > 1 is fine
+  };
+  for (C c : {C{Schedule::kCluster, 16, 16}, C{Schedule::kCluster, 5, 8}, C{Schedule::kCluster, 40, 1},
+              C{Schedule::kWideCluster, 2, 2}, C{Schedule::kWideCluster, 3, 4}}) {
     PagedDecodeParams p;
     p.out = reinterpret_cast<void*>(uintptr_t(256));
     p.kv_layer = p.q = p.out;
@@ -322,20 +338,20 @@ TEST(PagedDecode, ClusterMerge) {
     p.max_blocks_per_seq = 512;
     p.max_context_len = 8191;
     p.scale = 0.1f;
-    p.num_splits = splits;
-    p.schedule = sc;
-    SCOPED_TRACE("schedule " + std::to_string(int(sc)) + " splits " + std::to_string(splits));
-    EXPECT_EQ(PagedDecodeResolvedSchedule(p), sc);
-    const int cs = PagedDecodeClusterSize(p);
-    EXPECT_GE(cs, 2);
-    EXPECT_LE(cs, 16);
-    std::printf("schedule %d, %d splits: clusters of %d\n", int(sc), splits, cs);
+    p.num_splits = c.splits;
+    p.schedule = c.sc;
+    SCOPED_TRACE("schedule " + std::to_string(int(c.sc)) + " splits " + std::to_string(c.splits));
+    EXPECT_EQ(PagedDecodeClusterSize(p), c.want_cluster);
+    EXPECT_EQ(PagedDecodeResolvedSchedule(p),
+              c.want_cluster > 1 ? c.sc : (c.sc == Schedule::kCluster ? Schedule::kKernel : Schedule::kWideKernel));
+    EXPECT_EQ(PagedDecodeWorkspaceBytes(p) == 0, c.want_cluster > 1);
   }
   uint32_t seed = 900;
   for (DType dt : {DType::kF16, DType::kBF16})
-    for (int splits : {16, 40, 128}) {
+    for (int splits : {2, 3, 5, 16, 40}) {
       RunCase({dt, 128, 16, 28, 4, {8191, 3000}, splits}, seed++);
       RunCase({dt, 64, 32, 8, 8, {4100}, splits}, seed++);
+      RunCase({dt, 256, 16, 16, 2, {2000, 1, 0}, splits}, seed++);
       if (HasFatalFailure()) return;
     }
 }
