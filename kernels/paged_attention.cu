@@ -1015,6 +1015,51 @@ int ClusterSizeFor(const PagedDecodeParams& p, const Plan& plan, long base, long
   return cs;
 }
 
+// kAuto's choice by (MHA | GQA) x batch class x context class: the schedule and early-prefetch
+// setting that measured fastest on an H200, each variant timed against v2 in the same process
+// (bench/results/decode_attention_2026-11-29_v3.md; measured at batch 1, 8, 32, 64, 128 and
+// ctx 1k, 4k, 8k, 16k, 32k; fp16, head 128, block 16). Where nothing beat v2 by more than the
+// run-to-run spread (~1 %), v2 stays. Uneven batches keep v2 (their planner was measured there).
+// Classes: batch 1 | 2-8 | 9-32 | > 32; context < 4096 | < 8192 | < 16384 | longer.
+struct AutoChoice {
+  Schedule schedule;
+  bool early;
+};
+constexpr AutoChoice kV2Choice{Schedule::kV2, false};
+constexpr AutoChoice kWide{Schedule::kWideKernel, false};
+constexpr AutoChoice kWideEarly{Schedule::kWideKernel, true};
+constexpr AutoChoice kKernelEarly{Schedule::kKernel, true};
+constexpr AutoChoice kAutoTable[2][4][4] = {
+    // MHA. B1: wide 1.07x (1k), wide+early 1.01-1.03x; B8 >= 8k: wide 1.01-1.02x.
+    {{kWide, kWideEarly, kWideEarly, kWideEarly},
+     {kV2Choice, kV2Choice, kWide, kWide},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+    // GQA. B1: kernel+early 1.17-1.23x (1k), wide+early 1.02-1.10x (4k-32k); B8: wide+early
+    // 1.02-1.19x at 1k-4k, 0.99-1.04x at 8k-32k; B32 ctx 1k: kernel+early 1.02-1.06x.
+    {{kKernelEarly, kWideEarly, kWideEarly, kWideEarly},
+     {kWideEarly, kWideEarly, kWideEarly, kWideEarly},
+     {kKernelEarly, kV2Choice, kV2Choice, kV2Choice},
+     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+};
+
+const AutoChoice& AutoFor(const PagedDecodeParams& p) {
+  const bool gqa = p.num_kv_heads > 0 && p.num_heads != p.num_kv_heads;
+  const int bcls = p.num_seqs <= 1 ? 0 : (p.num_seqs <= 8 ? 1 : (p.num_seqs <= 32 ? 2 : 3));
+  const int ccls = p.max_context_len < 4096   ? 0
+                   : p.max_context_len < 8192  ? 1
+                   : p.max_context_len < 16384 ? 2
+                                               : 3;
+  return kAutoTable[gqa ? 1 : 0][bcls][ccls];
+}
+
+Schedule AutoSchedule(const PagedDecodeParams& p) { return AutoFor(p).schedule; }
+
+bool AutoEarlyPrefetch(const PagedDecodeParams& p, const Plan& plan) {
+  (void)plan;
+  return p.schedule == Schedule::kAuto && !UnevenBatch(p) && AutoFor(p).early;
+}
+
 Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
   Plan plan;
   Schedule sched = p.schedule != Schedule::kAuto ? p.schedule
