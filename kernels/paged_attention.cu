@@ -1016,10 +1016,13 @@ int ClusterSizeFor(const PagedDecodeParams& p, const Plan& plan, long base, long
 }
 
 // kAuto's choice by (MHA | GQA) x batch class x context class: the schedule and early-prefetch
-// setting that measured fastest on an H200, each variant timed against v2 in the same process
-// (bench/results/decode_attention_2026-11-29_v3.md; measured at batch 1, 8, 32, 64, 128 and
+// setting that measured fastest on an H200, each variant timed against v2 and the others in the
+// same process (bench/results/decode_attention_2026-11-29_v3.md for batch 1-8, v4 (call 2) for
+// every class, derived with bench/auto_table.py: per class the choice whose worst ratio to the
+// fastest variant over the class's shapes is highest; measured at batch 1, 8, 32, 64, 128 and
 // ctx 1k, 4k, 8k, 16k, 32k; fp16, head 128, block 16). Where nothing beat v2 by more than the
-// run-to-run spread (~1 %), v2 stays. Uneven batches keep v2 (their planner was measured there).
+// run-to-run spread (~1 %), v2 stays; where a new choice tied the v3 one within the spread, the
+// v3 one stays. Uneven batches keep v2 (their planner was measured there).
 // Classes: batch 1 | 2-8 | 9-32 | > 32; context < 4096 | < 8192 | < 16384 | longer.
 struct AutoChoice {
   Schedule schedule;
@@ -1029,18 +1032,26 @@ constexpr AutoChoice kV2Choice{Schedule::kV2, false};
 constexpr AutoChoice kWide{Schedule::kWideKernel, false};
 constexpr AutoChoice kWideEarly{Schedule::kWideKernel, true};
 constexpr AutoChoice kKernelEarly{Schedule::kKernel, true};
+constexpr AutoChoice kWideCl{Schedule::kWideCluster, false};
+constexpr AutoChoice kWideClEarly{Schedule::kWideCluster, true};
 constexpr AutoChoice kAutoTable[2][4][4] = {
-    // MHA. B1: wide 1.07x (1k), wide+early 1.01-1.03x; B8 >= 8k: wide 1.01-1.02x.
+    // MHA. B1: wide 1.06x (1k), wide+early 1.01-1.03x; B8 >= 8k: wide 1.02-1.03x;
+    // B32 >= 8k: wide (one split) 1.01-1.02x; B > 32 >= 16k: wide 1.01x.
     {{kWide, kWideEarly, kWideEarly, kWideEarly},
      {kV2Choice, kV2Choice, kWide, kWide},
-     {kV2Choice, kV2Choice, kV2Choice, kV2Choice},
-     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
-    // GQA. B1: kernel+early 1.17-1.23x (1k), wide+early 1.02-1.10x (4k-32k); B8: wide+early
-    // 1.02-1.19x at 1k-4k, 0.99-1.04x at 8k-32k; B32 ctx 1k: kernel+early 1.02-1.06x.
+     {kV2Choice, kV2Choice, kWide, kWide},
+     {kV2Choice, kV2Choice, kV2Choice, kWide}},
+    // GQA. B1: kernel+early 1.17-1.22x (1k), wide+early 1.02-1.12x (4k-32k). B8: the wide
+    // cluster merge where a cluster holds all splits (llama-3-8b: 2 splits, 1.04-1.10x over
+    // wide+early at 1k-4k; not qwen2.5-7b's 4), with the early prefetch from 4k (1.00-1.03x;
+    // at 1k it cost llama-3-8b 9 %, and qwen2.5-7b, which falls back to wide, loses 5 % without
+    // it). B32: wide (one split) 1.15x at qwen2.5-7b 1k (llama-3-8b 0.98x), wide+early 1.16x at
+    // qwen2.5-7b 4k (llama-3-8b 1.00x), wide 1.02-1.05x from 8k (0.995x at qwen2.5-7b 32k).
+    // B > 32 >= 8k: wide 1.00-1.03x.
     {{kKernelEarly, kWideEarly, kWideEarly, kWideEarly},
-     {kWideEarly, kWideEarly, kWideEarly, kWideEarly},
-     {kKernelEarly, kV2Choice, kV2Choice, kV2Choice},
-     {kV2Choice, kV2Choice, kV2Choice, kV2Choice}},
+     {kWideCl, kWideClEarly, kWideClEarly, kWideClEarly},
+     {kWide, kWideEarly, kWide, kWide},
+     {kV2Choice, kV2Choice, kWide, kWide}},
 };
 
 const AutoChoice& AutoFor(const PagedDecodeParams& p) {
