@@ -822,7 +822,6 @@ class Receiver {
   Status Handshake() {
     KV_ASSIGN_OR_RETURN(std::string payload,
                         ReadFrame(fd_, &rx_, FrameType::kHello, DeadlineAfterMs(10000), "hello"));
-    KV_ASSIGN_OR_RETURN(Hello hello, DecodeHello(payload));
     HelloAck ack;
     auto refuse = [&](const Status& s) {
       ack.code = static_cast<int32_t>(s.code());
@@ -830,6 +829,10 @@ class Receiver {
       (void)SendAll(fd_, EncodeHelloAck(ack));
       return s;
     };
+    // A hello of another size (another protocol version's writer) is told why, not just dropped.
+    auto decoded = DecodeHello(payload);
+    if (!decoded.ok()) return refuse(decoded.status());
+    const Hello hello = decoded.value();
     if (hello.version != kProtocolVersion) {
       return refuse(FailedPrecondition("nccl: writer speaks protocol " + std::to_string(hello.version) +
                                        ", this receiver " + std::to_string(kProtocolVersion)));
@@ -877,10 +880,12 @@ class Receiver {
     if (!SendAll(fd_, EncodeHelloAck(ack))) return RemoteDisconnect("nccl: sending the hello ack");
     const Deadline deadline = DeadlineAfterMs(shared_->options.connect_timeout_ms);
     KV_ASSIGN_OR_RETURN(comm_, InitComm(shared_->device, id, 1, deadline, [this] { return Alive(); }));
-    // On failure Run() aborts the communicator and frees the staging buffer and streams.
-    Status s = WarmUp(comm_, 1, staging_.slot(0), comm_stream_->get(), deadline,
-                      [this] { return Alive(); });
-    if (!s.ok()) return s.WithContext("nccl receiver: warm-up exchange with the writer");
+    if (hello.warm_up != 0) {
+      // On failure Run() aborts the communicator and frees the staging buffer and streams.
+      Status s = WarmUp(comm_, 1, staging_.slot(0), comm_stream_->get(), deadline,
+                        [this] { return Alive(); });
+      if (!s.ok()) return s.WithContext("nccl receiver: warm-up exchange with the writer");
+    }
     return OkStatus();
   }
 
@@ -1182,6 +1187,7 @@ class NcclTransport : public Transport {
     std::strncpy(hello.pci_bus_id, shared_->pci_bus_id.c_str(), sizeof(hello.pci_bus_id) - 1);
     std::strncpy(hello.host_id, shared_->host_id.c_str(), sizeof(hello.host_id) - 1);
     std::memcpy(hello.unique_id, addr.unique_id.data(), kUniqueIdBytes);
+    hello.warm_up = shared_->options.warm_up ? 1 : 0;
     if (!SendAll(w->fd, EncodeHello(hello))) return RemoteDisconnect("nccl: sending hello");
     std::string rx;
     KV_ASSIGN_OR_RETURN(std::string payload,
@@ -1211,7 +1217,7 @@ class NcclTransport : public Transport {
     };
     KV_ASSIGN_OR_RETURN(w->comm, InitComm(shared_->device, std::string(ack.unique_id, kUniqueIdBytes),
                                           0, deadline, receiver_alive));
-    {
+    if (shared_->options.warm_up) {
       // On failure ~Writer aborts the communicator and frees the staging buffer and streams.
       DeviceGuard guard(shared_->device);
       KV_RETURN_IF_ERROR(guard.status());
@@ -1321,6 +1327,9 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   if (const char* h = std::getenv("KVSTREAM_NCCL_HOST"); h != nullptr && *h) o.advertise_host = h;
   if (const char* t = std::getenv("KVSTREAM_NCCL_TIGHT_POLL"); t != nullptr && *t) {
     o.tight_polling = std::string(t) != "0";
+  }
+  if (const char* w = std::getenv("KVSTREAM_NCCL_WARMUP"); w != nullptr && *w) {
+    o.warm_up = std::string(w) != "0";
   }
   if (const char* c = std::getenv("KVSTREAM_NCCL_CHUNK_MB"); c != nullptr && *c) {
     o.chunk_bytes = std::strtoull(c, nullptr, 10) << 20;

@@ -6,7 +6,8 @@
 //   FrameHead {u32 magic 'KVNC', u32 type, u64 payload bytes} + payload (host byte order: both
 //   ends must share endianness, which every host NCCL runs on does).
 //   writer -> receiver: kHello, then kWrite per write. (Between the hello ack and the first
-//   kWrite, over NCCL: communicator init, then one warm-up send / receive, writer to receiver.)
+//   kWrite, over NCCL: communicator init, then, if the hello asks for it, one warm-up send /
+//   receive, writer to receiver.)
 //   receiver -> writer: kHelloAck (the NCCL unique id to use, or a refusal), then kAck per write
 //   (in write order) once the write's bytes are in the receiver's memory and its notification
 //   was handed to the sink.
@@ -75,6 +76,8 @@ struct Hello {
   char pci_bus_id[32] = {};
   char host_id[48] = {};
   char unique_id[kUniqueIdBytes] = {};  // the one the writer read from LocalAddress()
+  uint32_t warm_up = 1;       // 1: both ends make the warm-up exchange after communicator init
+  uint32_t reserved = 0;
 };
 struct HelloAck {
   uint32_t version = kProtocolVersion;
