@@ -402,15 +402,20 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   if (!r.complete) running_.push_back(rp);
 }
 
-bool DecodeServer::LoadLanded(const Request& r) {
-  if (!r.remote || !r.conn->tracker().Settled(r.id)) return false;
+DecodeServer::LoadState DecodeServer::LoadStateOf(const Request& r) {
+  if (!r.remote) return LoadState::kLocal;
+  if (!r.conn->tracker().Settled(r.id)) return LoadState::kNotSettled;
   // With gpu_landed_wait a layer counts as landed once its copy is only enqueued; a joiner's
   // step waits on nothing, so it joins only once the prefill confirmed every write complete.
-  if (config_.gpu_landed_wait && !r.conn->WaitForLoad(r.id, Clock::now()).ok()) return false;
+  if (config_.gpu_landed_wait) {
+    const StatusCode load = r.conn->WaitForLoad(r.id, Clock::now()).status().code();
+    if (load == StatusCode::kTimeout) return LoadState::kPending;
+    if (load != StatusCode::kOk) return LoadState::kFailed;
+  }
   const Deadline now = Clock::now();
   for (int l = 0; l < pool_->layout().num_layers; ++l)
-    if (!r.conn->tracker().WaitForLayer(r.id, l, now).ok()) return false;
-  return true;
+    if (!r.conn->tracker().WaitForLayer(r.id, l, now).ok()) return LoadState::kFailed;
+  return LoadState::kLanded;
 }
 
 void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
@@ -504,11 +509,15 @@ void DecodeServer::SchedulerLoop() {
       auto pick = waiting_.begin();
       if (!running_.empty()) {
         const size_t room = max_batch > running_.size() ? max_batch - running_.size() : 0;
+        // Each waiting request's load state, asked once for this pass (state[i]: waiting_[i]).
+        std::vector<LoadState> state;
+        state.reserve(waiting_.size());
+        for (const auto& r : waiting_) state.push_back(LoadStateOf(*r));
         // Positions, not iterators: erasing inside a deque invalidates all of its iterators.
         std::vector<size_t> landed;
         std::vector<double> landed_kv;
         for (size_t i = 0; i < waiting_.size() && landed.size() < room; ++i) {
-          if (LoadLanded(*waiting_[i])) {
+          if (state[i] == LoadState::kLanded) {
             landed.push_back(i);
             landed_kv.push_back(KvBytes(int(waiting_[i]->prompt.size()) - 1));
           }
@@ -522,18 +531,18 @@ void DecodeServer::SchedulerLoop() {
             joining.push_back(waiting_[landed[i]]);
             joining_kv += landed_kv[i];
           }
-          for (size_t i = k; i-- > 0;) waiting_.erase(waiting_.begin() + landed[i]);
+          for (size_t i = k; i-- > 0;) {
+            waiting_.erase(waiting_.begin() + landed[i]);
+            state.erase(state.begin() + landed[i]);
+          }
         }
         // The others whose first step cannot wait on a prefill: local prompts, failed loads.
-        pick = std::find_if(waiting_.begin(), waiting_.end(), [&](const std::shared_ptr<Request>& r) {
-          // (A landed one the join budget put off waits for a later step instead.)
-          // (With gpu_landed_wait, one whose layers were all announced early but whose load
-          // the prefill has not confirmed yet joins later rather than stall the running.)
-          return !r->remote ||
-                 (r->conn->tracker().Settled(r->id) && !LoadLanded(*r) &&
-                  !(config_.gpu_landed_wait &&
-                    r->conn->WaitForLoad(r->id, Clock::now()).status().code() == StatusCode::kTimeout));
+        // (A landed one the join budget put off waits for a later step instead; so does, with
+        // gpu_landed_wait, a pending one rather than stall the running.)
+        const auto first = std::find_if(state.begin(), state.end(), [](LoadState s) {
+          return s == LoadState::kLocal || s == LoadState::kFailed;
         });
+        pick = waiting_.begin() + (first - state.begin());
       }
       if (pick != waiting_.end()) {
         auto r = *pick;

@@ -65,8 +65,16 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   // (their prompts' KV has landed: the first step is one more sequence of the batch).
   void DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
                   std::vector<std::shared_ptr<Request>>& joining);
-  // Every layer of r's remote load landed (nothing to wait for, nothing failed).
-  bool LoadLanded(const Request& r);
+  // Where a waiting request's prompt KV stands, as one scheduler pass sees it.
+  enum class LoadState {
+    kLocal,       // not loaded remotely: its first step computes the prompt
+    kNotSettled,  // some layer neither landed nor failed yet (the tracker's Settled)
+    kLanded,      // every layer landed (and, with gpu_landed_wait, the prefill confirmed it)
+    kPending,     // gpu_landed_wait: every layer announced, the prefill has not confirmed yet
+    kFailed,      // the load failed: its first step recomputes or fails the request
+  };
+  // Asks the tracker (and, with gpu_landed_wait, WaitForLoad) once, without waiting.
+  LoadState LoadStateOf(const Request& r);
   void Emit(Request& r, int32_t token);
   void Complete(Request& r, Status status);
   bool Done(const Request& r, int32_t token) const;

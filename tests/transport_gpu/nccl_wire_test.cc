@@ -118,6 +118,27 @@ TEST(NcclWire, WriteHeaderRoundTripThroughPartialFrames) {
   EXPECT_EQ(ack->write_id, 7u);
 }
 
+TEST(NcclWire, HelloRoundTripCarriesTheWarmUpChoice) {
+  for (uint32_t warm_up : {0u, 1u}) {
+    Hello h;
+    h.device = 3;
+    h.chunk_bytes = 1 << 20;
+    std::strcpy(h.pci_bus_id, "0000:19:00.0");
+    h.warm_up = warm_up;
+    auto d = DecodeHello(EncodeHello(h).substr(sizeof(FrameHead)));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->version, kProtocolVersion);
+    EXPECT_EQ(d->device, 3);
+    EXPECT_EQ(d->chunk_bytes, 1u << 20);
+    EXPECT_STREQ(d->pci_bus_id, "0000:19:00.0");
+    EXPECT_EQ(d->warm_up, warm_up);
+  }
+  EXPECT_EQ(Hello{}.warm_up, 1u) << "a writer warms up unless told not to";
+  // A hello of the previous protocol (no warm-up field) is refused, not misread.
+  const std::string payload = EncodeHello(Hello{}).substr(sizeof(FrameHead));
+  EXPECT_EQ(DecodeHello(payload.substr(0, payload.size() - 8)).status().code(), StatusCode::kDataLoss);
+}
+
 TEST(NcclWire, CorruptFramesAndHeadersAreRefused) {
   std::string buf = EncodeAck(Ack{1, 0});
   buf[0] ^= 1;  // magic

@@ -241,6 +241,47 @@ Result<ncclComm_t> InitComm(int device, const std::string& unique_id, int rank, 
   return comm;
 }
 
+// NCCL connects a peer's point-to-point channels on the first send / receive to it (~100 ms on
+// an H200 pair over NVLink, bench/results/transfer_nccl_2026-11-29_v2.md), which would land on
+// the first write of each connection, i.e. on a request's TTFT. So each end, right after
+// communicator init and inside the connect deadline, makes one kWarmUpBytes send (rank 0) /
+// receive (rank 1): the direction, communicator and stream the writes use. It waits for the
+// exchange itself too, so a link that cannot move bytes fails Connect, not the first write.
+// `buf` is slot 0 of that end's staging buffer, which nothing else touches before this returns.
+constexpr size_t kWarmUpBytes = 16;
+
+Status WarmUp(ncclComm_t comm, int rank, void* buf, cudaStream_t stream, Deadline deadline,
+              const std::function<Status()>& alive) {
+  if (rank == 0) {
+    KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf, 0, kWarmUpBytes, stream), "nccl: warm-up memset");
+  }
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return NcclStatus(r, comm, "ncclGroupStart");
+  const ncclResult_t call = rank == 0 ? ncclSend(buf, kWarmUpBytes, ncclUint8, 1, comm, stream)
+                                      : ncclRecv(buf, kWarmUpBytes, ncclUint8, 0, comm, stream);
+  r = ncclGroupEnd();
+  if (call != ncclSuccess && call != ncclInProgress) {
+    return NcclStatus(call, comm, rank == 0 ? "warm-up ncclSend" : "warm-up ncclRecv");
+  }
+  if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm, "warm-up ncclGroupEnd");
+  KV_RETURN_IF_ERROR(WaitComm(comm, deadline, alive, "warm-up launch (point-to-point connect)",
+                              /*tight=*/false));
+  for (;;) {
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err == cudaSuccess) return OkStatus();
+    if (err != cudaErrorNotReady) return CudaStatus(err, "nccl: warm-up exchange");
+    ncclResult_t st = ncclSuccess;
+    r = ncclCommGetAsyncError(comm, &st);
+    if (r != ncclSuccess) return NcclStatus(r, comm, "ncclCommGetAsyncError");
+    if (st != ncclSuccess && st != ncclInProgress) return CommFailed(st, comm, "warm-up exchange");
+    if (alive) KV_RETURN_IF_ERROR(alive());
+    if (Expired(deadline)) {
+      return Timeout("nccl: the warm-up exchange did not complete before the connect deadline");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 // The gather (writer) / scatter (receiver) of one chunk: the parameter-table kernel when the
 // pieces are 16-byte aligned, else one cudaMemcpyAsync per piece.
 Status CopyPieces(const std::vector<CopyRun>& runs, cuda::PackedTable* table,
@@ -781,7 +822,6 @@ class Receiver {
   Status Handshake() {
     KV_ASSIGN_OR_RETURN(std::string payload,
                         ReadFrame(fd_, &rx_, FrameType::kHello, DeadlineAfterMs(10000), "hello"));
-    KV_ASSIGN_OR_RETURN(Hello hello, DecodeHello(payload));
     HelloAck ack;
     auto refuse = [&](const Status& s) {
       ack.code = static_cast<int32_t>(s.code());
@@ -789,6 +829,10 @@ class Receiver {
       (void)SendAll(fd_, EncodeHelloAck(ack));
       return s;
     };
+    // A hello of another size (another protocol version's writer) is told why, not just dropped.
+    auto decoded = DecodeHello(payload);
+    if (!decoded.ok()) return refuse(decoded.status());
+    const Hello hello = decoded.value();
     if (hello.version != kProtocolVersion) {
       return refuse(FailedPrecondition("nccl: writer speaks protocol " + std::to_string(hello.version) +
                                        ", this receiver " + std::to_string(kProtocolVersion)));
@@ -834,9 +878,14 @@ class Receiver {
     ack.chunk_bytes = chunk;
     std::memcpy(ack.unique_id, id.data(), kUniqueIdBytes);
     if (!SendAll(fd_, EncodeHelloAck(ack))) return RemoteDisconnect("nccl: sending the hello ack");
-    KV_ASSIGN_OR_RETURN(comm_, InitComm(shared_->device, id, 1,
-                                        DeadlineAfterMs(shared_->options.connect_timeout_ms),
-                                        [this] { return Alive(); }));
+    const Deadline deadline = DeadlineAfterMs(shared_->options.connect_timeout_ms);
+    KV_ASSIGN_OR_RETURN(comm_, InitComm(shared_->device, id, 1, deadline, [this] { return Alive(); }));
+    if (hello.warm_up != 0) {
+      // On failure Run() aborts the communicator and frees the staging buffer and streams.
+      Status s = WarmUp(comm_, 1, staging_.slot(0), comm_stream_->get(), deadline,
+                        [this] { return Alive(); });
+      if (!s.ok()) return s.WithContext("nccl receiver: warm-up exchange with the writer");
+    }
     return OkStatus();
   }
 
@@ -1138,6 +1187,7 @@ class NcclTransport : public Transport {
     std::strncpy(hello.pci_bus_id, shared_->pci_bus_id.c_str(), sizeof(hello.pci_bus_id) - 1);
     std::strncpy(hello.host_id, shared_->host_id.c_str(), sizeof(hello.host_id) - 1);
     std::memcpy(hello.unique_id, addr.unique_id.data(), kUniqueIdBytes);
+    hello.warm_up = shared_->options.warm_up ? 1 : 0;
     if (!SendAll(w->fd, EncodeHello(hello))) return RemoteDisconnect("nccl: sending hello");
     std::string rx;
     KV_ASSIGN_OR_RETURN(std::string payload,
@@ -1158,16 +1208,23 @@ class NcclTransport : public Transport {
       KV_ASSIGN_OR_RETURN(w->pack_stream, cuda::Stream::CreateLowestPriority(shared_->device));
     }
     const int fd = w->fd;
-    KV_ASSIGN_OR_RETURN(
-        w->comm, InitComm(shared_->device, std::string(ack.unique_id, kUniqueIdBytes), 0, deadline,
-                          [fd]() -> Status {
-                            char c;
-                            if (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
-                              return RemoteDisconnect("nccl: the receiver closed the control "
-                                                      "socket during communicator init");
-                            }
-                            return OkStatus();
-                          }));
+    auto receiver_alive = [fd]() -> Status {
+      char c;
+      if (::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+        return RemoteDisconnect("nccl: the receiver closed the control socket while connecting");
+      }
+      return OkStatus();
+    };
+    KV_ASSIGN_OR_RETURN(w->comm, InitComm(shared_->device, std::string(ack.unique_id, kUniqueIdBytes),
+                                          0, deadline, receiver_alive));
+    if (shared_->options.warm_up) {
+      // On failure ~Writer aborts the communicator and frees the staging buffer and streams.
+      DeviceGuard guard(shared_->device);
+      KV_RETURN_IF_ERROR(guard.status());
+      Status s = WarmUp(w->comm, 0, w->staging.slot(0), w->comm_stream->get(), deadline,
+                        receiver_alive);
+      if (!s.ok()) return s.WithContext("nccl: warm-up exchange with the receiver");
+    }
     w->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (w->wake_fd < 0) return Errno("eventfd");
     w->Start();
@@ -1270,6 +1327,9 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& o
   if (const char* h = std::getenv("KVSTREAM_NCCL_HOST"); h != nullptr && *h) o.advertise_host = h;
   if (const char* t = std::getenv("KVSTREAM_NCCL_TIGHT_POLL"); t != nullptr && *t) {
     o.tight_polling = std::string(t) != "0";
+  }
+  if (const char* w = std::getenv("KVSTREAM_NCCL_WARMUP"); w != nullptr && *w) {
+    o.warm_up = std::string(w) != "0";
   }
   if (const char* c = std::getenv("KVSTREAM_NCCL_CHUNK_MB"); c != nullptr && *c) {
     o.chunk_bytes = std::strtoull(c, nullptr, 10) << 20;

@@ -5,7 +5,9 @@
 // Control socket (TCP, one connection per writer endpoint), every message one frame:
 //   FrameHead {u32 magic 'KVNC', u32 type, u64 payload bytes} + payload (host byte order: both
 //   ends must share endianness, which every host NCCL runs on does).
-//   writer -> receiver: kHello, then kWrite per write.
+//   writer -> receiver: kHello, then kWrite per write. (Between the hello ack and the first
+//   kWrite, over NCCL: communicator init, then, if the hello asks for it, one warm-up send /
+//   receive, writer to receiver.)
 //   receiver -> writer: kHelloAck (the NCCL unique id to use, or a refusal), then kAck per write
 //   (in write order) once the write's bytes are in the receiver's memory and its notification
 //   was handed to the sink.
@@ -28,7 +30,8 @@
 namespace kvstream::transport::nccl {
 
 inline constexpr uint32_t kFrameMagic = 0x434E564Bu;  // "KVNC"
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: both ends make a warm-up send / receive right after communicator init (nccl_transport.cc).
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kUniqueIdBytes = 128;          // NCCL_UNIQUE_ID_BYTES
 inline constexpr uint64_t kMaxPayload = 64ull << 20;   // refuse larger frames
 inline constexpr uint64_t kMaxRuns = 4u << 20;
@@ -73,6 +76,8 @@ struct Hello {
   char pci_bus_id[32] = {};
   char host_id[48] = {};
   char unique_id[kUniqueIdBytes] = {};  // the one the writer read from LocalAddress()
+  uint32_t warm_up = 1;       // 1: both ends make the warm-up exchange after communicator init
+  uint32_t reserved = 0;
 };
 struct HelloAck {
   uint32_t version = kProtocolVersion;
