@@ -338,6 +338,16 @@ inline bool ParseReady(const std::string& line, int regions, transport::PeerDesc
   return true;
 }
 
+// Writer: a peer in this process: `rx`'s address and one region, the first `length` bytes of
+// `remote` (one of rx's registrations).
+inline transport::PeerDescriptor InProcessPeer(const transport::Transport& rx,
+                                               const transport::Registration& remote, uint64_t length) {
+  transport::PeerDescriptor peer;
+  peer.address = rx.LocalAddress();
+  peer.regions.push_back({reinterpret_cast<uint64_t>(remote.region().addr), length, remote.RemoteKey()});
+  return peer;
+}
+
 // Writer: starts `proc` with `args` and waits up to timeout_ms for its READY line announcing
 // `regions` regions. "" on success (*peer filled), else why not.
 inline std::string StartPeerReceiver(PeerProcess* proc, const std::vector<std::string>& args,

@@ -277,11 +277,7 @@ TEST_F(NcclTransportTest, RefusesBadInput) {
   garbage_addr.address = "tcp://1.2.3.4:5";
   EXPECT_EQ(tx.Connect(garbage_addr).status().code(), StatusCode::kInvalidArgument);
 
-  PeerDescriptor good;
-  good.address = rxt.value()->LocalAddress();
-  good.regions.push_back({reinterpret_cast<uint64_t>(remote.value()->region().addr), 1 << 19,
-                          remote.value()->RemoteKey()});
-  auto ep = tx.Connect(good);
+  auto ep = tx.Connect(InProcessPeer(*rxt.value(), *remote.value(), 1 << 19));
   ASSERT_OK(ep.status());
   WriteRequest wr;
   ExpectWriteRefusals(*ep.value(), local.value().get(), foreign.value().get(), &wr);
@@ -312,9 +308,7 @@ TEST_F(NcclTransportTest, SameGpuConnectFailsAtOnce) {
   CUDA_OK(cudaMalloc(&dev, 1 << 20));
   auto remote = rxt.value()->Register({dev, 1 << 20, MemoryKind::kCuda, 0});
   ASSERT_OK(remote.status());
-  PeerDescriptor peer;
-  peer.address = rxt.value()->LocalAddress();
-  peer.regions.push_back({reinterpret_cast<uint64_t>(dev), 1 << 20, remote.value()->RemoteKey()});
+  PeerDescriptor peer = InProcessPeer(*rxt.value(), *remote.value(), 1 << 20);
   const auto t0 = Clock::now();
   auto ep = t.value()->Connect(peer);
   EXPECT_LT(SecondsSince(t0), 2.0);

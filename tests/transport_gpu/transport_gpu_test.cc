@@ -352,11 +352,7 @@ TEST_P(GpuTransportTest, RefusesBadInput) {
   garbage_addr.address = "tcp://1.2.3.4:5";
   EXPECT_FALSE(tx.Connect(garbage_addr).ok());
 
-  PeerDescriptor good;
-  good.address = rxt.value()->LocalAddress();
-  good.regions.push_back({reinterpret_cast<uint64_t>(remote.value()->region().addr), 1 << 19,
-                          remote.value()->RemoteKey()});
-  auto ep = tx.Connect(good);
+  auto ep = tx.Connect(InProcessPeer(*rxt.value(), *remote.value(), 1 << 19));
   ASSERT_OK(ep.status());
   WriteRequest wr;
   ExpectWriteRefusals(*ep.value(), local.value().get(), /*foreign=*/nullptr, &wr);
