@@ -178,16 +178,27 @@ inline CpuSpan EndCpuSpan(const CpuMark& m, testing::PeerProcess& rx, int iters,
   return s;
 }
 
-// TimedMedian(warmups, iters, fn) whose `iters` measured calls (not the warm-ups) are one CPU
-// span of both processes, in *cpu; each call of fn makes `writes_per_call` Write() calls.
+// Host-clocked median seconds of calls of `fn` after `warmups` uncounted ones, like
+// TimedMedian, where the measured calls are one CPU span of both processes (*cpu): at least
+// `min_iters` calls, and more until the span has lasted `min_span_s` (the process CPU clock of
+// threads running on other cores may only advance at scheduler ticks, 1-4 ms: a span of
+// 200 ms keeps that below ~2% of a core per thread). Each call of fn makes `writes_per_call`
+// Write() calls.
 template <typename Fn>
-double TimedMedianWithCpu(int warmups, int iters, testing::PeerProcess& rx,
+double TimedMedianWithCpu(int warmups, int min_iters, double min_span_s, testing::PeerProcess& rx,
                           uint64_t writes_per_call, CpuSpan* cpu, Fn fn) {
   for (int i = 0; i < warmups; ++i) fn();
   const CpuMark mark = StartCpuSpan(rx);
-  const double median = TimedMedian(0, iters, fn);
-  *cpu = EndCpuSpan(mark, rx, iters, writes_per_call * uint64_t(iters));
-  return median;
+  const auto span_start = Clock::now();
+  std::vector<double> t;
+  while (int(t.size()) < min_iters ||
+         (SecondsSince(span_start) < min_span_s && t.size() < 1000000)) {
+    const auto start = Clock::now();
+    fn();
+    t.push_back(SecondsSince(start));
+  }
+  *cpu = EndCpuSpan(mark, rx, int(t.size()), writes_per_call * t.size());
+  return Median(t);
 }
 
 // A span of `ms` with an endpoint connected and no writes (this thread sleeps): what the

@@ -3,7 +3,7 @@
 //
 //   transfer_gpu [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=20]
 //                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
-//                [--rx-device=N] [--idle-ms=50]
+//                [--rx-device=N] [--idle-ms=200] [--cpu-ms=200]
 //
 // --rx-device: the receiver process's GPU (default --device). With two GPUs the pinned
 // baselines are host->device on the receiver's GPU and device->host on the writer's, and
@@ -28,7 +28,8 @@
 //   tiny_x32       cuda_ipc only: 32 writes of 4 KiB back to back (notify each): the per-Write()
 //                  host cost with almost no copy behind it (the host path's floor)
 // Time = host clock from the first Write() to the last WriteHandle::Wait() returning (data at
-// the destination and the notification sent), median over --iters. Baselines, same bytes,
+// the destination and the notification sent), median over --iters (backend
+// rows: or more, see --cpu-ms below). Baselines, same bytes,
 // same process, same clock: cudaMemcpyAsync device-to-device (+ stream sync), and pinned
 // host->device / device->host cudaMemcpyAsync. Ratios: cuda_ipc* against D2D, ucx_staged
 // against min(H2D, D2H) (the staged path does both) and against ucx_host: the UCX backend
@@ -42,7 +43,9 @@
 // (validation, coalescing), submit_us (CUDA calls), enqueue_us (hand-off), frames_per_batch
 // (notifications per socket write of the completion thread), wakeups_per_write, kernel_share.
 // Host CPU cost (every backend row, both processes): the measured iterations of a case (not
-// its warm-ups) are one span; each process's CPU time over it (CLOCK_PROCESS_CPUTIME_ID: user +
+// its warm-ups; at least --iters, more until the span lasts --cpu-ms, 0 = exactly --iters, so
+// that scheduler-tick granularity of the CPU clock stays small against it; the median is over
+// all of them) are one span; each process's CPU time over it (CLOCK_PROCESS_CPUTIME_ID: user +
 // system of all its threads, the transport's own included) gives writer_cores / receiver_cores
 // (CPU seconds / wall seconds: 1.0 = one core busy throughout) and writer_cpu_us_per_write /
 // receiver_cpu_us_per_write (per Write() call: one layer). The receiver reports its CPU time
@@ -233,7 +236,8 @@ double TimeIt(int iters, Fn fn) {
   return TimedMedian(3, iters, fn);  // after 3 warm-ups
 }
 
-int g_idle_ms = 50;  // --idle-ms: length of the idle CPU spans
+int g_idle_ms = 200;  // --idle-ms: length of the idle CPU spans
+int g_cpu_ms = 200;   // --cpu-ms: shortest CPU span of a measured case
 
 struct Baselines {
   double d2d_layer = 0, d2d_prompt = 0, h2d_layer = 0, h2d_prompt = 0, d2h_layer = 0, d2h_prompt = 0;
@@ -513,7 +517,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
     };
     // The measured iterations of a case, after 3 warm-ups (as TimeIt), are one CPU span.
     auto time_case = [&](int n, uint64_t writes_per_call, auto fn) {
-      return TimedMedianWithCpu(3, n, rx, writes_per_call, &cpu, fn);
+      return TimedMedianWithCpu(3, n, g_cpu_ms * 1e-3, rx, writes_per_call, &cpu, fn);
     };
     idle_row("idle_connected");
     double sec;
@@ -630,6 +634,7 @@ int main(int argc, char** argv) {
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
   if (args.count("idle-ms")) g_idle_ms = std::max(1, std::min(2000, std::stoi(args["idle-ms"])));
+  if (args.count("cpu-ms")) g_cpu_ms = std::max(0, std::min(5000, std::stoi(args["cpu-ms"])));
   for (const auto& m : Split(models)) RunModel(m, tokens, iters, device, rx_device, Split(backends));
   PrintTable();
   return 0;

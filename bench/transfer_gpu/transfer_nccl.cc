@@ -3,21 +3,24 @@
 // the same run:
 //   transfer_nccl [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=10]
 //                 [--backends=cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct] [--json=FILE]
-//                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N] [--idle-ms=50]
+//                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N] [--idle-ms=200]
+//                 [--cpu-ms=200]
 // Cases per model (KV blocks of 16 tokens, paged pool twice the prompt per layer):
 //   layer_contig   one layer's KV, one contiguous op
 //   layer_scatter  one layer's KV as one op per block, to random pool blocks
 //   prompt_contig  every layer, one write per layer (contiguous), posted back to back
 //   prompt_scatter every layer, one scattered write per layer
 // Every write asks for a notification; the time is from the first Write() to the last handle
-// done (for nccl: acked, i.e. landed and notified), median over --iters after 2 warm-ups.
+// done (for nccl: acked, i.e. landed and notified), median over --iters (or more, see
+// --cpu-ms below) after 2 warm-ups.
 // Baselines (in-process, same bytes): cudaMemcpyPeerAsync of the contiguous bytes (per layer),
 // and, for scattered cases, one cudaMemcpyPeerAsync per block.
 // nccl = auto mode (KVSTREAM_NCCL_COPY unset), nccl_pack / nccl_direct force the mode;
 // nccl_loose = auto mode with NcclOptions::tight_polling off (the first version's waits), for a
 // side-by-side look at what the endpoint threads' waiting costs.
 // Host CPU cost (backend rows, both processes): the measured iterations of a case (not its
-// warm-ups) are one span; each process's CPU time over it (CLOCK_PROCESS_CPUTIME_ID: user +
+// warm-ups; at least the --iters count, more until the span lasts --cpu-ms, 0 = exactly that
+// count; the median is over all of them) are one span; each process's CPU time over it (CLOCK_PROCESS_CPUTIME_ID: user +
 // system, all threads) gives writer_cores / receiver_cores (CPU s / wall s; 1.0 = one core busy
 // throughout) and writer_cpu_us_per_write / receiver_cpu_us_per_write (per Write(): one layer).
 // The receiver reports its CPU time over the control pipe (command "CPU") just before and just
@@ -121,7 +124,8 @@ double TimeIt(int iters, Fn fn) {
   return TimedMedian(2, iters, fn);  // after 2 warm-ups
 }
 
-int g_idle_ms = 50;  // --idle-ms: length of the idle CPU spans
+int g_idle_ms = 200;  // --idle-ms: length of the idle CPU spans
+int g_cpu_ms = 200;   // --cpu-ms: shortest CPU span of a measured case
 
 void RunModel(const std::string& model_name, int tokens, int iters, int wdev, int rdev,
               const std::vector<std::string>& backends) {
@@ -239,7 +243,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
       }
       CpuSpan cpu;
       const int n = nlayers == 1 ? iters : std::max(3, iters / 2);
-      const double sec = TimedMedianWithCpu(2, n, rx, uint64_t(nlayers), &cpu, [&] {
+      const double sec = TimedMedianWithCpu(2, n, failed ? 0 : g_cpu_ms * 1e-3, rx, uint64_t(nlayers), &cpu, [&] {
         std::vector<std::unique_ptr<WriteHandle>> hs;
         for (int l = 0; l < nlayers; ++l) {
           reqs[l].notification = {request++, l, 0};
@@ -324,6 +328,7 @@ int main(int argc, char** argv) {
   std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
   if (args.count("idle-ms")) g_idle_ms = std::max(1, std::min(2000, std::stoi(args["idle-ms"])));
+  if (args.count("cpu-ms")) g_cpu_ms = std::max(0, std::min(5000, std::stoi(args["cpu-ms"])));
   int access = 0;
   cudaDeviceCanAccessPeer(&access, wdev, rdev);
   std::fprintf(stderr, "transfer_nccl: writer GPU %d, receiver GPU %d, peer access %d, %s\n", wdev, rdev,
