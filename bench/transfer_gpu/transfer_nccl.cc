@@ -20,9 +20,10 @@
 // side-by-side look at what the endpoint threads' waiting costs.
 // Host CPU cost (backend rows, both processes): the measured iterations of a case (not its
 // warm-ups; at least the --iters count, more until the span lasts --cpu-ms, 0 = exactly that
-// count; the median is over all of them) are one span; each process's CPU time over it (CLOCK_PROCESS_CPUTIME_ID: user +
-// system, all threads) gives writer_cores / receiver_cores (CPU s / wall s; 1.0 = one core busy
-// throughout) and writer_cpu_us_per_write / receiver_cpu_us_per_write (per Write(): one layer).
+// count; the median is over all of them) are one span; each process's CPU time over it
+// (CLOCK_PROCESS_CPUTIME_ID: user + system, all threads) gives writer_cores / receiver_cores
+// (CPU s / wall s; 1.0 = one core busy throughout) and writer_cpu_us_per_write /
+// receiver_cpu_us_per_write (per Write(): one layer).
 // The receiver reports its CPU time over the control pipe (command "CPU") just before and just
 // after the span. Rows idle_connected (connected, nothing written yet) and idle_after (right
 // after the last case) are --idle-ms spans with no writes (gbps 0): the endpoint threads' cost
@@ -243,7 +244,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
       }
       CpuSpan cpu;
       const int n = nlayers == 1 ? iters : std::max(3, iters / 2);
-      const double sec = TimedMedianWithCpu(2, n, failed ? 0 : g_cpu_ms * 1e-3, rx, uint64_t(nlayers), &cpu, [&] {
+      const double sec = TimedMedianWithCpu(2, n, g_cpu_ms * 1e-3, rx, uint64_t(nlayers), &cpu, [&] {
         std::vector<std::unique_ptr<WriteHandle>> hs;
         for (int l = 0; l < nlayers; ++l) {
           reqs[l].notification = {request++, l, 0};
