@@ -186,6 +186,19 @@ class PeerProcess {
   std::string buf_;
 };
 
+// main(): true when CUDA sees a device (*count of them); otherwise prints
+// "SKIP <binary>: no usable CUDA device (<why>)" and the caller exits 77 (CTest: skipped).
+inline bool GpusUsable(const char* binary, int* count) {
+  *count = 0;
+  cudaError_t err = cudaGetDeviceCount(count);
+  if (err != cudaSuccess || *count == 0) {
+    std::printf("SKIP %s: no usable CUDA device (%s)\n", binary,
+                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+    return false;
+  }
+  return true;
+}
+
 inline std::string ToHex(const std::string& s) {
   static const char* d = "0123456789abcdef";
   std::string out;
@@ -425,6 +438,23 @@ inline SourceWrite MakeSource(uint64_t request, int layer, size_t count) {
     w.ops.push_back({i * kPeerBlock, w.plan[i] * kPeerBlock, kPeerBlock});
   }
   return w;
+}
+
+// Writer: the request that lands `w` (staged at byte `local_offset` of `local`) in region
+// `remote_region` of the receiver and then notifies `note`.
+inline transport::WriteRequest CheckedWriteRequest(const transport::Registration* local,
+                                                   const SourceWrite& w, uint64_t local_offset,
+                                                   int remote_region, transport::Notification note) {
+  transport::WriteRequest wr;
+  wr.local = local;
+  wr.remote_region = remote_region;
+  for (transport::CopyOp op : w.ops) {
+    op.local_offset += local_offset;
+    wr.ops.push_back(op);
+  }
+  wr.notify = true;
+  wr.notification = note;
+  return wr;
 }
 
 // Writer: reads the receiver's NOTE lines until every (request, layer) of `want` arrived OK.

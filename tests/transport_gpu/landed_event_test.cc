@@ -412,11 +412,6 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
   int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("SKIP landed_event_test: no usable CUDA device (%s)\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
-    return 77;
-  }
+  if (!kvstream::testing::GpusUsable("landed_event_test", &count)) return 77;
   return RUN_ALL_TESTS();
 }

@@ -14,15 +14,13 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <iostream>
 #include <map>
-#include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "common/status.h"
 #include "common/time.h"
 #include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport_gpu/gpu_peer_test.h"
 #include "transport/nccl/nccl_transport.h"
 #include "transport/transport.h"
 
@@ -30,7 +28,8 @@ namespace kvstream::transport {
 namespace {
 
 // The peer protocol, the receiver's pool (kPeer*), its checking sink and the checked writes'
-// plans: tests/transport_gpu/gpu_peer.h, shared with transport_gpu_test.
+// plans: tests/transport_gpu/gpu_peer.h; the writer's link to the receiver and the checks shared
+// with transport_gpu_test: tests/transport_gpu/gpu_peer_test.h.
 using namespace kvstream::testing;
 
 int g_devices = 0;
@@ -45,12 +44,6 @@ Result<std::unique_ptr<Transport>> MakeNccl(int device, nccl::CopyMode mode = nc
   return nccl::CreateNcclTransport(o);
 }
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define ASSERT_OK(expr)                        \
-  do {                                         \
-    ::kvstream::Status s_ = (expr);            \
-    ASSERT_TRUE(s_.ok()) << s_.ToString();     \
-  } while (0)
 #define NEED_TWO_GPUS()                                                                   \
   do {                                                                                    \
     if (g_devices < 2) GTEST_SKIP() << "needs 2 GPUs, " << g_devices << " visible";       \
@@ -72,23 +65,12 @@ int RunReceiver(int device) {
 
 // ---- writer side --------------------------------------------------------------------------
 
-struct Receiver {
-  PeerProcess proc;
-  PeerDescriptor peer;
-};
+const std::vector<std::string> kReceiverArgs = {"--helper=receiver", "--device=1"};
+constexpr int64_t kReceiverStartMs = 30000;
 
-::testing::AssertionResult StartReceiver(Receiver* r) {
-  const std::string err =
-      StartPeerReceiver(&r->proc, {"--helper=receiver", "--device=1"}, kPeerRegions, 30000, &r->peer);
-  if (err.empty()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << err;
-}
-
-::testing::AssertionResult ExpectNotes(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
-                                       int64_t timeout_ms) {
-  const std::string err = ExpectNotesError(proc, std::move(want), timeout_ms);
-  if (err.empty()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << err;
+// A receiver on GPU 1 and a writer on GPU 0 (made with `mode`) connected to it.
+void Open(Link* l, nccl::CopyMode mode = nccl::CopyMode::kAuto) {
+  OpenLink(kReceiverArgs, kReceiverStartMs, [mode] { return MakeNccl(0, mode); }, l);
 }
 
 class NcclTransportTest : public ::testing::Test {
@@ -99,52 +81,13 @@ class NcclTransportTest : public ::testing::Test {
 TEST_F(NcclTransportTest, ScatteredWritesLandByteExactOnAnotherGpu) {
   NEED_TWO_GPUS();
   for (auto mode : {nccl::CopyMode::kPack, nccl::CopyMode::kDirect, nccl::CopyMode::kAuto}) {
-    Receiver rx;
-    ASSERT_TRUE(StartReceiver(&rx));
-    auto t = MakeNccl(0, mode);
-    ASSERT_OK(t.status());
-    const auto t0 = Clock::now();
-    auto ep = t.value()->Connect(rx.peer);
-    ASSERT_OK(ep.status());
+    Link l;
+    ASSERT_NO_FATAL_FAILURE(Open(&l, mode));
     std::printf("[mode %d] connect (communicator init) took %.0f ms\n", static_cast<int>(mode),
-                SecondsSince(t0) * 1e3);
-    constexpr int kLayers = 6;
-    constexpr size_t kCount = 96;  // 6 MiB per write: several 1 MiB chunks in pack mode
-    void* src = nullptr;
-    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kPeerBlock));
-    auto reg = t.value()->Register({src, kLayers * kCount * kPeerBlock, MemoryKind::kCuda, 0});
-    ASSERT_OK(reg.status());
-    std::vector<std::unique_ptr<WriteHandle>> handles;
-    std::map<std::pair<uint64_t, int>, bool> want;
-    for (int layer = 0; layer < kLayers; ++layer) {
-      uint64_t req = RequestId(1000 + static_cast<uint64_t>(mode), kCount);
-      SourceWrite w = MakeSource(req, layer, kCount);
-      char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
-      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaDeviceSynchronize());
-      WriteRequest wr;
-      wr.local = reg.value().get();
-      wr.remote_region = layer % kPeerRegions;
-      for (CopyOp op : w.ops) {
-        op.local_offset += layer * kCount * kPeerBlock;
-        wr.ops.push_back(op);
-      }
-      wr.notify = true;
-      wr.notification = {req, layer, layer < kPeerRegions ? kFlagCheckUntouched : 0};
-      auto h = ep.value()->Write(wr);
-      ASSERT_OK(h.status());
-      EXPECT_EQ(h.value()->bytes(), kCount * kPeerBlock);
-      EXPECT_GT(h.value()->transfers(), 1u);
-      handles.push_back(std::move(h).value());
-      want[{req, layer}] = true;
-    }
-    for (auto& h : handles) ASSERT_OK(h->Wait(DeadlineAfterMs(20000)));
-    EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
-    ASSERT_OK(ep.value()->status());
-    ep.value().reset();
-    EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(15000)), 0);
-    reg.value().reset();
-    CUDA_OK(cudaFree(src));
+                l.connect_ms);
+    // 6 MiB per write: several 1 MiB chunks in pack mode.
+    ASSERT_NO_FATAL_FAILURE(WriteScatteredLayers(l, 1000 + static_cast<uint64_t>(mode), 20000, 15000,
+                                                 /*expect_split=*/true));
   }
 }
 
@@ -158,7 +101,7 @@ struct FirstWrites {
 };
 void MeasureFirstWrites(nccl::CopyMode mode, bool warm_up, FirstWrites* out) {
   Receiver rx;
-  ASSERT_TRUE(StartReceiver(&rx));
+  ASSERT_TRUE(StartReceiver(kReceiverArgs, kReceiverStartMs, &rx));
   nccl::NcclOptions o;
   o.device = 0;
   o.copy_mode = mode;
@@ -179,16 +122,8 @@ void MeasureFirstWrites(nccl::CopyMode mode, bool warm_up, FirstWrites* out) {
     SourceWrite w = MakeSource(req, layer, kCount);
     char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
     CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
-    WriteRequest wr;
-    wr.local = reg.value().get();
-    wr.remote_region = layer % kPeerRegions;
-    for (CopyOp op : w.ops) {
-      op.local_offset += layer * kCount * kPeerBlock;
-      wr.ops.push_back(op);
-    }
-    wr.notify = true;
-    wr.notification = {req, layer, 0};
-    writes.push_back(std::move(wr));
+    writes.push_back(CheckedWriteRequest(reg.value().get(), w, layer * kCount * kPeerBlock,
+                                         layer % kPeerRegions, {req, layer, 0}));
     want[{req, layer}] = true;
   }
   CUDA_OK(cudaDeviceSynchronize());
@@ -237,80 +172,22 @@ TEST_F(NcclTransportTest, FirstWriteAfterConnectIsFast) {
 TEST_F(NcclTransportTest, NotificationOnlyAfterDataProducedOnAnotherStream) {
   NEED_TWO_GPUS();
   for (auto mode : {nccl::CopyMode::kPack, nccl::CopyMode::kDirect}) {
-    Receiver rx;
-    ASSERT_TRUE(StartReceiver(&rx));
-    auto t = MakeNccl(0, mode);
-    ASSERT_OK(t.status());
-    auto ep = t.value()->Connect(rx.peer);
-    ASSERT_OK(ep.status());
-    constexpr size_t kCount = 128;
-    uint64_t req = RequestId(2000 + static_cast<uint64_t>(mode), kCount);
-    SourceWrite w = MakeSource(req, 1, kCount);
-    void* src = nullptr;
-    void* scratch = nullptr;
-    void* pinned = nullptr;
-    const size_t kScratch = 1ull << 30;
-    CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
-    CUDA_OK(cudaMalloc(&scratch, kScratch));
-    CUDA_OK(cudaMallocHost(&pinned, kCount * kPeerBlock));
-    std::memcpy(pinned, w.host.data(), kCount * kPeerBlock);
-    CUDA_OK(cudaMemset(src, 0xAB, kCount * kPeerBlock));
-    CUDA_OK(cudaDeviceSynchronize());
-    auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
-    ASSERT_OK(reg.status());
-    cudaStream_t producer;
-    CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
-    for (int i = 0; i < 40; ++i) CUDA_OK(cudaMemsetAsync(scratch, i, kScratch, producer));
-    CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kPeerBlock, cudaMemcpyHostToDevice, producer));
-    WriteRequest wr;
-    wr.local = reg.value().get();
-    wr.remote_region = 1;
-    wr.ops = w.ops;
-    wr.notify = true;
-    wr.notification = {req, 1, 0};
-    wr.after_stream = producer;
-    auto h = ep.value()->Write(wr);
-    ASSERT_OK(h.status());
-    EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "producer finished too early to test";
-    ASSERT_OK(h.value()->Wait(DeadlineAfterMs(20000)));
-    EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 1}, true}}, 20000));
-    CUDA_OK(cudaStreamSynchronize(producer));
-    ep.value().reset();
-    EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(15000)), 0);
-    CUDA_OK(cudaStreamDestroy(producer));
-    reg.value().reset();
-    cudaFree(src);
-    cudaFree(scratch);
-    cudaFreeHost(pinned);
+    Link l;
+    ASSERT_NO_FATAL_FAILURE(Open(&l, mode));
+    ASSERT_NO_FATAL_FAILURE(WriteAfterProducerStream(l, 2000 + static_cast<uint64_t>(mode), 20000, 15000));
   }
 }
 
 TEST_F(NcclTransportTest, EndpointDestructionFinishesEveryHandle) {
   NEED_TWO_GPUS();
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(&rx));
-  auto t = MakeNccl(0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(&l));
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kPeerRegionBytes));
-  CUDA_OK(cudaMemset(src, 0x5A, kPeerRegionBytes));
-  CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, kPeerRegionBytes, MemoryKind::kCuda, 0});
-  ASSERT_OK(reg.status());
+  std::unique_ptr<Registration> reg;
   std::vector<std::unique_ptr<WriteHandle>> handles;
-  for (int i = 0; i < 64; ++i) {
-    WriteRequest wr;
-    wr.local = reg.value().get();
-    wr.remote_region = i % kPeerRegions;
-    wr.ops = {{0, 0, kPeerRegionBytes}};
-    auto h = ep.value()->Write(wr);
-    ASSERT_OK(h.status());
-    handles.push_back(std::move(h).value());
-  }
+  ASSERT_NO_FATAL_FAILURE(PostWholeRegionWrites(l, 64, &src, &reg, &handles));
   const auto t0 = Clock::now();
-  ep.value().reset();
+  l.ep.reset();
   EXPECT_LT(SecondsSince(t0), 10.0) << "closing must be bounded";
   int ok = 0, canceled = 0;
   for (auto& h : handles) {
@@ -320,68 +197,44 @@ TEST_F(NcclTransportTest, EndpointDestructionFinishesEveryHandle) {
     (s.ok() ? ok : canceled)++;
   }
   std::printf("after close: %d writes complete, %d cancelled\n", ok, canceled);
-  ASSERT_TRUE(rx.proc.Send("HASH"));
-  std::string a = rx.proc.ReadLine(DeadlineAfterMs(10000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_TRUE(rx.proc.Send("HASH"));
-  std::string b = rx.proc.ReadLine(DeadlineAfterMs(10000));
-  EXPECT_FALSE(a.empty());
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(15000)), 0);
-  reg.value().reset();
+  ASSERT_NO_FATAL_FAILURE(ExpectPoolUnchanged(l.rx.proc));
+  EXPECT_EQ(l.rx.proc.Finish(DeadlineAfterMs(15000)), 0);
+  reg.reset();
   cudaFree(src);
 }
 
 TEST_F(NcclTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
   NEED_TWO_GPUS();
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(&rx));
-  auto t = MakeNccl(0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
-  constexpr size_t kCount = 16;
-  uint64_t req = RequestId(3000, kCount);
-  SourceWrite w = MakeSource(req, 0, kCount);
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(&l));
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
-  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
-  auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
-  ASSERT_OK(reg.status());
+  std::unique_ptr<Registration> reg;
   WriteRequest wr;
-  wr.local = reg.value().get();
-  wr.remote_region = 0;
-  wr.ops = w.ops;
-  wr.notify = true;
-  wr.notification = {req, 0, 0};
-  auto h = ep.value()->Write(wr);
-  ASSERT_OK(h.status());
-  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(20000)));
-  EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 0}, true}}, 20000));
+  ASSERT_NO_FATAL_FAILURE(LandCheckedWrite(l, 20000, &src, &reg, &wr));
 
   // A write in flight when the peer dies (posted right before the kill) must fail, not hang.
-  auto pending = ep.value()->Write(wr);
-  rx.proc.Kill();
+  auto pending = l.ep->Write(wr);
+  l.rx.proc.Kill();
   const auto killed = Clock::now();
-  while (ep.value()->status().ok() && SecondsSince(killed) < 10.0) {
+  while (l.ep->status().ok() && SecondsSince(killed) < 10.0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const double seconds = SecondsSince(killed);
-  ASSERT_EQ(ep.value()->status().code(), StatusCode::kRemoteDisconnect)
-      << ep.value()->status().ToString();
+  ASSERT_EQ(l.ep->status().code(), StatusCode::kRemoteDisconnect)
+      << l.ep->status().ToString();
   std::printf("peer loss surfaced after %.1f ms\n", seconds * 1e3);
   EXPECT_LT(seconds, 1.0);
   if (pending.ok()) {
     Status s = pending.value()->Wait(DeadlineAfterMs(10000));
     EXPECT_TRUE(s.ok() || s.code() == StatusCode::kRemoteDisconnect) << s.ToString();
   }
-  auto later = ep.value()->Write(wr);
+  auto later = l.ep->Write(wr);
   ASSERT_FALSE(later.ok());
   EXPECT_EQ(later.status().code(), StatusCode::kRemoteDisconnect) << later.status().ToString();
   const auto t_close = Clock::now();
-  ep.value().reset();
+  l.ep.reset();
   EXPECT_LT(SecondsSince(t_close), 12.0);
-  reg.value().reset();
+  reg.reset();
   cudaFree(src);
 }
 
@@ -401,15 +254,7 @@ TEST_F(NcclTransportTest, RefusesBadInput) {
   CUDA_OK(cudaSetDevice(0));
   std::vector<char> host(1 << 20);
 
-  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kHost, -1}).status().code(),
-            StatusCode::kNotSupported);
-  EXPECT_EQ(tx.Register({nullptr, 4096, MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({dev, 0, MemoryKind::kCuda, 0}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({dev, 64 << 20, MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
+  ExpectRegisterRefusals(tx, dev, host);
   EXPECT_EQ(tx.Register({dev1, 4096, MemoryKind::kCuda, 1}).status().code(),
             StatusCode::kInvalidArgument);  // another device's memory
 
@@ -439,36 +284,10 @@ TEST_F(NcclTransportTest, RefusesBadInput) {
   auto ep = tx.Connect(good);
   ASSERT_OK(ep.status());
   WriteRequest wr;
-  wr.local = nullptr;
-  wr.ops = {{0, 0, 4096}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.local = foreign.value().get();  // another transport's registration
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.local = local.value().get();
-  wr.remote_region = 1;
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.remote_region = -1;
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.remote_region = 0;
-  wr.ops = {{(1 << 19) - 100, 0, 4096}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.ops = {{0, (1 << 19) - 100, 4096}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.ops = {{0, 0, ~0ull}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  ExpectWriteRefusals(*ep.value(), local.value().get(), foreign.value().get(), &wr);
   // A good write still works after the refusals (in-process peer on GPU 1).
-  CUDA_OK(cudaMemset(dev, 7, 4096));
-  CUDA_OK(cudaDeviceSynchronize());
   std::atomic<int> notes{0};
-  rxt.value()->SetNotificationSink([&](const Notification& n) {
-    if (n.request_id == 77 && n.layer == 3) notes++;
-  });
-  wr.ops = {{0, 0, 2048}, {2048, 2048, 2048}};
-  wr.notify = true;
-  wr.notification = {77, 3, 0};
-  auto h = ep.value()->Write(wr);
-  ASSERT_OK(h.status());
-  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(20000)));
+  ASSERT_NO_FATAL_FAILURE(PostGoodWrite(*rxt.value(), *ep.value(), dev, &wr, &notes, 20000));
   EXPECT_EQ(notes.load(), 1) << "the handle completes only after the notification was delivered";
   std::vector<char> back(4096);
   CUDA_OK(cudaMemcpy(back.data(), dev1, 4096, cudaMemcpyDeviceToHost));
@@ -527,12 +346,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
   int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("SKIP nccl_transport_gpu_test: no usable CUDA device (%s)\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
-    return 77;
-  }
+  if (!kvstream::testing::GpusUsable("nccl_transport_gpu_test", &count)) return 77;
   kvstream::transport::g_devices = count;
   std::printf("%d GPU(s), %s%s\n", count, kvstream::transport::nccl::NcclVersionString().c_str(),
               count < 2 ? ": the two-GPU tests are skipped" : "");

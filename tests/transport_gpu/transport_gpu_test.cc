@@ -16,13 +16,13 @@
 #include <cstring>
 #include <iostream>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "common/status.h"
 #include "common/time.h"
 #include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport_gpu/gpu_peer_test.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 #if KVSTREAM_HAVE_UCX_STAGED
@@ -34,7 +34,8 @@ namespace {
 
 // The peer protocol, the receiver's pool (kPeer*: one allocation, kPeerRegions regions of 64 KiB
 // blocks, each layer's writes in its own class of blocks), its checking sink and the checked
-// writes' plans: tests/transport_gpu/gpu_peer.h, shared with nccl_transport_gpu_test.
+// writes' plans: tests/transport_gpu/gpu_peer.h; the writer's link to the receiver and the
+// checks shared with nccl_transport_gpu_test: tests/transport_gpu/gpu_peer_test.h.
 using namespace kvstream::testing;
 
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device,
@@ -82,13 +83,6 @@ std::vector<std::string> GpuBackends() {
   return b;
 }
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-#define ASSERT_OK(expr)                        \
-  do {                                         \
-    ::kvstream::Status s_ = (expr);            \
-    ASSERT_TRUE(s_.ok()) << s_.ToString();     \
-  } while (0)
-
 // ---------------------------------------------------------------------------------------------
 // Receiver helper process.
 
@@ -103,23 +97,11 @@ int RunReceiver(const std::string& backend) {
 // ---------------------------------------------------------------------------------------------
 // Writer side.
 
-struct Receiver {
-  PeerProcess proc;
-  PeerDescriptor peer;
-};
-
-::testing::AssertionResult StartReceiver(const std::string& backend, Receiver* r) {
-  const std::string err = StartPeerReceiver(&r->proc, {"--helper=receiver", "--backend=" + backend},
-                                            kPeerRegions, 20000, &r->peer);
-  if (err.empty()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << err;
-}
-
-::testing::AssertionResult ExpectNotes(PeerProcess& proc, std::map<std::pair<uint64_t, int>, bool> want,
-                                       int64_t timeout_ms) {
-  const std::string err = ExpectNotesError(proc, std::move(want), timeout_ms);
-  if (err.empty()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << err;
+// A receiver running `backend` and a writer of the same backend (made by `make`, by default
+// with the backend's defaults) connected to it.
+void Open(const std::string& backend, Link* l, TransportMaker make = nullptr) {
+  if (!make) make = [backend] { return MakeBackend(backend, 0); };
+  OpenLink({"--helper=receiver", "--backend=" + backend}, 20000, make, l);
 }
 
 class GpuTransportTest : public ::testing::TestWithParam<std::string> {
@@ -142,17 +124,14 @@ TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
     const cuda_ipc::CopyMode mode = v.mode;
     if (GetParam() != "cuda_ipc" && v.serial != 1000) continue;
     SCOPED_TRACE("variant " + std::to_string(v.serial));
-    Receiver rx;
-    ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-    auto t = MakeBackend(GetParam(), 0, mode, v.block_table);
-    ASSERT_OK(t.status());
-    auto ep = t.value()->Connect(rx.peer);
-    ASSERT_OK(ep.status());
+    Link l;
+    ASSERT_NO_FATAL_FAILURE(
+        Open(GetParam(), &l, [&] { return MakeBackend(GetParam(), 0, mode, v.block_table); }));
 #if KVSTREAM_HAVE_UCX_STAGED
     if (GetParam() != "cuda_ipc") {
       // The receiver is another process on this host: zero-copy unless turned off. Asserted
       // where the caller says the host allows it (KVSTREAM_EXPECT_ZERO_COPY=1), printed always.
-      const std::string path = staged::EndpointPath(*ep.value());
+      const std::string path = staged::EndpointPath(*l.ep);
       std::printf("[%s] path %s\n", GetParam().c_str(), path.c_str());
       if (GetParam() == "ucx_staged_put") {
         EXPECT_EQ(path, "ucx_put");
@@ -163,140 +142,35 @@ TEST_P(GpuTransportTest, ScatteredWritesLandByteExactInAnotherProcess) {
       }
     }
 #endif
-    constexpr int kLayers = 6;
-    constexpr size_t kCount = 96;  // 6 MiB per write
-    void* src = nullptr;
-    CUDA_OK(cudaMalloc(&src, kLayers * kCount * kPeerBlock));
-    // One registration over all layers' sources: op offsets include the layer's base.
-    auto reg = t.value()->Register({src, kLayers * kCount * kPeerBlock, MemoryKind::kCuda, 0});
-    ASSERT_OK(reg.status());
-    std::vector<std::unique_ptr<WriteHandle>> handles;
-    std::map<std::pair<uint64_t, int>, bool> want;
-    for (int layer = 0; layer < kLayers; ++layer) {
-      uint64_t req = RequestId(v.serial, kCount);
-      SourceWrite w = MakeSource(req, layer, kCount);
-      char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
-      CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
-      // A pageable-memory cudaMemcpy may return before its DMA is done, and the transport's
-      // copy stream does not wait for the legacy stream: without this the source could still be
-      // landing while the write reads it (it did, on the H200, in the scatter-kernel pass).
-      CUDA_OK(cudaDeviceSynchronize());
-      WriteRequest wr;
-      wr.local = reg.value().get();
-      wr.remote_region = layer % kPeerRegions;
-      for (CopyOp op : w.ops) {
-        op.local_offset += layer * kCount * kPeerBlock;
-        wr.ops.push_back(op);
-      }
-      wr.notify = true;
-      // The first write into each region also checks nothing else in it was touched.
-      wr.notification = {req, layer, layer < kPeerRegions ? kFlagCheckUntouched : 0};
-      auto h = ep.value()->Write(wr);
-      ASSERT_OK(h.status());
-      EXPECT_EQ(h.value()->bytes(), kCount * kPeerBlock);
-      handles.push_back(std::move(h).value());
-      want[{req, layer}] = true;
-    }
-    for (auto& h : handles) ASSERT_OK(h->Wait(DeadlineAfterMs(10000)));
-    EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
-    ASSERT_OK(ep.value()->status());
-    ep.value().reset();
-    EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
-    reg.value().reset();
-    CUDA_OK(cudaFree(src));
+    ASSERT_NO_FATAL_FAILURE(WriteScatteredLayers(l, v.serial, 10000, 10000, /*expect_split=*/false));
   }
 }
 
-// The copy must wait for the producer stream (after_stream) and the notification for the copy:
-// the source holds garbage until a slow producer stream overwrites it with the pattern.
+// The copy must wait for the producer stream (after_stream) and the notification for the copy
+// (WriteAfterProducerStream).
 TEST_P(GpuTransportTest, NotificationOnlyAfterDataProducedOnAnotherStream) {
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-  auto t = MakeBackend(GetParam(), 0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
-  constexpr size_t kCount = 128;
-  uint64_t req = RequestId(2000, kCount);
-  SourceWrite w = MakeSource(req, 1, kCount);
-  void* src = nullptr;
-  void* scratch = nullptr;
-  void* pinned = nullptr;
-  const size_t kScratch = 1ull << 30;
-  CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
-  CUDA_OK(cudaMalloc(&scratch, kScratch));
-  CUDA_OK(cudaMallocHost(&pinned, kCount * kPeerBlock));
-  std::memcpy(pinned, w.host.data(), kCount * kPeerBlock);
-  CUDA_OK(cudaMemset(src, 0xAB, kCount * kPeerBlock));
-  CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
-  ASSERT_OK(reg.status());
-  cudaStream_t producer;
-  CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
-  // Tens of milliseconds of work ahead of the source's real contents.
-  for (int i = 0; i < 40; ++i) CUDA_OK(cudaMemsetAsync(scratch, i, kScratch, producer));
-  CUDA_OK(cudaMemcpyAsync(src, pinned, kCount * kPeerBlock, cudaMemcpyHostToDevice, producer));
-  WriteRequest wr;
-  wr.local = reg.value().get();
-  wr.remote_region = 1;
-  wr.ops = w.ops;
-  wr.notify = true;
-  wr.notification = {req, 1, 0};
-  wr.after_stream = producer;
-  auto h = ep.value()->Write(wr);
-  ASSERT_OK(h.status());
-  EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "producer finished too early to test";
-  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(10000)));
-  EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 1}, true}}, 20000));
-  CUDA_OK(cudaStreamSynchronize(producer));
-  ep.value().reset();
-  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
-  CUDA_OK(cudaStreamDestroy(producer));
-  reg.value().reset();
-  cudaFree(src);
-  cudaFree(scratch);
-  cudaFreeHost(pinned);
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(GetParam(), &l));
+  ASSERT_NO_FATAL_FAILURE(WriteAfterProducerStream(l, 2000, 10000, 10000));
 }
 
 // Destroying the endpoint stops its writes: every handle resolves (OK or kCanceled) and the
 // peer's memory stops changing.
 TEST_P(GpuTransportTest, EndpointDestructionStopsWrites) {
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-  auto t = MakeBackend(GetParam(), 0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(GetParam(), &l));
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kPeerRegionBytes));
-  CUDA_OK(cudaMemset(src, 0x5A, kPeerRegionBytes));
-  CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, kPeerRegionBytes, MemoryKind::kCuda, 0});
-  ASSERT_OK(reg.status());
+  std::unique_ptr<Registration> reg;
   std::vector<std::unique_ptr<WriteHandle>> handles;
-  for (int i = 0; i < 32; ++i) {
-    WriteRequest wr;
-    wr.local = reg.value().get();
-    wr.remote_region = i % kPeerRegions;
-    wr.ops = {{0, 0, kPeerRegionBytes}};
-    auto h = ep.value()->Write(wr);
-    ASSERT_OK(h.status());
-    handles.push_back(std::move(h).value());
-  }
-  ep.value().reset();
+  ASSERT_NO_FATAL_FAILURE(PostWholeRegionWrites(l, 32, &src, &reg, &handles));
+  l.ep.reset();
   for (auto& h : handles) {
     Status s = h->Wait(DeadlineAfterMs(5000));
     EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCanceled) << s.ToString();
   }
-  ASSERT_TRUE(rx.proc.Send("HASH"));
-  std::string a = rx.proc.ReadLine(DeadlineAfterMs(10000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_TRUE(rx.proc.Send("HASH"));
-  std::string b = rx.proc.ReadLine(DeadlineAfterMs(10000));
-  EXPECT_FALSE(a.empty());
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
-  reg.value().reset();
+  ASSERT_NO_FATAL_FAILURE(ExpectPoolUnchanged(l.rx.proc));
+  EXPECT_EQ(l.rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  reg.reset();
   cudaFree(src);
 }
 
@@ -305,34 +179,20 @@ TEST_P(GpuTransportTest, EndpointDestructionStopsWrites) {
 // notified as usual.
 TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
   if (GetParam().rfind("ucx_staged", 0) != 0) GTEST_SKIP() << GetParam() << ": cancel not covered here";
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-  auto t = MakeBackend(GetParam(), 0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(GetParam(), &l));
   constexpr size_t kCount = 160;  // 10 MiB: several chunks, some still queued at Cancel()
   void* src = nullptr;
   CUDA_OK(cudaMalloc(&src, 2 * kCount * kPeerBlock));
-  auto reg = t.value()->Register({src, 2 * kCount * kPeerBlock, MemoryKind::kCuda, 0});
+  auto reg = l.t->Register({src, 2 * kCount * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   std::map<std::pair<uint64_t, int>, bool> want;
   for (int layer = 0; layer < 2; ++layer) {
     const uint64_t req = RequestId(5000, kCount);
     SourceWrite w = MakeSource(req, layer, kCount);
-    char* base = static_cast<char*>(src) + layer * kCount * kPeerBlock;
-    CUDA_OK(cudaMemcpy(base, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaDeviceSynchronize());
-    WriteRequest wr;
-    wr.local = reg.value().get();
-    wr.remote_region = layer;
-    for (CopyOp op : w.ops) {
-      op.local_offset += layer * kCount * kPeerBlock;
-      wr.ops.push_back(op);
-    }
-    wr.notify = true;
-    wr.notification = {req, layer, 0};
-    auto h = ep.value()->Write(wr);
+    const uint64_t base = layer * kCount * kPeerBlock;
+    ASSERT_NO_FATAL_FAILURE(StageSource(static_cast<char*>(src) + base, w));
+    auto h = l.ep->Write(CheckedWriteRequest(reg.value().get(), w, base, layer, {req, layer, 0}));
     ASSERT_OK(h.status());
     if (layer == 0) {
       EXPECT_TRUE(h.value()->Cancel());
@@ -347,10 +207,8 @@ TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
       want[{req, layer}] = true;
     }
   }
-  EXPECT_TRUE(ExpectNotes(rx.proc, want, 20000));
-  ASSERT_OK(ep.value()->status());
-  ep.value().reset();
-  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  EXPECT_TRUE(ExpectNotes(l.rx.proc, want, 20000));
+  ASSERT_NO_FATAL_FAILURE(CloseLink(l, 10000));
   reg.value().reset();
   cudaFree(src);
 }
@@ -361,12 +219,8 @@ TEST_P(GpuTransportTest, CancelEndsAWriteAndTheNextOneLands) {
 // must win, every time, and every other block must hold what the first write put there.
 TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   if (GetParam().rfind("ucx_staged", 0) != 0) GTEST_SKIP() << GetParam() << ": staged ordering only";
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-  auto t = MakeBackend(GetParam(), 0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(GetParam(), &l));
   constexpr uint64_t kN = 128;  // blocks of the first write (8 MiB)
   constexpr uint64_t kReq = 7000;
   void* src = nullptr;
@@ -375,7 +229,7 @@ TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   for (uint64_t j = 0; j <= kN; ++j) FillPattern(kReq, 0, j, host.data() + j * kPeerBlock / 8, kPeerBlock / 8);
   CUDA_OK(cudaMemcpy(src, host.data(), host.size() * 8, cudaMemcpyHostToDevice));
   CUDA_OK(cudaDeviceSynchronize());
-  auto reg = t.value()->Register({src, (kN + 1) * kPeerBlock, MemoryKind::kCuda, 0});
+  auto reg = l.t->Register({src, (kN + 1) * kPeerBlock, MemoryKind::kCuda, 0});
   ASSERT_OK(reg.status());
   // Neither side contiguous: op i reads source block (37 i) mod kN into destination block
   // (91 i) mod kN of region 0; the second write puts source block kN into the destination block
@@ -392,7 +246,7 @@ TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   std::vector<std::unique_ptr<WriteHandle>> handles;
   for (int round = 0; round < 4; ++round) {
     for (const WriteRequest* wr : {&a, &b}) {
-      auto h = ep.value()->Write(*wr);
+      auto h = l.ep->Write(*wr);
       ASSERT_OK(h.status());
       handles.push_back(std::move(h).value());
     }
@@ -407,49 +261,29 @@ TEST_P(GpuTransportTest, LaterWriteToTheSameBlockLandsLast) {
   std::memcpy(pool.data() + last_dst * kPeerBlock / 8, host.data() + kN * kPeerBlock / 8, kPeerBlock);
   uint64_t want = 0;
   for (uint64_t w : pool) want = SplitMix64(want ^ w);
-  ASSERT_TRUE(rx.proc.Send("HASH"));
-  EXPECT_EQ(rx.proc.ReadLine(DeadlineAfterMs(10000)), "HASH " + std::to_string(want));
-  ASSERT_OK(ep.value()->status());
-  ep.value().reset();
-  EXPECT_EQ(rx.proc.Finish(DeadlineAfterMs(10000)), 0);
+  ASSERT_TRUE(l.rx.proc.Send("HASH"));
+  EXPECT_EQ(l.rx.proc.ReadLine(DeadlineAfterMs(10000)), "HASH " + std::to_string(want));
+  ASSERT_NO_FATAL_FAILURE(CloseLink(l, 10000));
   reg.value().reset();
   cudaFree(src);
 }
 
 TEST_P(GpuTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
-  Receiver rx;
-  ASSERT_TRUE(StartReceiver(GetParam(), &rx));
-  auto t = MakeBackend(GetParam(), 0);
-  ASSERT_OK(t.status());
-  auto ep = t.value()->Connect(rx.peer);
-  ASSERT_OK(ep.status());
-  constexpr size_t kCount = 16;
-  uint64_t req = RequestId(3000, kCount);
-  SourceWrite w = MakeSource(req, 0, kCount);
+  Link l;
+  ASSERT_NO_FATAL_FAILURE(Open(GetParam(), &l));
   void* src = nullptr;
-  CUDA_OK(cudaMalloc(&src, kCount * kPeerBlock));
-  CUDA_OK(cudaMemcpy(src, w.host.data(), kCount * kPeerBlock, cudaMemcpyHostToDevice));
-  auto reg = t.value()->Register({src, kCount * kPeerBlock, MemoryKind::kCuda, 0});
-  ASSERT_OK(reg.status());
+  std::unique_ptr<Registration> reg;
   WriteRequest wr;
-  wr.local = reg.value().get();
-  wr.remote_region = 0;
-  wr.ops = w.ops;
-  wr.notify = true;
-  wr.notification = {req, 0, 0};
-  auto h = ep.value()->Write(wr);
-  ASSERT_OK(h.status());
-  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(10000)));
-  EXPECT_TRUE(ExpectNotes(rx.proc, {{{req, 0}, true}}, 20000));
+  ASSERT_NO_FATAL_FAILURE(LandCheckedWrite(l, 10000, &src, &reg, &wr));
 
-  rx.proc.Kill();  // SIGKILL and reap: the peer's sockets are closed now
+  l.rx.proc.Kill();  // SIGKILL and reap: the peer's sockets are closed now
   const auto killed = Clock::now();
   // Watch the endpoint alone for 200 ms (cuda_ipc sees the socket close within ~20 ms; its
   // copies must never go to a dead process's memory), then keep writing so that backends
   // which learn of a dead peer only through traffic (UCX) see it; each Wait is bounded.
   Status failure;
   while (failure.ok() && SecondsSince(killed) < 10.0) {
-    Status st = ep.value()->status();
+    Status st = l.ep->status();
     if (!st.ok()) {
       failure = st;
       break;
@@ -458,7 +292,7 @@ TEST_P(GpuTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       continue;
     }
-    auto h2 = ep.value()->Write(wr);
+    auto h2 = l.ep->Write(wr);
     if (!h2.ok()) {
       failure = h2.status();
       break;
@@ -476,17 +310,17 @@ TEST_P(GpuTransportTest, KilledPeerSurfacesAsRemoteDisconnect) {
   }
   std::printf("[%s] peer loss surfaced after %.1f ms\n", GetParam().c_str(), seconds * 1e3);
   auto status_deadline = DeadlineAfterMs(5000);
-  while (ep.value()->status().ok() && !Expired(status_deadline)) {
+  while (l.ep->status().ok() && !Expired(status_deadline)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_EQ(ep.value()->status().code(), StatusCode::kRemoteDisconnect);
-  auto later = ep.value()->Write(wr);
+  EXPECT_EQ(l.ep->status().code(), StatusCode::kRemoteDisconnect);
+  auto later = l.ep->Write(wr);
   ASSERT_FALSE(later.ok());
   EXPECT_EQ(later.status().code(), StatusCode::kRemoteDisconnect) << later.status().ToString();
   const auto t_close = Clock::now();
-  ep.value().reset();
+  l.ep.reset();
   EXPECT_LT(SecondsSince(t_close), 12.0) << "closing an endpoint to a dead peer must be bounded";
-  reg.value().reset();
+  reg.reset();
   cudaFree(src);
 }
 
@@ -500,16 +334,7 @@ TEST_P(GpuTransportTest, RefusesBadInput) {
   CUDA_OK(cudaMalloc(&dev, 1 << 20));
   std::vector<char> host(1 << 20);
 
-  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kHost, -1}).status().code(),
-            StatusCode::kNotSupported);
-  EXPECT_EQ(tx.Register({nullptr, 4096, MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({dev, 0, MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(tx.Register({dev, 64 << 20, MemoryKind::kCuda, 0}).status().code(),
-            StatusCode::kInvalidArgument);
+  ExpectRegisterRefusals(tx, dev, host);
 
   auto local = tx.Register({dev, 1 << 19, MemoryKind::kCuda, 0});
   ASSERT_OK(local.status());
@@ -534,34 +359,10 @@ TEST_P(GpuTransportTest, RefusesBadInput) {
   auto ep = tx.Connect(good);
   ASSERT_OK(ep.status());
   WriteRequest wr;
-  wr.local = nullptr;
-  wr.ops = {{0, 0, 4096}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.local = local.value().get();
-  wr.remote_region = 1;
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.remote_region = -1;
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.remote_region = 0;
-  wr.ops = {{(1 << 19) - 100, 0, 4096}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.ops = {{0, (1 << 19) - 100, 4096}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
-  wr.ops = {{0, 0, ~0ull}};
-  EXPECT_EQ(ep.value()->Write(wr).status().code(), StatusCode::kInvalidArgument);
+  ExpectWriteRefusals(*ep.value(), local.value().get(), /*foreign=*/nullptr, &wr);
   // A good write still works after the refusals (in-process peer).
-  CUDA_OK(cudaMemset(dev, 7, 4096));
-  CUDA_OK(cudaDeviceSynchronize());
   std::atomic<int> notes{0};
-  rxt.value()->SetNotificationSink([&](const Notification& n) {
-    if (n.request_id == 77 && n.layer == 3) notes++;
-  });
-  wr.ops = {{0, 0, 2048}, {2048, 2048, 2048}};
-  wr.notify = true;
-  wr.notification = {77, 3, 0};
-  auto h = ep.value()->Write(wr);
-  ASSERT_OK(h.status());
-  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(5000)));
+  ASSERT_NO_FATAL_FAILURE(PostGoodWrite(*rxt.value(), *ep.value(), dev, &wr, &notes, 5000));
   std::vector<char> back(4096);
   CUDA_OK(cudaMemcpy(back.data(), static_cast<char*>(dev) + (1 << 19), 4096, cudaMemcpyDeviceToHost));
   EXPECT_EQ(back, std::vector<char>(4096, 7));
@@ -758,11 +559,6 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
   int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("SKIP transport_gpu_test: no usable CUDA device (%s)\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
-    return 77;
-  }
+  if (!kvstream::testing::GpusUsable("transport_gpu_test", &count)) return 77;
   return RUN_ALL_TESTS();
 }

@@ -963,24 +963,8 @@ bool BlockTableFromEnv() {
 }
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options) {
-  KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
-  int device = options.device;
-  if (device < 0) {
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
-  }
-  if (device >= count) {
-    return InvalidArgument("cuda_ipc: device " + std::to_string(device) + " does not exist (" +
-                           std::to_string(count) + " visible)");
-  }
-  {
-    DeviceGuard guard(device);
-    KV_RETURN_IF_ERROR(guard.status());
-    KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
-    // Now, not at the first Write(): a lazily loaded kernel's first launch waits for whatever
-    // the process is computing at that moment (scatter_copy.h).
-    KV_RETURN_IF_ERROR(cuda::PreloadScatterKernels());
-  }
+  KV_ASSIGN_OR_RETURN(int device, cuda::ResolveDevice(options.device, "cuda_ipc"));
+  KV_RETURN_IF_ERROR(cuda::PrepareDevice(device));
   auto shared = std::make_shared<Shared>(device);
   shared->options = options;
   shared->options.device = device;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "transport/cuda_ipc/scatter_copy.h"
 
 namespace kvstream::transport::cuda {
 
@@ -30,6 +31,29 @@ Result<int> UsableDeviceCount() {
   }
   if (count <= 0) return Unavailable("no usable CUDA device: cudaGetDeviceCount returned 0");
   return count;
+}
+
+Result<int> ResolveDevice(int requested, std::string_view backend) {
+  KV_ASSIGN_OR_RETURN(int count, UsableDeviceCount());
+  int device = requested;
+  if (device < 0) {
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
+  }
+  if (device >= count) {
+    return InvalidArgument(std::string(backend) + ": device " + std::to_string(device) +
+                           " does not exist (" + std::to_string(count) + " visible)");
+  }
+  return device;
+}
+
+Status PrepareDevice(int device) {
+  DeviceGuard guard(device);
+  KV_RETURN_IF_ERROR(guard.status());
+  KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
+  // A lazily loaded kernel's first launch waits for whatever the process is computing at that
+  // moment (scatter_copy.h).
+  return PreloadScatterKernels();
 }
 
 DeviceGuard::DeviceGuard(int device) {

@@ -1,4 +1,4 @@
-// CUDA helpers shared by the GPU transport backends (cuda_ipc, ucx_staged). Internal to
+// CUDA helpers shared by the GPU transport backends (cuda_ipc, ucx_staged, nccl). Internal to
 // transport/; the daemons never include this.
 //
 // Guarantees:
@@ -39,6 +39,16 @@ Status CudaStatus(cudaError_t err, std::string_view what);
 // OK with the number of usable devices (> 0), else kUnavailable saying why (no driver, no
 // device, CUDA_VISIBLE_DEVICES empty, ...).
 Result<int> UsableDeviceCount();
+
+// The device a GPU backend is created on: `requested`, or the caller's current device when
+// negative. kUnavailable when none is usable (UsableDeviceCount), kInvalidArgument
+// "<backend>: device <n> does not exist (<count> visible)" when it is not one of them.
+Result<int> ResolveDevice(int requested, std::string_view backend);
+
+// Makes `device` ready for a backend created on it: its primary context initialised and every
+// scatter-copy kernel loaded now (PreloadScatterKernels, scatter_copy.h), not at a first Write()
+// issued behind running compute. The caller's current device is restored.
+Status PrepareDevice(int device);
 
 // Sets `device` current for the scope; restores the previous device afterwards.
 class DeviceGuard {

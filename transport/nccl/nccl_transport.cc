@@ -1289,27 +1289,12 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& option
   // nothing here, and on shared hosts it can take GPUs out of service. Off unless the
   // environment says otherwise (read by NCCL at its first init).
   (void)::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
-  KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
-  int device = options.device;
-  if (device < 0) {
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
-  }
-  if (device >= count) {
-    return InvalidArgument("nccl: device " + std::to_string(device) + " does not exist (" +
-                           std::to_string(count) + " visible)");
-  }
+  KV_ASSIGN_OR_RETURN(int device, cuda::ResolveDevice(options.device, "nccl"));
   if (options.chunk_bytes < (1u << 20) || options.chunk_bytes % 16 != 0) {
     return InvalidArgument("nccl: chunk_bytes must be a multiple of 16, at least 1 MiB");
   }
-  {
-    DeviceGuard guard(device);
-    KV_RETURN_IF_ERROR(guard.status());
-    KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
-    // Pack/unpack kernels loaded now, not at a first Write() behind running compute
-    // (scatter_copy.h, PreloadScatterKernels).
-    KV_RETURN_IF_ERROR(cuda::PreloadScatterKernels());
-  }
+  // Pack/unpack kernels loaded now, not at a first Write() behind running compute.
+  KV_RETURN_IF_ERROR(cuda::PrepareDevice(device));
   auto shared = std::make_shared<Shared>(device);
   shared->options = options;
   shared->options.device = device;

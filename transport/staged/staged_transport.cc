@@ -1751,25 +1751,13 @@ std::string EndpointPath(const Endpoint& endpoint) {
 }
 
 Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& options) {
-  KV_ASSIGN_OR_RETURN(int count, cuda::UsableDeviceCount());
-  int device = options.device;
-  if (device < 0) {
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
-  }
-  if (device >= count) return InvalidArgument("ucx_staged: device " + std::to_string(device) + " does not exist");
+  KV_ASSIGN_OR_RETURN(int device, cuda::ResolveDevice(options.device, "ucx_staged"));
   if (options.chunk_bytes == 0 || options.chunk_bytes % 16 != 0 || options.recv_slots <= 0 ||
       options.credits_per_peer <= 0 || options.recv_slots > 0xFFFF) {
     return InvalidArgument("ucx_staged: chunk_bytes must be a positive multiple of 16 and slots/credits positive");
   }
-  {
-    DeviceGuard guard(device);
-    KV_RETURN_IF_ERROR(guard.status());
-    KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
-    // Gather/scatter kernels loaded now, not at a first Write() behind running compute
-    // (scatter_copy.h, PreloadScatterKernels).
-    KV_RETURN_IF_ERROR(cuda::PreloadScatterKernels());
-  }
+  // Gather/scatter kernels loaded now, not at a first Write() behind running compute.
+  KV_RETURN_IF_ERROR(cuda::PrepareDevice(device));
   auto shared = std::make_shared<Shared>(device);
   shared->options = options;
   shared->options.device = device;
