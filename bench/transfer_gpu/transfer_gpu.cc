@@ -3,7 +3,7 @@
 //
 //   transfer_gpu [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=20]
 //                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
-//                [--rx-device=N]
+//                [--rx-device=N] [--idle-ms=200] [--cpu-ms=200]
 //
 // --rx-device: the receiver process's GPU (default --device). With two GPUs the pinned
 // baselines are host->device on the receiver's GPU and device->host on the writer's, and
@@ -28,7 +28,8 @@
 //   tiny_x32       cuda_ipc only: 32 writes of 4 KiB back to back (notify each): the per-Write()
 //                  host cost with almost no copy behind it (the host path's floor)
 // Time = host clock from the first Write() to the last WriteHandle::Wait() returning (data at
-// the destination and the notification sent), median over --iters. Baselines, same bytes,
+// the destination and the notification sent), median over --iters (backend
+// rows: or more, see --cpu-ms below). Baselines, same bytes,
 // same process, same clock: cudaMemcpyAsync device-to-device (+ stream sync), and pinned
 // host->device / device->host cudaMemcpyAsync. Ratios: cuda_ipc* against D2D, ucx_staged
 // against min(H2D, D2H) (the staged path does both) and against ucx_host: the UCX backend
@@ -41,6 +42,18 @@
 // cuda_ipc rows also carry the backend's own Write() profile (EnableWriteProfile): plan_us
 // (validation, coalescing), submit_us (CUDA calls), enqueue_us (hand-off), frames_per_batch
 // (notifications per socket write of the completion thread), wakeups_per_write, kernel_share.
+// Host CPU cost (every backend row, both processes): the measured iterations of a case (not
+// its warm-ups; at least --iters, more until the span lasts --cpu-ms, 0 = exactly --iters, so
+// that scheduler-tick granularity of the CPU clock stays small against it; the median is over
+// all of them) are one span; each process's CPU time over it (CLOCK_PROCESS_CPUTIME_ID: user +
+// system of all its threads, the transport's own included) gives writer_cores / receiver_cores
+// (CPU seconds / wall seconds: 1.0 = one core busy throughout) and writer_cpu_us_per_write /
+// receiver_cpu_us_per_write (per Write() call: one layer). The receiver reports its CPU time
+// over the control pipe (command "CPU"), asked just before and just after the span. Two rows
+// per backend have no writes: idle_connected (connected and registered, nothing written yet,
+// --idle-ms of sleep in the writer) and idle_after (the same right after the last case's last
+// Wait(): includes whatever the transport's threads do before they park); their median_us is
+// the idle span. Fields: see CpuJson() in bench_common.h.
 // Output: one JSON line per measurement on stdout (and --json FILE), then a table.
 // The receiver is this binary re-executed with --role=receiver.
 #include <cuda_runtime_api.h>
@@ -157,9 +170,9 @@ int RunReceiver(const std::map<std::string, std::string>& args) {
   const int device = std::stoi(args.at("device"));
   KV_BENCH_CUDA(cudaSetDevice(device));
   // ucx_host: host memory on both sides (the staged backend's UCX leg alone).
-  return kvstream::testing::ServeAsCountingReceiver(
-      MakeBackend(backend, device), device, std::stoi(args.at("regions")),
-      std::stoull(args.at("region-bytes")), /*host_memory=*/backend == "ucx_host");
+  return ServeAsBenchReceiver(MakeBackend(backend, device), device, std::stoi(args.at("regions")),
+                              std::stoull(args.at("region-bytes")),
+                              /*host_memory=*/backend == "ucx_host");
 }
 
 // ---- writer side --------------------------------------------------------------------------
@@ -175,6 +188,7 @@ struct Row {
   double device_us = -1;      // device time of the same bytes, D2D copy (event clock)
   bool have_profile = false;
   transport::cuda_ipc::WriteProfile profile;
+  CpuSpan cpu;  // host CPU of both processes over the measured iterations (or the idle span)
 };
 
 std::vector<Row> g_rows;
@@ -211,6 +225,7 @@ void Emit(const Row& r, int tokens) {
       << ",\"frames_per_batch\":" << (p.notify_batches ? double(p.notify_frames) / p.notify_batches : 0)
       << ",\"wakeups_per_write\":" << p.wakeups / w;
   }
+  j << CpuJson(r.cpu);
   j << "}";
   EmitJsonLine(j.str(), g_json);
   g_rows.push_back(r);
@@ -220,6 +235,9 @@ template <typename Fn>
 double TimeIt(int iters, Fn fn) {
   return TimedMedian(3, iters, fn);  // after 3 warm-ups
 }
+
+int g_idle_ms = 200;  // --idle-ms: length of the idle CPU spans
+int g_cpu_ms = 200;   // --cpu-ms: shortest CPU span of a measured case
 
 struct Baselines {
   double d2d_layer = 0, d2d_prompt = 0, h2d_layer = 0, h2d_prompt = 0, d2h_layer = 0, d2h_prompt = 0;
@@ -452,8 +470,10 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
     const double base_layer = staged ? std::min(b.h2d_layer, b.d2h_layer) : b.d2d_layer;
     const double base_prompt = staged ? std::min(b.h2d_prompt, b.d2h_prompt) : b.d2d_prompt;
     const std::string base_name = staged ? "min(pinned_h2d,pinned_d2h)" : "cudaMemcpy_d2d";
+    CpuSpan cpu;  // of the case just measured
     auto row = [&](const std::string& kase, uint64_t bytes, size_t writes, size_t runs, double sec, double base) {
       Row r;
+      r.cpu = cpu;
       r.model = model_name;
       r.backend = backend;
       r.kase = kase;
@@ -484,25 +504,41 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
       write_calls = 0;
       if (ipc) (void)transport::cuda_ipc::TakeWriteProfile();
     };
+    // Idle rows: no writes, no baseline; median_us = the idle span.
+    auto idle_row = [&](const std::string& kase) {
+      Row r;
+      r.model = model_name;
+      r.backend = backend;
+      r.kase = kase;
+      r.path = path;
+      r.cpu = IdleCpuSpan(rx, g_idle_ms);
+      r.seconds = r.cpu.writer_wall_s;
+      Emit(r, tokens);
+    };
+    // The measured iterations of a case, after 3 warm-ups (as TimeIt), are one CPU span.
+    auto time_case = [&](int n, uint64_t writes_per_call, auto fn) {
+      return TimedMedianWithCpu(3, n, g_cpu_ms * 1e-3, rx, writes_per_call, &cpu, fn);
+    };
+    idle_row("idle_connected");
     double sec;
     reset();
-    sec = TimeIt(iters, [&] { run(false, 1); });
+    sec = time_case(iters, 1, [&] { run(false, 1); });
     row("layer_contig", layer_bytes, 1, 1, sec, base_layer);
     reset();
-    sec = TimeIt(iters, [&] { run(true, 1); });
+    sec = time_case(iters, 1, [&] { run(true, 1); });
     row("layer_scatter", layer_bytes, 1, blocks, sec, base_layer);
     reset();
-    sec = TimeIt(std::max(3, iters / 4), [&] { run(false, layers); });
+    sec = time_case(std::max(3, iters / 4), layers, [&] { run(false, layers); });
     row("prompt_contig", prompt_bytes, layers, 1, sec, base_prompt);
     reset();
-    sec = TimeIt(std::max(3, iters / 4), [&] { run(true, layers); });
+    sec = time_case(std::max(3, iters / 4), layers, [&] { run(true, layers); });
     row("prompt_scatter", prompt_bytes, layers, blocks, sec, base_prompt);
     if (ipc) {
       // 32 writes of 4 KiB: nearly no copy, so the time is the host path (Write(), completion,
       // notification). The baseline is 32 cudaMemcpyAsync of 4 KiB + one stream sync.
       reset();
       const int tiny_n = std::min(32, layers);
-      sec = TimeIt(iters, [&] { run(false, tiny_n, 4096); });
+      sec = time_case(iters, tiny_n, [&] { run(false, tiny_n, 4096); });
       const double tiny_base = tiny_n * 4096.0 / TimeIt(iters, [&] {
         for (int l = 0; l < tiny_n; ++l) {
           KV_BENCH_CUDA(cudaMemcpyAsync(static_cast<char*>(src) + prompt_bytes - 4096 * (l + 1),
@@ -513,6 +549,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
       }) / 1e9;
       row("tiny_x32", uint64_t(tiny_n) * 4096, size_t(tiny_n), 1, sec, tiny_base);
     }
+    idle_row("idle_after");
 
     // Every notification must have reached the receiver.
     auto deadline = DeadlineAfterMs(10000);
@@ -539,8 +576,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
 }
 
 void PrintTable() {
-  std::printf("\n%-12s %-22s %-15s %10s %7s %10s %10s %9s %8s %7s\n", "model", "backend", "case",
-              "MiB", "ops", "us", "GB/s", "Write()us", "dev us", "ratio");
+  std::printf("\n%-12s %-22s %-15s %10s %7s %10s %10s %9s %8s%s %7s\n", "model", "backend", "case",
+              "MiB", "ops", "us", "GB/s", "Write()us", "dev us", CpuHeader().c_str(), "ratio");
   for (const Row& r : g_rows) {
     std::printf("%-12s %-22s %-15s %10.1f %7zu %10.1f %10.1f", r.model.c_str(), r.backend.c_str(),
                 r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.seconds * 1e6, r.gbps);
@@ -549,6 +586,7 @@ void PrintTable() {
     } else {
       std::printf(" %9s %8s", "-", "-");
     }
+    std::printf("%s", CpuCells(r.cpu).c_str());
     if (!r.baseline.empty()) std::printf(" %7.3f  (vs %s %.1f GB/s)", r.gbps / r.baseline_gbps,
                                          r.baseline.c_str(), r.baseline_gbps);
     if (!r.path.empty()) std::printf("  [%s]", r.path.c_str());
@@ -574,8 +612,10 @@ int main(int argc, char** argv) {
   auto args = ParseArgs(argc, argv);
   if (args.count("role") && args["role"] == "receiver") return RunReceiver(args);
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::fprintf(stderr, "transfer_gpu: no usable CUDA device\n");
+  const cudaError_t count_err = cudaGetDeviceCount(&count);
+  if (count_err != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "transfer_gpu: no usable CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
+                 cudaGetErrorString(count_err), count);
     return 77;
   }
   const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
@@ -593,6 +633,8 @@ int main(int argc, char** argv) {
   if (args.count("backends")) backends = args["backends"];
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
+  if (args.count("idle-ms")) g_idle_ms = std::max(1, std::min(2000, std::stoi(args["idle-ms"])));
+  if (args.count("cpu-ms")) g_cpu_ms = std::max(0, std::min(5000, std::stoi(args["cpu-ms"])));
   for (const auto& m : Split(models)) RunModel(m, tokens, iters, device, rx_device, Split(backends));
   PrintTable();
   return 0;

@@ -3,19 +3,31 @@
 // the same run:
 //   transfer_nccl [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=10]
 //                 [--backends=cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct] [--json=FILE]
-//                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N]
+//                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N] [--idle-ms=200]
+//                 [--cpu-ms=200]
 // Cases per model (KV blocks of 16 tokens, paged pool twice the prompt per layer):
 //   layer_contig   one layer's KV, one contiguous op
 //   layer_scatter  one layer's KV as one op per block, to random pool blocks
 //   prompt_contig  every layer, one write per layer (contiguous), posted back to back
 //   prompt_scatter every layer, one scattered write per layer
 // Every write asks for a notification; the time is from the first Write() to the last handle
-// done (for nccl: acked, i.e. landed and notified), median over --iters after 2 warm-ups.
+// done (for nccl: acked, i.e. landed and notified), median over --iters (or more, see
+// --cpu-ms below) after 2 warm-ups.
 // Baselines (in-process, same bytes): cudaMemcpyPeerAsync of the contiguous bytes (per layer),
 // and, for scattered cases, one cudaMemcpyPeerAsync per block.
 // nccl = auto mode (KVSTREAM_NCCL_COPY unset), nccl_pack / nccl_direct force the mode;
 // nccl_loose = auto mode with NcclOptions::tight_polling off (the first version's waits), for a
 // side-by-side look at what the endpoint threads' waiting costs.
+// Host CPU cost (backend rows, both processes): the measured iterations of a case (not its
+// warm-ups; at least the --iters count, more until the span lasts --cpu-ms, 0 = exactly that
+// count; the median is over all of them) are one span; each process's CPU time over it
+// (CLOCK_PROCESS_CPUTIME_ID: user + system, all threads) gives writer_cores / receiver_cores
+// (CPU s / wall s; 1.0 = one core busy throughout) and writer_cpu_us_per_write /
+// receiver_cpu_us_per_write (per Write(): one layer).
+// The receiver reports its CPU time over the control pipe (command "CPU") just before and just
+// after the span. Rows idle_connected (connected, nothing written yet) and idle_after (right
+// after the last case) are --idle-ms spans with no writes (gbps 0): the endpoint threads' cost
+// while nothing moves. Fields: see CpuJson() in bench_common.h.
 // The receiver is this binary re-executed with --role=receiver.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -83,9 +95,9 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
 int RunReceiver(const std::map<std::string, std::string>& args) {
   const int device = std::stoi(args.at("device"));
   KV_BENCH_CUDA(cudaSetDevice(device));
-  return kvstream::testing::ServeAsCountingReceiver(
-      MakeBackend(args.at("backend"), device), device, std::stoi(args.at("regions")),
-      std::stoull(args.at("region-bytes")), /*host_memory=*/false);
+  return ServeAsBenchReceiver(MakeBackend(args.at("backend"), device), device,
+                              std::stoi(args.at("regions")), std::stoull(args.at("region-bytes")),
+                              /*host_memory=*/false);
 }
 
 struct Row {
@@ -93,6 +105,7 @@ struct Row {
   uint64_t bytes = 0;
   size_t writes = 0, runs = 0;
   double gbps = 0, vs_peer = 0;
+  CpuSpan cpu;  // host CPU of both processes over the measured iterations (or the idle span)
 };
 std::vector<Row> g_rows;
 std::ofstream g_json;
@@ -102,7 +115,7 @@ void Emit(const Row& r, int tokens) {
   o << "{\"bench\":\"transfer_nccl\",\"model\":\"" << r.model << "\",\"tokens\":" << tokens
     << ",\"backend\":\"" << r.backend << "\",\"case\":\"" << r.kase << "\",\"bytes\":" << r.bytes
     << ",\"writes\":" << r.writes << ",\"runs\":" << r.runs << ",\"gbps\":" << r.gbps
-    << ",\"vs_memcpy_peer\":" << r.vs_peer << "}";
+    << ",\"vs_memcpy_peer\":" << r.vs_peer << CpuJson(r.cpu) << "}";
   EmitJsonLine(o.str(), g_json);
   g_rows.push_back(r);
 }
@@ -111,6 +124,9 @@ template <typename Fn>
 double TimeIt(int iters, Fn fn) {
   return TimedMedian(2, iters, fn);  // after 2 warm-ups
 }
+
+int g_idle_ms = 200;  // --idle-ms: length of the idle CPU spans
+int g_cpu_ms = 200;   // --cpu-ms: shortest CPU span of a measured case
 
 void RunModel(const std::string& model_name, int tokens, int iters, int wdev, int rdev,
               const std::vector<std::string>& backends) {
@@ -172,7 +188,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
         prompt_bytes / TimeIt(std::max(3, iters / 2), [&] { scatter(layers); }) / 1e9;
     auto base = [&](const std::string& name, const std::string& kase, uint64_t bytes, size_t writes,
                     size_t runs, double gbps) {
-      Row r{model_name, name, kase, bytes, writes, runs, gbps, gbps / peer_gbps[kase.find("layer") == 0 ? "layer_contig" : "prompt_contig"]};
+      Row r{model_name, name, kase, bytes, writes, runs, gbps,
+            gbps / peer_gbps[kase.find("layer") == 0 ? "layer_contig" : "prompt_contig"], CpuSpan{}};
       Emit(r, tokens);
     };
     base("cudaMemcpyPeer", "layer_contig", layer_bytes, 1, 1, peer_gbps["layer_contig"]);
@@ -225,7 +242,9 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
           wr.ops.push_back({l * layer_bytes, 0, layer_bytes});
         }
       }
-      const double sec = TimeIt(nlayers == 1 ? iters : std::max(3, iters / 2), [&] {
+      CpuSpan cpu;
+      const int n = nlayers == 1 ? iters : std::max(3, iters / 2);
+      const double sec = TimedMedianWithCpu(2, n, g_cpu_ms * 1e-3, rx, uint64_t(nlayers), &cpu, [&] {
         std::vector<std::unique_ptr<WriteHandle>> hs;
         for (int l = 0; l < nlayers; ++l) {
           reqs[l].notification = {request++, l, 0};
@@ -251,14 +270,20 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
       if (failed) return;
       const uint64_t bytes = layer_bytes * nlayers;
       Row r{model_name, backend, kase, bytes, static_cast<size_t>(nlayers), runs * nlayers,
-            bytes / sec / 1e9, 0};
+            bytes / sec / 1e9, 0, cpu};
       r.vs_peer = r.gbps / peer_gbps[nlayers == 1 ? "layer_contig" : "prompt_contig"];
       Emit(r, tokens);
     };
+    auto idle_case = [&](const std::string& kase) {
+      Row r{model_name, backend, kase, 0, 0, 0, 0, 0, IdleCpuSpan(rx, g_idle_ms)};
+      Emit(r, tokens);
+    };
+    idle_case("idle_connected");
     run_case("layer_contig", 1, false);
     run_case("layer_scatter", 1, true);
     run_case("prompt_contig", layers, false);
     run_case("prompt_scatter", layers, true);
+    if (!failed) idle_case("idle_after");
     ep.value().reset();
     rx.Send("COUNT");
     std::string count = rx.ReadLine(DeadlineAfterMs(10000));
@@ -273,11 +298,11 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
 
 void PrintTable() {
   std::printf("\nnccl chunk: %s\n", g_chunk_bytes ? (std::to_string(g_chunk_bytes >> 20) + " MiB").c_str() : "default");
-  std::printf("%-12s %-26s %-15s %10s %7s %9s %14s\n", "model", "backend", "case", "MiB", "runs",
-              "GB/s", "x memcpyPeer");
+  std::printf("%-12s %-26s %-15s %10s %7s %9s %14s%s\n", "model", "backend", "case", "MiB", "runs",
+              "GB/s", "x memcpyPeer", CpuHeader().c_str());
   for (const Row& r : g_rows) {
-    std::printf("%-12s %-26s %-15s %10.1f %7zu %9.1f %14.3f\n", r.model.c_str(), r.backend.c_str(),
-                r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.gbps, r.vs_peer);
+    std::printf("%-12s %-26s %-15s %10.1f %7zu %9.1f %14.3f%s\n", r.model.c_str(), r.backend.c_str(),
+                r.kase.c_str(), r.bytes / 1048576.0, r.runs, r.gbps, r.vs_peer, CpuCells(r.cpu).c_str());
   }
 }
 
@@ -290,8 +315,10 @@ int main(int argc, char** argv) {
   if (args.count("chunk-mb")) g_chunk_bytes = std::stoull(args["chunk-mb"]) << 20;
   if (args["role"] == "receiver") return RunReceiver(args);
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
-    std::printf("SKIP transfer_nccl: needs 2 GPUs (%d visible)\n", count);
+  const cudaError_t count_err = cudaGetDeviceCount(&count);
+  if (count_err != cudaSuccess || count < 2) {
+    std::printf("SKIP transfer_nccl: needs 2 GPUs (%d visible; cudaGetDeviceCount: %s)\n", count,
+                cudaGetErrorString(count_err));
     return 77;
   }
   const int wdev = args.count("writer-device") ? std::stoi(args["writer-device"]) : 0;
@@ -301,6 +328,8 @@ int main(int argc, char** argv) {
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
+  if (args.count("idle-ms")) g_idle_ms = std::max(1, std::min(2000, std::stoi(args["idle-ms"])));
+  if (args.count("cpu-ms")) g_cpu_ms = std::max(0, std::min(5000, std::stoi(args["cpu-ms"])));
   int access = 0;
   cudaDeviceCanAccessPeer(&access, wdev, rdev);
   std::fprintf(stderr, "transfer_nccl: writer GPU %d, receiver GPU %d, peer access %d, %s\n", wdev, rdev,
