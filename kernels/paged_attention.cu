@@ -613,7 +613,6 @@ template <bool kBf16, int D, int W>
 __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, int seq, int h0, int nh) {
   namespace cg = cooperative_groups;
   using T = Elem<kBf16>;
-  constexpr int kMaxCluster = 16;
   constexpr int kSlices = D / 32;
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();
@@ -623,26 +622,16 @@ __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, in
   const int pieces = nh * kSlices;
   for (int p = rank + cs * warp; p < pieces; p += cs * W) {
     const int hh = p / kSlices, d = (p % kSlices) * 32 + lane;
-    float lse[kMaxCluster], v[kMaxCluster];
-#pragma unroll
-    for (int r = 0; r < kMaxCluster; ++r) {
-      if (r < cs) {
-        lse[r] = cl.map_shared_rank(lse_s, r)[hh];
-        v[r] = cl.map_shared_rank(red_s, r)[hh * D + d];
-      } else {
-        lse[r] = -INFINITY;
-        v[r] = 0.f;
-      }
-    }
+    // Two passes over the cluster's lse (the max, then the weights), so that no per-rank array
+    // stays live in registers (the 4-warp kernel at head 64 runs at 5 CTAs per SM).
     float mx = -INFINITY;
-#pragma unroll
-    for (int r = 0; r < kMaxCluster; ++r) mx = fmaxf(mx, lse[r]);
+    for (int r = 0; r < cs; ++r) mx = fmaxf(mx, cl.map_shared_rank(lse_s, r)[hh]);
     float sum = 0.f, acc = 0.f;
-#pragma unroll
-    for (int r = 0; r < kMaxCluster; ++r) {
-      const float f = (lse[r] == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(lse[r] - mx);
+    for (int r = 0; r < cs; ++r) {
+      const float l = cl.map_shared_rank(lse_s, r)[hh];
+      const float f = (l == -INFINITY || mx == -INFINITY) ? 0.f : exp2f(l - mx);
       sum += f;
-      acc += f * v[r];
+      acc += f * cl.map_shared_rank(red_s, r)[hh * D + d];
     }
     static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h0 + hh) * D + d] = FromF<kBf16>(sum > 0.f ? acc / sum : 0.f);
   }
