@@ -533,7 +533,8 @@ int main(int argc, char** argv) {
             << ",\"block\":" << bs << ",\"dtype\":\"f16\",\"batch\":" << B << ",\"ctx\":" << ctx
             << ",\"variant\":\"" << variants[vi].name << "\",\"schedule\":\""
             << ScheduleName(PagedDecodeResolvedSchedule(set_params(0, variants[vi])))
-            << "\",\"early_prefetch\":" << (variants[vi].early == Prefetch::kOn ? "true" : "false")
+            << "\",\"early_prefetch\":"
+            << (PagedDecodeDescribe(set_params(0, variants[vi])).early_prefetch_units > 0 ? "true" : "false")
             << ",\"prefetch\":"
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
             << ",\"prefetch_distance\":" << variants[vi].distance

@@ -1108,6 +1108,11 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count) {
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// Units per warp the early L2 prefetch covers in this plan (0: none).
+int EarlyUnits(const PagedDecodeParams& p, const Plan& plan) {
+  return plan.early ? (p.early_prefetch_units > 0 ? p.early_prefetch_units : kDefaultEarlyUnits) : 0;
+}
+
 // Workspace when the context is split: [counters: kCounterBytes][partial O][partial lse].
 struct WorkspaceLayout {
   size_t o_offset = 0;
@@ -1188,7 +1193,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.fused = plan.fused ? 1 : 0;
   // v2 let only its combine kernel start early; v3 lets whatever PDL-launched grid comes next.
   a.trigger = plan.pdl || plan.num_splits > 1;
-  a.early_units = plan.early ? (p.early_prefetch_units > 0 ? p.early_prefetch_units : kDefaultEarlyUnits) : 0;
+  a.early_units = EarlyUnits(p, plan);
   a.num_blocks = p.num_blocks;
   a.num_heads = p.num_heads;
   a.num_kv_heads = p.num_kv_heads;
@@ -1291,19 +1296,9 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
   return true;
 }
 
-size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p) {
-  if (!PagedDecodeSupported(p) || p.num_seqs == 0) return 0;
-  Plan plan;
-  if (!PlanFor(p, &plan)) return 0;
-  return LayoutFor(p, plan).total;
-}
+size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p) { return PagedDecodeDescribe(p).workspace_bytes; }
 
-int PagedDecodeNumSplits(const PagedDecodeParams& p) {
-  if (!PagedDecodeSupported(p) || p.num_seqs == 0) return 0;
-  Plan plan;
-  if (!PlanFor(p, &plan)) return 0;
-  return plan.num_splits;
-}
+int PagedDecodeNumSplits(const PagedDecodeParams& p) { return PagedDecodeDescribe(p).num_splits; }
 
 bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   // The variant that measured faster, by (MHA | GQA) x batch class x context class, from
@@ -1323,20 +1318,32 @@ bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p) {
   return kTable[gqa ? 1 : 0][ccls][bcls];
 }
 
-int PagedDecodeClusterSize(const PagedDecodeParams& p) {
-  if (!PagedDecodeSupported(p) || p.num_seqs == 0) return 0;
-  Plan plan;
-  if (!PlanFor(p, &plan)) return 0;
-  return plan.cluster;
-}
+int PagedDecodeClusterSize(const PagedDecodeParams& p) { return PagedDecodeDescribe(p).cluster; }
 
-Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p) {
-  if (!PagedDecodeSupported(p) || p.num_seqs == 0) return Schedule::kV2;
+Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p) { return PagedDecodeDescribe(p).schedule; }
+
+namespace {
+bool InLoopPrefetch(const PagedDecodeParams& p) {
+  return p.prefetch == Prefetch::kOn || (p.prefetch == Prefetch::kAuto && PagedDecodeAutoPrefetch(p));
+}
+}  // namespace
+
+PagedDecodePlanInfo PagedDecodeDescribe(const PagedDecodeParams& p) {
+  PagedDecodePlanInfo info;
+  if (!PagedDecodeSupported(p)) return info;
+  info.supported = true;
   Plan plan;
-  if (!PlanFor(p, &plan)) return Schedule::kV2;
-  if (plan.num_splits > 1 && ScheduleFused(plan.schedule) && !plan.fused)
-    return plan.schedule == Schedule::kWideFused ? Schedule::kWideKernel : Schedule::kKernel;
-  return plan.schedule;
+  if (p.num_seqs == 0 || !PlanFor(p, &plan)) return info;
+  info.schedule = plan.num_splits > 1 && ScheduleFused(plan.schedule) && !plan.fused
+                      ? (plan.schedule == Schedule::kWideFused ? Schedule::kWideKernel : Schedule::kKernel)
+                      : plan.schedule;
+  info.num_splits = plan.num_splits;
+  info.cluster = plan.cluster;
+  info.warps_per_cta = plan.warps;
+  info.in_loop_prefetch = InLoopPrefetch(p);
+  info.early_prefetch_units = EarlyUnits(p, plan);
+  info.workspace_bytes = LayoutFor(p, plan).total;
+  return info;
 }
 
 cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream) {
@@ -1347,8 +1354,7 @@ cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream
   const WorkspaceLayout wl = LayoutFor(p, plan);
   if (wl.total > 0 && (p.workspace == nullptr || p.workspace_bytes < wl.total))
     return cudaErrorInvalidValue;
-  const bool prefetch = p.prefetch == Prefetch::kOn ||
-                        (p.prefetch == Prefetch::kAuto && PagedDecodeAutoPrefetch(p));
+  const bool prefetch = InLoopPrefetch(p);
   const bool bf = p.dtype == DType::kBF16;
   switch (p.head_dim) {
     case 64: return bf ? Launch<true, 64>(p, plan, prefetch, stream) : Launch<false, 64>(p, plan, prefetch, stream);

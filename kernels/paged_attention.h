@@ -125,6 +125,22 @@ bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);
 Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p);
 // CTAs per thread-block cluster the launch uses (1: no cluster), 0 if unsupported.
 int PagedDecodeClusterSize(const PagedDecodeParams& p);
+
+// Everything a launch with these params would run, planned on the current device (the queries
+// above each report one field of it). For an unsupported shape `supported` is false and the
+// rest is zero / kV2; for num_seqs == 0 (nothing launched) or when the device cannot be queried,
+// `supported` is true and the rest zero / kV2.
+struct PagedDecodePlanInfo {
+  bool supported = false;
+  Schedule schedule = Schedule::kV2;  // resolved, as PagedDecodeResolvedSchedule
+  int num_splits = 0;                 // CTAs per (sequence, KV head, head chunk)
+  int cluster = 0;                    // CTAs per thread-block cluster (1: none)
+  int warps_per_cta = 0;
+  bool in_loop_prefetch = false;      // the paper's L2 prefetch in the loop (prefetch variant)
+  int early_prefetch_units = 0;       // units per warp prefetched into L2 before the PDL wait
+  size_t workspace_bytes = 0;         // as PagedDecodeWorkspaceBytes
+};
+PagedDecodePlanInfo PagedDecodeDescribe(const PagedDecodeParams& p);
 // Enqueues the decode attention on `stream` (one kernel, plus a combine kernel when the
 // context is split and the schedule does not fuse the merge). Both prefetch variants of a
 // schedule compute bit-identical outputs.

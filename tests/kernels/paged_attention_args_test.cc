@@ -44,6 +44,7 @@ TEST(PagedDecodeArgs, ValidShapesAreSupported) {
                             Schedule::kWideCluster}) {
           p.schedule = sc;
           EXPECT_TRUE(PagedDecodeSupported(p)) << d << " " << bs << " schedule " << int(sc);
+          EXPECT_TRUE(PagedDecodeDescribe(p).supported) << d << " " << bs << " schedule " << int(sc);
         }
       }
 }
@@ -56,6 +57,7 @@ TEST(PagedDecodeArgs, UnsupportedShapesAreRefused) {
     EXPECT_EQ(PagedDecodeAttention(p, nullptr), cudaErrorInvalidValue) << what;
     EXPECT_EQ(PagedDecodeWorkspaceBytes(p), 0u) << what;
     EXPECT_EQ(PagedDecodeNumSplits(p), 0) << what;
+    EXPECT_FALSE(PagedDecodeDescribe(p).supported) << what;
   };
   refused([](auto& p) { p.dtype = DType::kF32; }, "f32");
   refused([](auto& p) { p.head_dim = 96; }, "head 96");

@@ -345,6 +345,15 @@ TEST(PagedDecode, ClusterMerge) {
     EXPECT_EQ(PagedDecodeResolvedSchedule(p),
               c.want_cluster > 1 ? c.sc : (c.sc == Schedule::kCluster ? Schedule::kKernel : Schedule::kWideKernel));
     EXPECT_EQ(PagedDecodeWorkspaceBytes(p) == 0, c.want_cluster > 1);
+    // The one-call description agrees with the per-field queries.
+    const PagedDecodePlanInfo info = PagedDecodeDescribe(p);
+    EXPECT_TRUE(info.supported);
+    EXPECT_EQ(info.cluster, c.want_cluster);
+    EXPECT_EQ(info.schedule, PagedDecodeResolvedSchedule(p));
+    EXPECT_EQ(info.num_splits, PagedDecodeNumSplits(p));
+    EXPECT_EQ(info.workspace_bytes, PagedDecodeWorkspaceBytes(p));
+    EXPECT_EQ(info.warps_per_cta, c.sc == Schedule::kWideCluster ? 16 : 4);
+    EXPECT_EQ(info.early_prefetch_units, 0);  // explicit schedule, early prefetch kAuto: off
   }
   uint32_t seed = 900;
   for (DType dt : {DType::kF16, DType::kBF16})
