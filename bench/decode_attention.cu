@@ -111,6 +111,23 @@ bool ParseSchedule(const std::string& n, Schedule* s) {
   return false;
 }
 
+// A comma-separated list of explicit schedules (not auto, not v2; empty = none) for `flag`.
+bool ParseExplicitSchedules(const std::string& flag, const std::string& list, std::vector<Schedule>* out) {
+  out->clear();
+  std::stringstream ss(list);
+  std::string t;
+  while (std::getline(ss, t, ',')) {
+    Schedule sc;
+    if (t.empty()) continue;
+    if (!ParseSchedule(t, &sc) || sc == Schedule::kAuto || sc == Schedule::kV2) {
+      std::fprintf(stderr, "%s: bad schedule %s\n", flag.c_str(), t.c_str());
+      return false;
+    }
+    out->push_back(sc);
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,31 +164,10 @@ int main(int argc, char** argv) {
     else if (a == "--no-graph") force_loop = true;
     else if (a == "--early-units") early_units = ParseInts(next());
     else if (a == "--early") {
-      early_schedules.clear();
-      std::stringstream ss(next());
-      std::string t;
-      while (std::getline(ss, t, ',')) {
-        Schedule sc;
-        if (!t.empty() && ParseSchedule(t, &sc) && sc != Schedule::kAuto && sc != Schedule::kV2) {
-          early_schedules.push_back(sc);
-        } else if (!t.empty()) {
-          std::fprintf(stderr, "--early: bad schedule %s\n", t.c_str());
-          return 2;
-        }
-      }
+      if (!ParseExplicitSchedules(a, next(), &early_schedules)) return 2;
     }
     else if (a == "--combine128") {
-      std::stringstream ss(next());
-      std::string t;
-      while (std::getline(ss, t, ',')) {
-        Schedule sc;
-        if (!t.empty() && ParseSchedule(t, &sc) && sc != Schedule::kAuto && sc != Schedule::kV2) {
-          combine128.push_back(sc);
-        } else if (!t.empty()) {
-          std::fprintf(stderr, "--combine128: bad schedule %s\n", t.c_str());
-          return 2;
-        }
-      }
+      if (!ParseExplicitSchedules(a, next(), &combine128)) return 2;
     }
     else if (a == "--schedules") {
       schedules.clear();
