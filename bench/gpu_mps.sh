@@ -1,4 +1,4 @@
-# Sourced by the GPU bench scripts (run_itl_gpu.sh, run_ttft_gpu.sh): an MPS server for the
+# Sourced by bench/lib_device.sh (for run_itl_gpu.sh, run_ttft_gpu.sh): an MPS server for the
 # daemons when MPS=1. One GPU shared by two processes is otherwise time-sliced between their
 # contexts, which costs the decode ~1.2x whenever the prefill submits anything
 # (bench/results/decode_step_2026-11-29.md). The server gets its own pipe directory under $TMP

@@ -28,10 +28,6 @@
 #     MPS (1: both daemons as clients of an MPS server this script starts and stops).
 set -uo pipefail
 B=${1:-.devbuild/itl}
-B=$(cd "$B" && pwd)
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 MODEL=${MODEL:-llama-3-8b}
 TRANSPORT=${TRANSPORT:-cuda_ipc}
 DEVICE=${DEVICE:-0}
@@ -57,20 +53,8 @@ DECODE_TARGET=${DECODE_TARGET:-1}  # D: the decode also gets itl_target_ms (join
 STEP_TIMEOUT=${STEP_TIMEOUT:-120}
 TOTAL_BUDGET=${TOTAL_BUDGET:-290}
 PORT=${PORT:-46100}
-TMP=$(mktemp -d)
-source "$(dirname "${BASH_SOURCE[0]}")/gpu_mps.sh"  # MPS=1: both daemons as clients of an MPS server
-trap 'mps_stop; rm -rf "$TMP"' EXIT
-START=$(date +%s)
-elapsed() { echo $(( $(date +%s) - START )); }
-log() { echo "[$(elapsed)s] $*" | tee -a "$OUT/summary.txt" >&2; }
-
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  echo "nproc $(nproc)"
-  uname -r
-  echo "binaries: $B"
-} > "$OUT/machine.txt"
+# $B and $OUT made absolute, $TMP, MPS (bench/gpu_mps.sh), elapsed, log, $OUT/machine.txt.
+source "$(dirname "${BASH_SOURCE[0]}")/lib_device.sh"
 
 # Pools: decode holds every stream's prompt + max_tokens and every landing prompt at once
 # (2 MiB per block for llama-3-8b); the prefill caches the streams' and the landing prompt.

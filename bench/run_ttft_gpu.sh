@@ -21,10 +21,6 @@
 #     prompts past a preset's own limit).
 set -uo pipefail
 B=${1:-.devbuild/gpuint}
-B=$(cd "$B" && pwd)
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 MODELS=${MODELS:-"llama-3-8b llama-2-7b"}
 TRANSPORTS=${TRANSPORTS:-"cuda_ipc ucx_staged"}
 REQUESTS=${REQUESTS:-3}
@@ -44,20 +40,8 @@ TOTAL_BUDGET=${TOTAL_BUDGET:-270}
 # minus the new tokens.
 LENS_llama_3_8b=${LENS_llama_3_8b:-1024,4096,$((8192 - MAX_NEW))}
 LENS_llama_2_7b=${LENS_llama_2_7b:-1024,2048,$((4096 - MAX_NEW))}
-TMP=$(mktemp -d)
-source "$(dirname "${BASH_SOURCE[0]}")/gpu_mps.sh"  # MPS=1: both daemons as clients of an MPS server
-trap 'mps_stop; rm -rf "$TMP"' EXIT
-START=$(date +%s)
-elapsed() { echo $(( $(date +%s) - START )); }
-log() { echo "[$(elapsed)s] $*" | tee -a "$OUT/summary.txt" >&2; }
-
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-  echo "nproc $(nproc)"
-  uname -r
-  echo "binaries: $B"
-} > "$OUT/machine.txt"
+# $B and $OUT made absolute, $TMP, MPS (bench/gpu_mps.sh), elapsed, log, $OUT/machine.txt.
+source "$(dirname "${BASH_SOURCE[0]}")/lib_device.sh"
 
 mps_start
 
