@@ -36,13 +36,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.cuh"
+#include "bench/paged_kv_sets.cuh"
 #include "kernels/paged_attention.h"
 
 using kvstream::DType;
@@ -50,21 +49,6 @@ using namespace kvstream::kernels;
 using namespace kvstream::bench;
 
 namespace {
-
-struct Model {
-  const char* name;
-  int heads;
-  int kv_heads;
-};
-
-std::vector<int> ParseInts(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string t;
-  while (std::getline(ss, t, ',')) v.push_back(std::atoi(t.c_str()));
-  return v;
-}
-
 
 std::vector<double> ParseDoubles(const std::string& s) {
   std::vector<double> v;
@@ -147,13 +131,7 @@ int main(int argc, char** argv) {
   std::vector<Schedule> combine128;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return FlagValue(argc, argv, &i); };
     if (a == "--json") json_path = next();
     else if (a == "--mem-cap-gib") mem_cap_gib = std::atof(next().c_str());
     else if (a == "--replays") replays = std::max(1, std::atoi(next().c_str()));
@@ -187,11 +165,7 @@ int main(int argc, char** argv) {
         schedules.insert(schedules.begin(), Schedule::kV2);
     }
     else if (a == "--models") {
-      const std::string m = next();
-      std::vector<Model> keep;
-      for (const Model& x : models)
-        if (m.find(x.name) != std::string::npos) keep.push_back(x);
-      models = keep;
+      models = ModelsNamedIn(models, next());
     } else if (a == "--quick") {
       batches = {1, 32};
       contexts = {4096, 16384};
@@ -201,12 +175,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
-  auto emit = [&](const std::string& line) {
-    std::printf("%s\n", line.c_str());
-    if (json) std::fprintf(json, "%s\n", line.c_str());
-    std::fflush(stdout);
-  };
+  JsonLines json(json_path);
+  auto emit = [&](const std::string& line) { json.Emit(line); };
 
   int dev = 0;
   CK(cudaSetDevice(dev));
@@ -298,10 +268,8 @@ int main(int argc, char** argv) {
   for (const Model& m : models) {
     for (int B : batches) {
       for (int ctx : contexts) {
-        const size_t blocks_per_seq = size_t(ctx) / bs;
-        const size_t set_blocks = size_t(B) * blocks_per_seq;
-        const size_t block_bytes = size_t(2) * m.kv_heads * bs * D * 2;
-        const size_t set_bytes = set_blocks * block_bytes;
+        const KvSetShape shape = MakeKvSetShape(m, B, ctx, D, bs);
+        const size_t set_bytes = shape.set_bytes;
         const double cap = mem_cap_gib * double(1 << 30);
         int n_sets = std::max(2, int(std::ceil(min_rotated / double(set_bytes))));
         if (double(set_bytes) * n_sets > cap && set_bytes >= min_rotated) n_sets = 1;
@@ -313,51 +281,12 @@ int main(int argc, char** argv) {
           emit(o.str());
           continue;
         }
-        // Pools, tables, q, out.
-        __half* pool = nullptr;
-        CK(cudaMalloc(&pool, set_bytes * n_sets));
-        FillRandomHalf<<<prop.multiProcessorCount * 8, 512, 0, st>>>(pool, set_bytes * n_sets / 2,
-                                                                     uint64_t(B) * 131 + ctx);
-        CK(cudaGetLastError());
-        std::mt19937 rng(uint32_t(B * 7919 + ctx + m.kv_heads));
-        std::vector<int32_t> tables(size_t(n_sets) * set_blocks);
-        for (int s = 0; s < n_sets; ++s) {
-          std::vector<int32_t> perm(set_blocks);
-          std::iota(perm.begin(), perm.end(), 0);
-          std::shuffle(perm.begin(), perm.end(), rng);
-          std::copy(perm.begin(), perm.end(), tables.begin() + size_t(s) * set_blocks);
-        }
-        int32_t* d_tables = nullptr;
-        int32_t* d_lens = nullptr;
-        CK(cudaMalloc(&d_tables, tables.size() * 4));
-        CK(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
-        std::vector<int32_t> lens(B, ctx);
-        CK(cudaMalloc(&d_lens, B * 4));
-        CK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
-        __half* d_q = nullptr;
-        __half* d_out = nullptr;
-        const size_t qn = size_t(B) * m.heads * D;
-        CK(cudaMalloc(&d_q, qn * 2));
-        CK(cudaMalloc(&d_out, qn * 2));
-        FillRandomHalf<<<64, 256, 0, st>>>(d_q, qn, 99);
-        CK(cudaGetLastError());
-
-        PagedDecodeParams p;
-        p.out = d_out;
-        p.q = d_q;
-        p.num_seqs = B;
-        p.num_heads = m.heads;
-        p.num_kv_heads = m.kv_heads;
-        p.head_dim = D;
-        p.block_size = bs;
-        p.max_blocks_per_seq = int(blocks_per_seq);
-        p.max_context_len = ctx;
-        p.scale = 1.f / std::sqrt(float(D));
-        p.dtype = DType::kF16;
-        p.context_lens = d_lens;
-        p.kv_layer = pool;
-        p.block_tables = d_tables;
-        p.num_blocks = int(set_blocks);  // each set's pool (bounds the early prefetch)
+        // Pools, tables, q, out (freed at the end of this shape).
+        KvSets sets(shape, n_sets, st, prop.multiProcessorCount);
+        const size_t qn = shape.qn;
+        __half* const d_out = sets.out();
+        PagedDecodeParams p = sets.Params();
+        p.num_blocks = int(shape.set_blocks);  // each set's pool (bounds the early prefetch)
         const int splits = PagedDecodeNumSplits(p);  // kAuto's plan
         auto splits_for = [&](const Variant& v) {
           return v.split_factor > 0 ? std::max(1, int(std::lround(splits * v.split_factor))) : 0;
@@ -370,17 +299,9 @@ int main(int argc, char** argv) {
           ws_bytes = std::max(ws_bytes, PagedDecodeWorkspaceBytes(q));
         }
         const bool auto_on = PagedDecodeAutoPrefetch(p);
-        void* ws = nullptr;
-        if (ws_bytes) {
-          CK(cudaMalloc(&ws, ws_bytes));
-          CK(cudaMemset(ws, 0, ws_bytes));  // the workspace contract (fused-combine counters)
-        }
-        p.workspace = ws;
-        p.workspace_bytes = ws_bytes;
+        sets.SetWorkspace(&p, ws_bytes);  // zeroed: the workspace contract (fused-combine counters)
         auto set_params = [&](int s, const Variant& v) {
-          PagedDecodeParams q = p;
-          q.kv_layer = reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes;
-          q.block_tables = d_tables + size_t(s) * set_blocks;
+          PagedDecodeParams q = sets.ForSet(p, s);
           q.prefetch = v.prefetch;
           q.prefetch_distance = v.distance;
           q.num_splits = splits_for(v);
@@ -435,30 +356,20 @@ int main(int argc, char** argv) {
         cudaGraphExec_t same_exec = nullptr;
         auto same_size_read = [&](int s) {
           StreamRead<<<prop.multiProcessorCount * 8, 512, 0, st>>>(
-              reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes),
+              reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(sets.pool()) + size_t(s) * set_bytes),
               set_bytes / 16, sink);
         };
         if (!force_loop) {
-          cudaGraph_t g = nullptr;
-          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          for (int l = 0; l < launches; ++l) same_size_read(l % n_sets);
-          CK(cudaStreamEndCapture(st, &g));
-          CK(cudaGraphInstantiate(&same_exec, g, 0));
-          CK(cudaGraphDestroy(g));
+          CK(CaptureGraph(st, launches, [&](int l) {
+            same_size_read(l % n_sets);
+            return cudaSuccess;  // a launch error fails the capture
+          }, &same_exec));
         }
         for (size_t vi = 0; vi < variants.size() && use_graph; ++vi) {  // (skipped with --no-graph)
-          cudaGraph_t g = nullptr;
-          if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-            use_graph = false;
-            break;
-          }
-          bool ok = true;
-          for (int l = 0; l < launches; ++l)
-            ok = ok && PagedDecodeAttention(set_params(l % n_sets, variants[vi]), st) == cudaSuccess;
-          ok = cudaStreamEndCapture(st, &g) == cudaSuccess && ok;
-          ok = ok && cudaGraphInstantiate(&execs[vi], g, 0) == cudaSuccess;
-          if (g) cudaGraphDestroy(g);
-          if (!ok) use_graph = false;
+          const cudaError_t e = CaptureGraph(st, launches, [&](int l) {
+            return PagedDecodeAttention(set_params(l % n_sets, variants[vi]), st);
+          }, &execs[vi]);
+          if (e != cudaSuccess) use_graph = false;
         }
         if (!use_graph && !force_loop) {
           (void)cudaGetLastError();
@@ -491,16 +402,13 @@ int main(int argc, char** argv) {
         EventPair t;
         for (int r = 0; r < replays; ++r) {
           for (size_t vi = 0; vi <= variants.size(); ++vi) {
-            CK(cudaEventRecord(t.a, st));
-            if (vi < variants.size()) {
-              run_variant(vi);
-            } else {
-              run_same_size();
-            }
-            CK(cudaEventRecord(t.b, st));
-            CK(cudaEventSynchronize(t.b));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, t.a, t.b));
+            const double ms = TimeOnStream(st, t, [&] {
+              if (vi < variants.size()) {
+                run_variant(vi);
+              } else {
+                run_same_size();
+              }
+            });
             (vi < variants.size() ? us[vi] : same_us).push_back(ms * 1e3 / launches);
           }
         }
@@ -593,13 +501,6 @@ int main(int argc, char** argv) {
           if (variants[vi].prefetch == Prefetch::kOff && variants[vi].split_factor == 0)
             row.gbps_sched.push_back(kv_bytes / (med[vi] * 1e-6) / 1e9);
         rows.push_back(row);
-
-        if (ws) CK(cudaFree(ws));
-        CK(cudaFree(pool));
-        CK(cudaFree(d_tables));
-        CK(cudaFree(d_lens));
-        CK(cudaFree(d_q));
-        CK(cudaFree(d_out));
       }
     }
   }
@@ -635,7 +536,6 @@ int main(int argc, char** argv) {
                 r.gbps_auto / stream_gbps, r.gbps_auto / r.gbps_v2, r.pf_gain, r.same_gbps,
                 r.gbps_auto / r.same_gbps, r.identical ? "yes" : "NO");
   }
-  if (json) std::fclose(json);
   CK(cudaStreamDestroy(st));
   return 0;
 }

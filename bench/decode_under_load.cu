@@ -53,8 +53,6 @@
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -63,6 +61,7 @@
 #include <unistd.h>  // environ
 
 #include "bench/bench_util.cuh"
+#include "bench/paged_kv_sets.cuh"
 #include "kernels/paged_attention.h"
 #include "transport/pacing.h"
 
@@ -94,13 +93,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Sec(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::vector<int> ParseInts(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string t;
-  while (std::getline(ss, t, ',')) v.push_back(std::atoi(t.c_str()));
-  return v;
-}
 std::vector<std::string> ParseStrs(const std::string& s) {
   std::vector<std::string> v;
   std::stringstream ss(s);
@@ -227,11 +219,8 @@ double CopyGbps(cudaStream_t st, char* dst, const char* src, size_t bytes) {
   EventPair t;
   std::vector<double> ms;
   for (int r = 0; r < 8; ++r) {
-    CK(cudaEventRecord(t.a, st));
-    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(t.b, st));
-    CK(cudaEventSynchronize(t.b));
-    if (r >= 2) ms.push_back(t.Ms());
+    const double m = TimeOnStream(st, t, [&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)); });
+    if (r >= 2) ms.push_back(m);
   }
   return 2.0 * double(bytes) / (Median(ms) * 1e-3) / 1e9;
 }
@@ -244,22 +233,13 @@ double PeerCopyGbps(cudaStream_t st1, char* dst0, const char* src1, size_t bytes
   {
     EventPair t;
     for (int r = 0; r < 8; ++r) {
-      CK(cudaEventRecord(t.a, st1));
-      CK(cudaMemcpyPeerAsync(dst0, 0, src1, 1, bytes, st1));
-      CK(cudaEventRecord(t.b, st1));
-      CK(cudaEventSynchronize(t.b));
-      if (r >= 2) ms.push_back(t.Ms());
+      const double m = TimeOnStream(st1, t, [&] { CK(cudaMemcpyPeerAsync(dst0, 0, src1, 1, bytes, st1)); });
+      if (r >= 2) ms.push_back(m);
     }
   }
   CK(cudaSetDevice(0));
   return double(bytes) / (Median(ms) * 1e-3) / 1e9;
 }
-
-struct Model {
-  const char* name;
-  int heads;
-  int kv_heads;
-};
 
 }  // namespace
 
@@ -275,13 +255,7 @@ int main(int argc, char** argv) {
   bool early = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return FlagValue(argc, argv, &i); };
     if (a == "--json") json_path = next();
     else if (a == "--batches") batches = ParseInts(next());
     else if (a == "--contexts") contexts = ParseInts(next());
@@ -291,11 +265,7 @@ int main(int argc, char** argv) {
     else if (a == "--itl-slowdown") itl_slowdown = std::atof(next().c_str());
     else if (a == "--early") early = true;
     else if (a == "--models") {
-      const std::string m = next();
-      std::vector<Model> keep;
-      for (const Model& x : models)
-        if (m.find(x.name) != std::string::npos) keep.push_back(x);
-      models = keep;
+      models = ModelsNamedIn(models, next());
     } else if (a == "--quick") {
       models = {{"llama-3-8b", 32, 8}};
       batches = {8};
@@ -344,12 +314,8 @@ int main(int argc, char** argv) {
   }
   const bool two_gpu = std::any_of(kinds.begin(), kinds.end(), cross_gpu);
   const bool use_nccl = std::find(kinds.begin(), kinds.end(), "nccl") != kinds.end();
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
-  auto emit = [&](const std::string& line) {
-    std::printf("%s\n", line.c_str());
-    if (json) std::fprintf(json, "%s\n", line.c_str());
-    std::fflush(stdout);
-  };
+  JsonLines json(json_path);
+  auto emit = [&](const std::string& line) { json.Emit(line); };
 
   CK(cudaSetDevice(0));
   cudaDeviceProp prop{};
@@ -495,70 +461,24 @@ int main(int argc, char** argv) {
   for (const Model& m : models) {
     for (int B : batches) {
       for (int ctx : contexts) {
-        const size_t blocks_per_seq = size_t(ctx) / bs;
-        const size_t set_blocks = size_t(B) * blocks_per_seq;
-        const size_t block_bytes = size_t(2) * m.kv_heads * bs * D * 2;
-        const size_t set_bytes = set_blocks * block_bytes;
+        const KvSetShape shape = MakeKvSetShape(m, B, ctx, D, bs);
+        const size_t set_bytes = shape.set_bytes;
         const int n_sets = std::max(1, int(std::ceil(min_rotated / double(set_bytes))));
-        __half* pool = nullptr;
-        CK(cudaMalloc(&pool, set_bytes * n_sets));
-        FillRandomHalf<<<sms * 8, 512, 0, aux>>>(pool, set_bytes * n_sets / 2, uint64_t(B) * 131 + ctx);
-        CK(cudaGetLastError());
-        std::mt19937 rng(uint32_t(B * 7919 + ctx + m.kv_heads));
-        std::vector<int32_t> tables(size_t(n_sets) * set_blocks);
-        for (int s = 0; s < n_sets; ++s) {
-          std::vector<int32_t> perm(set_blocks);
-          std::iota(perm.begin(), perm.end(), 0);
-          std::shuffle(perm.begin(), perm.end(), rng);
-          std::copy(perm.begin(), perm.end(), tables.begin() + size_t(s) * set_blocks);
-        }
-        int32_t *d_tables = nullptr, *d_lens = nullptr;
-        CK(cudaMalloc(&d_tables, tables.size() * 4));
-        CK(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
-        std::vector<int32_t> lens(B, ctx);
-        CK(cudaMalloc(&d_lens, B * 4));
-        CK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
-        __half *d_q = nullptr, *d_out = nullptr;
-        const size_t qn = size_t(B) * m.heads * D;
-        CK(cudaMalloc(&d_q, qn * 2));
-        CK(cudaMalloc(&d_out, qn * 2));
-        FillRandomHalf<<<64, 256, 0, aux>>>(d_q, qn, 99);
-        CK(cudaGetLastError());
+        KvSets sets(shape, n_sets, aux, sms);  // freed at the end of this shape
         CK(cudaStreamSynchronize(aux));
+        const size_t qn = shape.qn;
+        __half* const d_out = sets.out();
 
-        PagedDecodeParams p;
-        p.out = d_out;
-        p.q = d_q;
-        p.num_seqs = B;
-        p.num_heads = m.heads;
-        p.num_kv_heads = m.kv_heads;
-        p.head_dim = D;
-        p.block_size = bs;
-        p.max_blocks_per_seq = int(blocks_per_seq);
-        p.max_context_len = ctx;
-        p.scale = 1.f / std::sqrt(float(D));
-        p.dtype = DType::kF16;
-        p.context_lens = d_lens;
-        p.kv_layer = pool;
-        p.block_tables = d_tables;
+        PagedDecodeParams p = sets.Params();
         if (early) {
           p.schedule = Schedule::kWideKernel;
           p.prefetch = Prefetch::kOff;
-          p.num_blocks = int(set_blocks);
+          p.num_blocks = int(shape.set_blocks);
         }
-        const size_t ws_bytes = PagedDecodeWorkspaceBytes(p);
-        void* ws = nullptr;
-        if (ws_bytes) {
-          CK(cudaMalloc(&ws, ws_bytes));
-          CK(cudaMemset(ws, 0, ws_bytes));  // the workspace contract: zeroed once
-        }
-        p.workspace = ws;
-        p.workspace_bytes = ws_bytes;
+        sets.SetWorkspace(&p, PagedDecodeWorkspaceBytes(p));  // zeroed once: the workspace contract
         const Prefetch variants[2] = {Prefetch::kOff, Prefetch::kOn};
         auto set_params = [&](int s, Prefetch v) {
-          PagedDecodeParams q = p;
-          q.kv_layer = reinterpret_cast<const char*>(pool) + size_t(s) * set_bytes;
-          q.block_tables = d_tables + size_t(s) * set_blocks;
+          PagedDecodeParams q = sets.ForSet(p, s);
           if (early) {
             q.early_prefetch = v;
           } else {
@@ -580,25 +500,17 @@ int main(int argc, char** argv) {
         const int launches = n_sets * std::max(1, (min_launches + n_sets - 1) / n_sets);
         cudaGraphExec_t exec[2] = {nullptr, nullptr};
         for (int v = 0; v < 2; ++v) {
-          cudaGraph_t g = nullptr;
-          CK(cudaStreamBeginCapture(kst, cudaStreamCaptureModeThreadLocal));
-          for (int l = 0; l < launches; ++l) CK(PagedDecodeAttention(set_params(l % n_sets, variants[v]), kst));
-          CK(cudaStreamEndCapture(kst, &g));
-          CK(cudaGraphInstantiate(&exec[v], g, 0));
-          CK(cudaGraphDestroy(g));
+          CK(CaptureGraph(kst, launches, [&](int l) {
+            return PagedDecodeAttention(set_params(l % n_sets, variants[v]), kst);
+          }, &exec[v]));
         }
         const double kv_bytes = double(B) * ctx * m.kv_heads * D * 2 * 2;
         // Replay time estimate, to size the windows.
         double replay_ms = 0;
         {
           EventPair t;
-          for (int r = 0; r < 3; ++r) {
-            CK(cudaEventRecord(t.a, kst));
-            CK(cudaGraphLaunch(exec[0], kst));
-            CK(cudaEventRecord(t.b, kst));
-            CK(cudaEventSynchronize(t.b));
-            replay_ms = t.Ms();
-          }
+          for (int r = 0; r < 3; ++r)
+            replay_ms = TimeOnStream(kst, t, [&] { CK(cudaGraphLaunch(exec[0], kst)); });
         }
         const int pairs = std::max(4, int(window_ms / (2 * replay_ms)));
 
@@ -701,12 +613,6 @@ int main(int argc, char** argv) {
           }
         }
         for (auto& e : exec) CK(cudaGraphExecDestroy(e));
-        if (ws) CK(cudaFree(ws));
-        CK(cudaFree(pool));
-        CK(cudaFree(d_tables));
-        CK(cudaFree(d_lens));
-        CK(cudaFree(d_q));
-        CK(cudaFree(d_out));
       }
     }
   }
@@ -736,7 +642,6 @@ int main(int argc, char** argv) {
                 r.us_off, r.us_on, r.slow_off, r.slow_on, r.pf_gain, r.pf_gain_idle, r.total_gbps,
                 r.frac_copy, link);
   }
-  if (json) std::fclose(json);
   CK(cudaFree(d_src));
   CK(cudaFree(d_dst));
   CK(cudaFreeHost(h_src));

@@ -209,6 +209,20 @@ inline CpuSpan IdleCpuSpan(testing::PeerProcess& rx, int ms) {
   return EndCpuSpan(mark, rx, 0, 0);
 }
 
+// The span lengths both transfer benches take: --idle-ms (the idle spans, IdleCpuSpan; 1-2000,
+// default 200) and --cpu-ms (the shortest measured span, TimedMedianWithCpu; 0-5000, default
+// 200). Values out of range are clamped.
+struct CpuSpanFlags {
+  int idle_ms = 200;
+  int cpu_ms = 200;
+};
+inline CpuSpanFlags ParseCpuSpanFlags(const std::map<std::string, std::string>& args) {
+  CpuSpanFlags f;
+  if (args.count("idle-ms")) f.idle_ms = std::max(1, std::min(2000, std::stoi(args.at("idle-ms"))));
+  if (args.count("cpu-ms")) f.cpu_ms = std::max(0, std::min(5000, std::stoi(args.at("cpu-ms"))));
+  return f;
+}
+
 // The JSON fields of a span (appended to a row; "" when there is none): cpu_span_us (writer's
 // wall span), cpu_iters, cpu_writes, writer_cpu_us, writer_cores, writer_cpu_us_per_write and
 // writer_cpu_us_per_iter (when there were writes), and the receiver's receiver_span_us,

@@ -236,8 +236,7 @@ double TimeIt(int iters, Fn fn) {
   return TimedMedian(3, iters, fn);  // after 3 warm-ups
 }
 
-int g_idle_ms = 200;  // --idle-ms: length of the idle CPU spans
-int g_cpu_ms = 200;   // --cpu-ms: shortest CPU span of a measured case
+CpuSpanFlags g_span;  // --idle-ms, --cpu-ms
 
 struct Baselines {
   double d2d_layer = 0, d2d_prompt = 0, h2d_layer = 0, h2d_prompt = 0, d2h_layer = 0, d2h_prompt = 0;
@@ -511,13 +510,13 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
       r.backend = backend;
       r.kase = kase;
       r.path = path;
-      r.cpu = IdleCpuSpan(rx, g_idle_ms);
+      r.cpu = IdleCpuSpan(rx, g_span.idle_ms);
       r.seconds = r.cpu.writer_wall_s;
       Emit(r, tokens);
     };
     // The measured iterations of a case, after 3 warm-ups (as TimeIt), are one CPU span.
     auto time_case = [&](int n, uint64_t writes_per_call, auto fn) {
-      return TimedMedianWithCpu(3, n, g_cpu_ms * 1e-3, rx, writes_per_call, &cpu, fn);
+      return TimedMedianWithCpu(3, n, g_span.cpu_ms * 1e-3, rx, writes_per_call, &cpu, fn);
     };
     idle_row("idle_connected");
     double sec;
@@ -633,8 +632,7 @@ int main(int argc, char** argv) {
   if (args.count("backends")) backends = args["backends"];
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
-  if (args.count("idle-ms")) g_idle_ms = std::max(1, std::min(2000, std::stoi(args["idle-ms"])));
-  if (args.count("cpu-ms")) g_cpu_ms = std::max(0, std::min(5000, std::stoi(args["cpu-ms"])));
+  g_span = ParseCpuSpanFlags(args);
   for (const auto& m : Split(models)) RunModel(m, tokens, iters, device, rx_device, Split(backends));
   PrintTable();
   return 0;

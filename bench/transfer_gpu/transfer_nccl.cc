@@ -125,8 +125,7 @@ double TimeIt(int iters, Fn fn) {
   return TimedMedian(2, iters, fn);  // after 2 warm-ups
 }
 
-int g_idle_ms = 200;  // --idle-ms: length of the idle CPU spans
-int g_cpu_ms = 200;   // --cpu-ms: shortest CPU span of a measured case
+CpuSpanFlags g_span;  // --idle-ms, --cpu-ms
 
 void RunModel(const std::string& model_name, int tokens, int iters, int wdev, int rdev,
               const std::vector<std::string>& backends) {
@@ -244,7 +243,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
       }
       CpuSpan cpu;
       const int n = nlayers == 1 ? iters : std::max(3, iters / 2);
-      const double sec = TimedMedianWithCpu(2, n, g_cpu_ms * 1e-3, rx, uint64_t(nlayers), &cpu, [&] {
+      const double sec = TimedMedianWithCpu(2, n, g_span.cpu_ms * 1e-3, rx, uint64_t(nlayers), &cpu, [&] {
         std::vector<std::unique_ptr<WriteHandle>> hs;
         for (int l = 0; l < nlayers; ++l) {
           reqs[l].notification = {request++, l, 0};
@@ -275,7 +274,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
       Emit(r, tokens);
     };
     auto idle_case = [&](const std::string& kase) {
-      Row r{model_name, backend, kase, 0, 0, 0, 0, 0, IdleCpuSpan(rx, g_idle_ms)};
+      Row r{model_name, backend, kase, 0, 0, 0, 0, 0, IdleCpuSpan(rx, g_span.idle_ms)};
       Emit(r, tokens);
     };
     idle_case("idle_connected");
@@ -328,8 +327,7 @@ int main(int argc, char** argv) {
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
-  if (args.count("idle-ms")) g_idle_ms = std::max(1, std::min(2000, std::stoi(args["idle-ms"])));
-  if (args.count("cpu-ms")) g_cpu_ms = std::max(0, std::min(5000, std::stoi(args["cpu-ms"])));
+  g_span = ParseCpuSpanFlags(args);
   int access = 0;
   cudaDeviceCanAccessPeer(&access, wdev, rdev);
   std::fprintf(stderr, "transfer_nccl: writer GPU %d, receiver GPU %d, peer access %d, %s\n", wdev, rdev,
