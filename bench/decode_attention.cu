@@ -44,7 +44,6 @@
 #include "bench/paged_kv_sets.cuh"
 #include "kernels/paged_attention.h"
 
-using kvstream::DType;
 using namespace kvstream::kernels;
 using namespace kvstream::bench;
 

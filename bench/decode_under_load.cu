@@ -81,7 +81,6 @@ constexpr bool kHaveNccl = true;
 constexpr bool kHaveNccl = false;
 #endif
 
-using kvstream::DType;
 using kvstream::transport::ItlBudget;
 using kvstream::transport::PaceRateForItlTarget;
 using kvstream::transport::TokenBucket;
