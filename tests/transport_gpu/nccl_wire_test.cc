@@ -3,6 +3,8 @@
 #include "transport/nccl/nccl_wire.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
@@ -235,6 +237,57 @@ TEST(NcclWire, ModeChoice) {
   EXPECT_EQ(ChooseMode(1024, 1024ull * 65536), WireMode::kPack);  // scattered 64 KiB blocks
   EXPECT_EQ(ChooseMode(32, 32ull * (16 << 20)), WireMode::kDirect);  // few long runs
   EXPECT_EQ(ChooseMode(1000, 1000ull * (16 << 20)), WireMode::kPack);
+}
+
+// A refusal sent right before the peer hangs up (the receiver answering a writer on its own GPU,
+// then closing) can reach the reader in the same read as the close. It must be returned, not
+// reported as a disconnect: before the fix ReadFrame saw the close first and lost the frame (the
+// writer got "peer closed the control socket before the hello ack" instead of the refusal).
+TEST(NcclWire, ReadFrameReturnsAFrameThatArrivedWithTheClose) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  HelloAck refusal;
+  refusal.code = static_cast<int32_t>(StatusCode::kFailedPrecondition);
+  std::strncpy(refusal.message, "same GPU", sizeof(refusal.message) - 1);
+  const std::string frame = EncodeHelloAck(refusal);
+  ASSERT_EQ(::send(sv[1], frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
+  ::close(sv[1]);  // frame and close are both waiting before the reader looks
+  std::string buf;
+  auto payload = ReadFrame(sv[0], &buf, FrameType::kHelloAck, DeadlineAfterMs(2000), "hello ack");
+  ASSERT_TRUE(payload.ok()) << payload.status().ToString();
+  auto ack = DecodeHelloAck(payload.value());
+  ASSERT_TRUE(ack.ok()) << ack.status().ToString();
+  EXPECT_EQ(ack->code, static_cast<int32_t>(StatusCode::kFailedPrecondition));
+  EXPECT_STREQ(ack->message, "same GPU");
+  ::close(sv[0]);
+}
+
+// The other ends of ReadFrame: a close with no frame, or half a frame, is a disconnect; a frame
+// of another type is data loss; silence until the deadline is a timeout.
+TEST(NcclWire, ReadFrameDisconnectTimeoutAndWrongType) {
+  const std::string ack = EncodeHelloAck(HelloAck{});
+  for (int partial : {0, 1}) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    if (partial) ASSERT_EQ(::send(sv[1], ack.data(), ack.size() / 2, 0), static_cast<ssize_t>(ack.size() / 2));
+    ::close(sv[1]);
+    std::string buf;
+    auto r = ReadFrame(sv[0], &buf, FrameType::kHelloAck, DeadlineAfterMs(2000), "hello ack");
+    EXPECT_EQ(r.status().code(), StatusCode::kRemoteDisconnect) << "partial " << partial;
+    ::close(sv[0]);
+  }
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  std::string buf;
+  const auto t0 = Clock::now();
+  auto r = ReadFrame(sv[0], &buf, FrameType::kHelloAck, DeadlineAfterMs(150), "hello ack");
+  EXPECT_EQ(r.status().code(), StatusCode::kTimeout);
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(140));
+  ASSERT_EQ(::send(sv[1], ack.data(), ack.size(), 0), static_cast<ssize_t>(ack.size()));
+  auto w = ReadFrame(sv[0], &buf, FrameType::kHello, DeadlineAfterMs(2000), "hello");
+  EXPECT_EQ(w.status().code(), StatusCode::kDataLoss);
+  ::close(sv[0]);
+  ::close(sv[1]);
 }
 
 }  // namespace

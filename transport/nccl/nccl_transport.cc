@@ -94,48 +94,11 @@ bool SendAll(int fd, const std::string& data) {
   return true;
 }
 
-// Appends whatever is readable without blocking. false on EOF or a socket error.
-bool ReadAvailable(int fd, std::string* buf) {
-  char tmp[65536];
-  for (;;) {
-    ssize_t r = ::recv(fd, tmp, sizeof(tmp), MSG_DONTWAIT);
-    if (r > 0) {
-      buf->append(tmp, static_cast<size_t>(r));
-      continue;
-    }
-    if (r == 0) return false;
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK;
-  }
-}
-
 void SetSocketOptions(int fd) {
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   timeval tv{kSendTimeoutSec, 0};
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-// Waits (bounded) for one frame of `want` type. kRemoteDisconnect on EOF.
-Result<std::string> ReadFrame(int fd, std::string* buf, FrameType want, Deadline deadline,
-                              const char* what) {
-  for (;;) {
-    FrameType type;
-    std::string payload;
-    KV_ASSIGN_OR_RETURN(bool got, TakeFrame(buf, &type, &payload));
-    if (got) {
-      if (type != want) return DataLoss(std::string("nccl: unexpected frame while waiting for ") + what);
-      return payload;
-    }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return Timeout(std::string("nccl: no ") + what + " before the deadline");
-    pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
-    if (rc < 0 && errno != EINTR) return Errno("poll");
-    if (rc > 0 && !ReadAvailable(fd, buf)) {
-      return RemoteDisconnect(std::string("nccl: peer closed the control socket before the ") + what);
-    }
-  }
 }
 
 Result<int> ConnectTcp(const std::string& host, uint16_t port, Deadline deadline) {
@@ -577,14 +540,17 @@ class Writer {
   }
 
   Status PollSocket() {
-    if (!ReadAvailable(fd, &rx_)) {
-      return RemoteDisconnect("nccl: the receiver closed the control socket (process gone?)");
-    }
+    // Acks that arrived just before the receiver closed still count: take every complete frame
+    // first, then report the close.
+    const bool open = ReadAvailable(fd, &rx_);
     for (;;) {
       FrameType type;
       std::string payload;
       KV_ASSIGN_OR_RETURN(bool got, TakeFrame(&rx_, &type, &payload));
-      if (!got) return OkStatus();
+      if (!got) {
+        return open ? OkStatus()
+                    : RemoteDisconnect("nccl: the receiver closed the control socket (process gone?)");
+      }
       if (type != FrameType::kAck) return DataLoss("nccl: unexpected frame from the receiver");
       KV_ASSIGN_OR_RETURN(Ack ack, DecodeAck(payload));
       bool found = false;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/time.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport::nccl {
@@ -124,6 +125,20 @@ std::string EncodeAck(const Ack& a);
 // when more bytes are needed, kDataLoss for a bad magic, an unknown type or a payload over
 // kMaxPayload.
 Result<bool> TakeFrame(std::string* buf, FrameType* type, std::string* payload);
+
+// ---- control socket -----------------------------------------------------------------------
+
+// Appends to `buf` whatever `fd` (a non-blocking-readable stream socket) has without blocking.
+// false when the peer closed the socket or it failed - possibly after appending the last bytes
+// the peer sent before closing, so a caller takes the complete frames from `buf` before it
+// treats false as the end.
+bool ReadAvailable(int fd, std::string* buf);
+// Waits until `deadline` for one frame and returns its payload: kDataLoss for a frame of
+// another type (or a bad one), kTimeout at the deadline, kRemoteDisconnect when the peer
+// closed the socket before a complete frame - a frame that arrived just before the close
+// (a refusal sent right before the peer hung up) is still returned.
+Result<std::string> ReadFrame(int fd, std::string* buf, FrameType want, Deadline deadline,
+                              const char* what);
 Result<Hello> DecodeHello(const std::string& payload);
 Result<HelloAck> DecodeHelloAck(const std::string& payload);
 Result<WriteHeader> DecodeWrite(const std::string& payload);
