@@ -269,7 +269,9 @@ TEST(NcclWire, ReadFrameDisconnectTimeoutAndWrongType) {
   for (int partial : {0, 1}) {
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    if (partial) ASSERT_EQ(::send(sv[1], ack.data(), ack.size() / 2, 0), static_cast<ssize_t>(ack.size() / 2));
+    if (partial) {
+      ASSERT_EQ(::send(sv[1], ack.data(), ack.size() / 2, 0), static_cast<ssize_t>(ack.size() / 2));
+    }
     ::close(sv[1]);
     std::string buf;
     auto r = ReadFrame(sv[0], &buf, FrameType::kHelloAck, DeadlineAfterMs(2000), "hello ack");
