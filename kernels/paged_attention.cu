@@ -19,9 +19,8 @@
 // Online softmax in fp32 (base 2, the scale folded with log2(e)); per-warp (m, l, O) states are
 // merged in shared memory at the end of the CTA, and split partials (normalised O and its
 // log2-sum-exp) are merged by a second kernel launched with programmatic dependent launch, or
-// (fused schedules) by the last CTA of each (sequence, KV head), or (cluster schedules) inside
-// each thread-block cluster through distributed shared memory, then across clusters by the
-// last warp to finish each 32-dim slice. The schedules (Schedule in the
+// (fused schedules) by the last CTA of each (sequence, KV head), or (cluster schedules, where
+// one cluster holds every split) through distributed shared memory. The schedules (Schedule in the
 // header; 4- or 16-warp CTAs, split plan, merge, PDL, early L2 prefetch) change only the layout
 // of this work, and kAuto picks one per shape from kAutoTable (measured).
 #include "kernels/paged_attention.h"
@@ -156,6 +155,9 @@ constexpr size_t OSmemBytes(int d, int warps) { return size_t(warps) * 8 * d * s
 // Cluster schedules add the CTA's merged output [8][d] and its per-head lse [8] after it, read
 // by the other CTAs of the cluster.
 constexpr size_t ClusterSmemBytes(int d) { return size_t(kHeadsPerCta) * (d + 1) * sizeof(float); }
+// The kernel's dynamic shared-memory attribute: the largest size any schedule launches it with
+// (set to this one value wherever it is set, so that no setter shrinks another's launch).
+constexpr size_t MaxSmemBytes(int d, int warps) { return OSmemBytes(d, warps) + ClusterSmemBytes(d); }
 
 template <bool kBf16, int D, int W>
 __device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, int nh);
@@ -177,6 +179,9 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
   __shared__ __align__(16) T p_s[W][kHeadsPerCta][kPStride];
   extern __shared__ __align__(16) float dyn_smem[];
   float(*o_s)[kHeadsPerCta][D] = reinterpret_cast<float(*)[kHeadsPerCta][D]>(dyn_smem);
+  // Cluster schedules: this CTA's merged output [8][D] and per-head lse [8], after the O staging.
+  float* const red_s = dyn_smem + W * kHeadsPerCta * D;
+  float* const lse_s = red_s + kHeadsPerCta * D;
   __shared__ float2 ml_s[W][kHeadsPerCta];
 
   const int warp = threadIdx.x / 32;
@@ -448,8 +453,8 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     const int h = h0 + hh;
     if (a.cluster > 1) {
       // Kept in shared memory for the cluster merge below.
-      dyn_smem[W * kHeadsPerCta * D + hh * D + d] = val;
-      if (d == 0) dyn_smem[W * kHeadsPerCta * D + kHeadsPerCta * D + hh] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+      red_s[hh * D + d] = val;
+      if (d == 0) lse_s[hh] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
     } else if (a.num_splits == 1) {
       static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h) * D + d] = FromF<kBf16>(val);
     } else {
@@ -459,8 +464,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     }
   }
   if (a.cluster > 1) {
-    ClusterMerge<kBf16, D, W>(a, dyn_smem + W * kHeadsPerCta * D, dyn_smem + W * kHeadsPerCta * D + kHeadsPerCta * D,
-                              seq, h0, nh);
+    ClusterMerge<kBf16, D, W>(a, red_s, lse_s, seq, h0, nh);
     return;
   }
   if (!a.fused) return;
@@ -801,11 +805,10 @@ int CtasPerSm() {
     int v = 0;
     auto* k = PagedDecodeKernel<kBf16, D, false, W>;
     const size_t smem = OSmemBytes(D, W);
-    // The attribute gets the largest size any schedule launches with (the same value
-    // LaunchMain and MaxActiveClusters set), the occupancy the plain schedules' size.
-    const size_t max_smem = smem + ClusterSmemBytes(D);
-    if ((max_smem > 48 * 1024 &&
-         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)) != cudaSuccess) ||
+    // The occupancy of the plain schedules' size.
+    if ((MaxSmemBytes(D, W) > 48 * 1024 &&
+         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(MaxSmemBytes(D, W))) !=
+             cudaSuccess) ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k, W * 32, smem) != cudaSuccess) {
       (void)cudaGetLastError();
       v = 0;
@@ -947,7 +950,7 @@ int MaxActiveClusters(int cs) {
   int n = 0;
   bool ok = true;
   for (auto* k : {PagedDecodeKernel<kBf16, D, false, W>, PagedDecodeKernel<kBf16, D, true, W>}) {
-    const size_t smem = OSmemBytes(D, W) + ClusterSmemBytes(D);
+    const size_t smem = MaxSmemBytes(D, W);
     ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess;
     if (cs > 8) ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
     if (!ok) break;
@@ -1144,12 +1147,10 @@ bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
 template <bool kBf16, int D, bool kPrefetch, int W>
 cudaError_t LaunchMain(const KernelArgs& a, const Plan& plan, dim3 grid, cudaStream_t stream) {
   auto* k = PagedDecodeKernel<kBf16, D, kPrefetch, W>;
-  // The cluster region is always within the maximum set here (MaxActiveClusters sets the same
-  // attribute with the same value before any cluster launch).
-  const size_t smem = OSmemBytes(D, W) + (plan.cluster > 1 ? ClusterSmemBytes(D) : 0);
-  if (OSmemBytes(D, W) + ClusterSmemBytes(D) > 48 * 1024) {
-    static const cudaError_t attr_err = cudaFuncSetAttribute(
-        k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(OSmemBytes(D, W) + ClusterSmemBytes(D)));
+  const size_t smem = plan.cluster > 1 ? MaxSmemBytes(D, W) : OSmemBytes(D, W);
+  if (MaxSmemBytes(D, W) > 48 * 1024) {
+    static const cudaError_t attr_err =
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(MaxSmemBytes(D, W)));
     if (attr_err != cudaSuccess) return attr_err;
   }
   cudaLaunchConfig_t cfg{};
@@ -1248,17 +1249,10 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
                              static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
                              plan.num_splits, p.head_dim, int(rows));
   } else {
-    if (plan.combine_dims == 128) {
-      cfg.gridDim = dim3(rows, unsigned(p.head_dim / 128));
-      err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16, 128>, p.out,
-                               static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
-                               plan.num_splits, p.head_dim);
-    } else {
-      cfg.gridDim = dim3(rows, unsigned(p.head_dim / 32));
-      err = cudaLaunchKernelEx(&cfg, CombineSplitsKernel<kBf16, 32>, p.out,
-                               static_cast<const float*>(a.ws_o), static_cast<const float*>(a.ws_lse),
-                               plan.num_splits, p.head_dim);
-    }
+    auto* combine = plan.combine_dims == 128 ? CombineSplitsKernel<kBf16, 128> : CombineSplitsKernel<kBf16, 32>;
+    cfg.gridDim = dim3(rows, unsigned(p.head_dim / plan.combine_dims));
+    err = cudaLaunchKernelEx(&cfg, combine, p.out, static_cast<const float*>(a.ws_o),
+                             static_cast<const float*>(a.ws_lse), plan.num_splits, p.head_dim);
   }
   if (err != cudaSuccess) (void)cudaGetLastError();
   return err;
