@@ -430,19 +430,18 @@ int main(int argc, char** argv) {
         for (size_t vi = 0; vi < variants.size(); ++vi) {
           med[vi] = Median(us[vi]);
           const double gbps = kv_bytes / (med[vi] * 1e-6) / 1e9;
+          const PagedDecodePlanInfo plan = PagedDecodeDescribe(set_params(0, variants[vi]));
           std::ostringstream o;
           o << "{\"bench\":\"decode_attention\",\"impl\":\"paged\",\"model\":\"" << m.name
             << "\",\"heads\":" << m.heads << ",\"kv_heads\":" << m.kv_heads << ",\"head_dim\":" << D
             << ",\"block\":" << bs << ",\"dtype\":\"f16\",\"batch\":" << B << ",\"ctx\":" << ctx
             << ",\"variant\":\"" << variants[vi].name << "\",\"schedule\":\""
-            << ScheduleName(PagedDecodeResolvedSchedule(set_params(0, variants[vi])))
-            << "\",\"early_prefetch\":"
-            << (PagedDecodeDescribe(set_params(0, variants[vi])).early_prefetch_units > 0 ? "true" : "false")
+            << ScheduleName(plan.schedule)
+            << "\",\"early_prefetch\":" << (plan.early_prefetch_units > 0 ? "true" : "false")
             << ",\"prefetch\":"
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
             << ",\"prefetch_distance\":" << variants[vi].distance
-            << ",\"splits\":" << PagedDecodeNumSplits(set_params(0, variants[vi]))
-            << ",\"cluster\":" << PagedDecodeClusterSize(set_params(0, variants[vi]))
+            << ",\"splits\":" << plan.num_splits << ",\"cluster\":" << plan.cluster
             << ",\"combine_dims\":" << (variants[vi].combine_dims ? variants[vi].combine_dims : 32)
             << ",\"us\":" << med[vi] << ",\"us_min\":" << *std::min_element(us[vi].begin(), us[vi].end())
             << ",\"us_max\":" << *std::max_element(us[vi].begin(), us[vi].end())
