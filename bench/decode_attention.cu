@@ -10,6 +10,8 @@
 //                    [--combine128 wide_kernel,...]  (those schedules, and their early
 //                    variants, again with 128-dim combine CTAs)
 //                    [--distances 1,2] [--split-probes 0.5,2] [--no-graph]
+//                    [--tables random|sequential]  (the block tables: a random permutation of
+//                    each set's blocks, or the identity)
 //
 // A decode step runs the attention as back-to-back launches on one stream; the graph (one per
 // variant, launches cycling through the KV sets) is that sequence without the host's launch
@@ -26,7 +28,11 @@
 // of the run (the device's read bandwidth; `frac_stream`), and the same kernel reading exactly
 // one call's bytes - each KV set's pool as one contiguous range, the same back-to-back launches
 // cycling through the sets in a graph, replayed interleaved with the variants (`frac_same_size`:
-// what a call of that size could reach if it did nothing but read its bytes once).
+// what a call of that size could reach if it did nothing but read its bytes once). And the
+// paged-read ceiling (`frac_gather`): GatherTilesRead (bench/paged_kv_sets.cuh) reading exactly
+// the call's K and V tiles through the same block tables with one wave of 512-thread CTAs, 2 or
+// 3 tiles in flight per warp (the faster counts), and the same kernel over the pool in order
+// (`contig`): what a paged read of these bytes, with nothing else to do, reaches.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -128,6 +134,7 @@ int main(int argc, char** argv) {
   std::vector<Schedule> early_schedules = {Schedule::kFused, Schedule::kWideFused};
   std::vector<int> early_units = {0};
   std::vector<Schedule> combine128;
+  bool sequential_tables = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return FlagValue(argc, argv, &i); };
@@ -139,6 +146,14 @@ int main(int argc, char** argv) {
     else if (a == "--distances") distances = ParseInts(next());
     else if (a == "--split-probes") split_probes = ParseDoubles(next());
     else if (a == "--no-graph") force_loop = true;
+    else if (a == "--tables") {
+      const std::string t = next();
+      if (t != "random" && t != "sequential") {
+        std::fprintf(stderr, "--tables: random or sequential, not %s\n", t.c_str());
+        return 2;
+      }
+      sequential_tables = t == "sequential";
+    }
     else if (a == "--early-units") early_units = ParseInts(next());
     else if (a == "--early") {
       if (!ParseExplicitSchedules(a, next(), &early_schedules)) return 2;
@@ -258,6 +273,7 @@ int main(int argc, char** argv) {
     double pf_gain;
     bool identical;
     double same_gbps;  // the streaming read of one call's bytes
+    double gather_gbps;  // the paged read of one call's tiles (best depth)
   };
   std::vector<Row> rows;
   std::vector<std::string> summary_lines;
@@ -281,7 +297,7 @@ int main(int argc, char** argv) {
           continue;
         }
         // Pools, tables, q, out (freed at the end of this shape).
-        KvSets sets(shape, n_sets, st, prop.multiProcessorCount);
+        KvSets sets(shape, n_sets, st, prop.multiProcessorCount, sequential_tables);
         const size_t qn = shape.qn;
         __half* const d_out = sets.out();
         PagedDecodeParams p = sets.Params();
@@ -353,16 +369,51 @@ int main(int argc, char** argv) {
         bool use_graph = !force_loop;
         // The same-size streaming read: its own graph of `launches` reads of one set each.
         cudaGraphExec_t same_exec = nullptr;
+        auto set_pool = [&](int s) {
+          return reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(sets.pool()) + size_t(s) * set_bytes);
+        };
         auto same_size_read = [&](int s) {
-          StreamRead<<<prop.multiProcessorCount * 8, 512, 0, st>>>(
-              reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(sets.pool()) + size_t(s) * set_bytes),
-              set_bytes / 16, sink);
+          StreamRead<<<prop.multiProcessorCount * 8, 512, 0, st>>>(set_pool(s), set_bytes / 16, sink);
+        };
+        // The paged-read ceilings: depth 2 / 4, the sets' tables / the identity.
+        struct Reader {
+          const char* tables;
+          int depth;
+          cudaGraphExec_t exec = nullptr;
+          std::vector<double> us;
+        };
+        std::vector<Reader> readers = {{"own", 2}, {"own", 3}, {"identity", 2}, {"identity", 3}};
+        int32_t* identity = nullptr;
+        {
+          std::vector<int32_t> id(shape.set_blocks);
+          std::iota(id.begin(), id.end(), 0);
+          CK(cudaMalloc(&identity, id.size() * 4));
+          CK(cudaMemcpy(identity, id.data(), id.size() * 4, cudaMemcpyHostToDevice));
+        }
+        const long tiles = long(shape.set_blocks) * m.kv_heads * 2;
+        auto gather_read = [&](const Reader& r, int s) {
+          const int32_t* tb = std::string(r.tables) == "identity" ? identity : sets.tables(s);
+          int per_sm = 0;
+          if (r.depth == 2) {
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GatherTilesRead<2>, 512, 0));
+            GatherTilesRead<2><<<prop.multiProcessorCount * per_sm, 512, 0, st>>>(
+                set_pool(s), tb, int(shape.blocks_per_seq), m.kv_heads, tiles, sink);
+          } else {
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GatherTilesRead<3>, 512, 0));
+            GatherTilesRead<3><<<prop.multiProcessorCount * per_sm, 512, 0, st>>>(
+                set_pool(s), tb, int(shape.blocks_per_seq), m.kv_heads, tiles, sink);
+          }
         };
         if (!force_loop) {
           CK(CaptureGraph(st, launches, [&](int l) {
             same_size_read(l % n_sets);
             return cudaSuccess;  // a launch error fails the capture
           }, &same_exec));
+          for (Reader& r : readers)
+            CK(CaptureGraph(st, launches, [&](int l) {
+              gather_read(r, l % n_sets);
+              return cudaSuccess;
+            }, &r.exec));
         }
         for (size_t vi = 0; vi < variants.size() && use_graph; ++vi) {  // (skipped with --no-graph)
           const cudaError_t e = CaptureGraph(st, launches, [&](int l) {
@@ -393,8 +444,17 @@ int main(int argc, char** argv) {
           }
           CK(cudaGetLastError());
         };
+        auto run_reader = [&](const Reader& r) {
+          if (r.exec) {
+            CK(cudaGraphLaunch(r.exec, st));
+          } else {
+            for (int l = 0; l < launches; ++l) gather_read(r, l % n_sets);
+          }
+          CK(cudaGetLastError());
+        };
         for (size_t vi = 0; vi < variants.size(); ++vi) run_variant(vi);  // warm-up
         run_same_size();
+        for (const Reader& r : readers) run_reader(r);
         CK(cudaStreamSynchronize(st));
         std::vector<std::vector<double>> us(variants.size());
         std::vector<double> same_us;
@@ -410,10 +470,26 @@ int main(int argc, char** argv) {
             });
             (vi < variants.size() ? us[vi] : same_us).push_back(ms * 1e3 / launches);
           }
+          for (Reader& rd : readers)
+            rd.us.push_back(TimeOnStream(st, t, [&] { run_reader(rd); }) * 1e3 / launches);
         }
         for (auto& e : execs)
           if (e) CK(cudaGraphExecDestroy(e));
         if (same_exec) CK(cudaGraphExecDestroy(same_exec));
+        CK(cudaFree(identity));
+        double gather_gbps = 0;  // the best depth over the sets' own tables
+        for (Reader& rd : readers) {
+          if (rd.exec) CK(cudaGraphExecDestroy(rd.exec));
+          const double g = double(set_bytes) / (Median(rd.us) * 1e-6) / 1e9;
+          if (std::string(rd.tables) == "own") gather_gbps = std::max(gather_gbps, g);
+          std::ostringstream o;
+          o << "{\"bench\":\"decode_attention\",\"impl\":\"gather_read\",\"model\":\"" << m.name
+            << "\",\"batch\":" << B << ",\"ctx\":" << ctx << ",\"tables\":\""
+            << (std::string(rd.tables) == "identity" ? "identity" : (sequential_tables ? "sequential" : "random"))
+            << "\",\"depth\":" << rd.depth << ",\"bytes\":" << set_bytes << ",\"us\":" << Median(rd.us)
+            << ",\"gbps\":" << g << ",\"frac_stream\":" << g / stream_gbps << "}";
+          emit(o.str());
+        }
         const double same_size_us = Median(same_us);
         const double same_size_gbps = double(set_bytes) / (same_size_us * 1e-6) / 1e9;
         {
@@ -447,7 +523,8 @@ int main(int argc, char** argv) {
             << ",\"us_max\":" << *std::max_element(us[vi].begin(), us[vi].end())
             << ",\"kv_bytes\":" << kv_bytes << ",\"gbps\":" << gbps
             << ",\"frac_stream\":" << gbps / stream_gbps
-            << ",\"frac_same_size\":" << gbps / same_size_gbps << ",\"n_sets\":" << n_sets
+            << ",\"frac_same_size\":" << gbps / same_size_gbps << ",\"frac_gather\":" << gbps / gather_gbps
+            << ",\"tables\":\"" << (sequential_tables ? "sequential" : "random") << "\",\"n_sets\":" << n_sets
             << ",\"rotated_mib\":" << double(set_bytes) * n_sets / (1 << 20)
             << ",\"launches_per_graph\":" << launches << ",\"graph\":" << (use_graph ? "true" : "false") << "}";
           emit(o.str());
@@ -480,6 +557,8 @@ int main(int argc, char** argv) {
             << ",\"frac_stream_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9 / stream_gbps
             << ",\"same_size_gbps\":" << same_size_gbps
             << ",\"frac_same_size_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9 / same_size_gbps
+            << ",\"gather_gbps\":" << gather_gbps
+            << ",\"frac_gather_auto\":" << kv_bytes / (us_auto * 1e-6) / 1e9 / gather_gbps
             << ",\"fastest_variant\":\"" << variants[best_sched].name << "\",\"us_fastest\":" << med[best_sched]
             << ",\"auto_slower_than_fastest\":" << us_auto / med[best_sched] - 1.0
             << ",\"us_off\":" << us_auto << ",\"us_on\":" << (on1 < variants.size() ? med[on1] : 0)
@@ -494,7 +573,7 @@ int main(int argc, char** argv) {
         }
         Row row{m.name, B, ctx, splits_v2, splits, auto_sched, kv_bytes / (us_v2 * 1e-6) / 1e9,
                 kv_bytes / (us_auto * 1e-6) / 1e9, {}, pf_gain, identical && finite && max_diff_v2 < 2e-2,
-                same_size_gbps};
+                same_size_gbps, gather_gbps};
         for (size_t vi = 0; vi < variants.size(); ++vi)
           if (variants[vi].prefetch == Prefetch::kOff && variants[vi].split_factor == 0)
             row.gbps_sched.push_back(kv_bytes / (med[vi] * 1e-6) / 1e9);
@@ -518,21 +597,22 @@ int main(int argc, char** argv) {
   CK(cudaFree(sink));
 
   std::printf("\nstreaming read: %.0f GB/s (start), %.0f GB/s (end); fractions below use the start value;\n"
-              "'same': the streaming read of exactly one call's bytes, back to back like the calls\n",
+              "'same': the streaming read of exactly one call's bytes, back to back like the calls;\n"
+              "'gather': the paged read of exactly one call's tiles (GatherTilesRead), likewise\n",
               stream_gbps, stream_gbps2);
   std::printf("%-11s %4s %6s %7s | %7s %5s |", "model", "B", "ctx", "splits", "v2 GB/s", "frac");
   for (const Variant& v : variants)
     if (v.prefetch == Prefetch::kOff && v.split_factor == 0 && v.schedule != Schedule::kV2)
       std::printf(" %11s", v.sched_name.c_str());
-  std::printf(" | %11s %7s %5s %7s %6s | %9s %5s | %3s\n", "auto =", "GB/s", "frac", "speedup", "pf",
-              "same GB/s", "frac", "ok");
+  std::printf(" | %11s %7s %5s %7s %6s | %9s %5s | %11s %5s | %3s\n", "auto =", "GB/s", "frac", "speedup",
+              "pf", "same GB/s", "frac", "gather GB/s", "frac", "ok");
   for (const Row& r : rows) {
     std::printf("%-11s %4d %6d %3d/%-3d | %7.0f %5.3f |", r.model.c_str(), r.batch, r.ctx, r.splits_v2,
                 r.splits_auto, r.gbps_v2, r.gbps_v2 / stream_gbps);
     for (size_t k = 1; k < r.gbps_sched.size(); ++k) std::printf(" %11.0f", r.gbps_sched[k]);
-    std::printf(" | %11s %7.0f %5.3f %7.3f %6.3f | %9.0f %5.3f | %3s\n", r.auto_sched.c_str(), r.gbps_auto,
-                r.gbps_auto / stream_gbps, r.gbps_auto / r.gbps_v2, r.pf_gain, r.same_gbps,
-                r.gbps_auto / r.same_gbps, r.identical ? "yes" : "NO");
+    std::printf(" | %11s %7.0f %5.3f %7.3f %6.3f | %9.0f %5.3f | %11.0f %5.3f | %3s\n", r.auto_sched.c_str(),
+                r.gbps_auto, r.gbps_auto / stream_gbps, r.gbps_auto / r.gbps_v2, r.pf_gain, r.same_gbps,
+                r.gbps_auto / r.same_gbps, r.gather_gbps, r.gbps_auto / r.gather_gbps, r.identical ? "yes" : "NO");
   }
   CK(cudaStreamDestroy(st));
   return 0;

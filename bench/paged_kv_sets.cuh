@@ -63,13 +63,72 @@ inline KvSetShape MakeKvSetShape(const Model& m, int batch, int ctx, int head_di
   return s;
 }
 
+// The paged-read ceiling: reads exactly the K and V tiles one decode call reads (head_dim 128,
+// 16-token units, block size 16: every (sequence, KV head, block) has one 4 KiB K tile and one
+// V tile, at the pool layout of kernels/paged_attention.h), through the block tables, and
+// nothing else - no math, no merge. Tile t = ((seq * kv_heads + head) * blocks_per_seq + block)
+// * 2 + (0: K, 1: V); warp w of the grid takes the contiguous tile range [w * T / W,
+// (w + 1) * T / W) and keeps kDepth tiles' loads in flight (each lane 8 x 16 bytes per tile,
+// 512 contiguous bytes per warp instruction). Launch it with 512-thread CTAs, as many as fit
+// at once (one wave, like the attention kernel's split plan), so what it measures is what a
+// paged read of these bytes can reach, against the streaming read of the same bytes as one
+// contiguous range. The words read are folded into one word per thread stored only if it
+// matches an impossible value (no dead code).
+template <int kDepth>
+static __global__ void __launch_bounds__(512) GatherTilesRead(const uint4* __restrict__ pool,
+                                                              const int32_t* __restrict__ tables,
+                                                              int blocks_per_seq, int kv_heads,
+                                                              long tiles, uint32_t* sink) {
+  constexpr int kTile16 = 16 * 128 * 2 / 16;  // 16-byte words per tile (256)
+  const long warps = long(gridDim.x) * (blockDim.x / 32);
+  const long w = long(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const long t_begin = w * tiles / warps, t_end = (w + 1) * tiles / warps;
+  const size_t head16 = kTile16, v16 = size_t(kv_heads) * kTile16, block16 = 2 * v16;
+  // Lane k < kDepth looks up the block of the round's k-th tile, one round ahead (as the
+  // attention kernel reads its next block id one unit ahead), so that no table load stands in
+  // front of a round's tile loads.
+  auto lookup = [&](long t0) -> const uint4* {
+    const long t = t0 + lane;
+    if (lane >= kDepth || t >= t_end) return pool;
+    const long rest = t >> 1;
+    const int blk = int(rest % blocks_per_seq);
+    const long sh = rest / blocks_per_seq;
+    const int head = int(sh % kv_heads);
+    const long seq = sh / kv_heads;
+    return pool + size_t(__ldg(tables + seq * blocks_per_seq + blk)) * block16 + size_t(t & 1) * v16 +
+           size_t(head) * head16;
+  };
+  uint32_t acc = 0;
+  const uint4* next = lookup(t_begin);
+  for (long t0 = t_begin; t0 < t_end; t0 += kDepth) {
+    const uint4* mine = next;
+    next = lookup(t0 + kDepth);
+    uint4 r[kDepth][kTile16 / 32];
+#pragma unroll
+    for (int k = 0; k < kDepth; ++k) {
+      const uint4* tp = reinterpret_cast<const uint4*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), k));
+#pragma unroll
+      for (int j = 0; j < kTile16 / 32; ++j)
+        r[k][j] = t0 + k < t_end ? __ldg(tp + lane + 32 * j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kDepth; ++k)
+#pragma unroll
+      for (int j = 0; j < kTile16 / 32; ++j) acc ^= r[k][j].x ^ r[k][j].y ^ r[k][j].z ^ r[k][j].w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 // The device inputs of `n_sets` KV sets of one shape, allocated in this order and freed on
 // destruction (a CUDA error is fatal, CK):
 //   pool:   n_sets * set_bytes of random fp16 (FillRandomHalf, seed batch * 131 + ctx); set s
 //           starts at s * set_bytes;
 //   tables: per set, set 0 first, a random permutation of its set_blocks blocks (one
-//           std::mt19937 seeded batch * 7919 + ctx + kv_heads, std::shuffle); sequence b's
-//           blocks at b * blocks_per_seq;
+//           std::mt19937 seeded batch * 7919 + ctx + kv_heads, std::shuffle) - or, with
+//           `sequential`, the identity (block j of the pool is the set's j-th block); sequence
+//           b's blocks at b * blocks_per_seq;
 //   lens:   ctx for every sequence;
 //   q:      random fp16 (seed 99); out: not initialized.
 // The random fills are queued on `st` (the pool's on sms * 8 blocks of 512 threads); the caller
@@ -77,7 +136,8 @@ inline KvSetShape MakeKvSetShape(const Model& m, int batch, int ctx, int head_di
 // synchronously. SetWorkspace adds a workspace, freed first.
 class KvSets {
  public:
-  KvSets(const KvSetShape& shape, int n_sets, cudaStream_t st, int sms) : shape_(shape), n_sets_(n_sets) {
+  KvSets(const KvSetShape& shape, int n_sets, cudaStream_t st, int sms, bool sequential = false)
+      : shape_(shape), n_sets_(n_sets) {
     const KvSetShape& s = shape_;
     CK(cudaMalloc(&pool_, s.set_bytes * n_sets));
     FillRandomHalf<<<sms * 8, 512, 0, st>>>(pool_, s.set_bytes * n_sets / 2, uint64_t(s.batch) * 131 + s.ctx);
@@ -87,7 +147,7 @@ class KvSets {
     for (int i = 0; i < n_sets; ++i) {
       std::vector<int32_t> perm(s.set_blocks);
       std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
+      if (!sequential) std::shuffle(perm.begin(), perm.end(), rng);
       std::copy(perm.begin(), perm.end(), tables.begin() + size_t(i) * s.set_blocks);
     }
     CK(cudaMalloc(&tables_, tables.size() * 4));
@@ -152,6 +212,8 @@ class KvSets {
     p->workspace_bytes = bytes;
   }
 
+  // Set `s`'s block tables ([batch][blocks_per_seq]).
+  const int32_t* tables(int s) const { return tables_ + size_t(s) * shape_.set_blocks; }
   const KvSetShape& shape() const { return shape_; }
   int n_sets() const { return n_sets_; }
   const __half* pool() const { return pool_; }
