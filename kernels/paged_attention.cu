@@ -24,6 +24,7 @@
 // header; 4- or 16-warp CTAs, split plan, merge, PDL, early L2 prefetch) change only the layout
 // of this work, and kAuto picks one per shape from kAutoTable (measured).
 #include "kernels/paged_attention.h"
+#include "kernels/paged_attention_timeline.h"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -82,6 +83,41 @@ struct KernelArgs {
 
 template <bool kBf16>
 using Elem = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+
+// Per-CTA timestamps (paged_attention_timeline.h): compiled in only with KVSTREAM_PA_TIMELINE.
+#ifdef KVSTREAM_PA_TIMELINE
+// In constant memory: a mark reads it through the constant cache, which the KV loads do not
+// evict (a global variable missed L1 at every mark: ~1 us per call added, and inside the
+// measured intervals).
+__constant__ unsigned long long* g_timeline = nullptr;
+__device__ __forceinline__ unsigned long long* TimelineRow(long base) {
+  const long cta = blockIdx.x + long(gridDim.x) * (blockIdx.y + long(gridDim.y) * blockIdx.z);
+  if (g_timeline == nullptr || cta >= timeline::kMaxMainCtas) return nullptr;
+  return g_timeline + (base + cta) * timeline::kMainSlots;
+}
+// Thread 0: event `ev` of this CTA (main kernel: base 0; combine: kMaxMainCtas).
+__device__ __forceinline__ void TimelineMark(int ev, long base = 0) {
+  if (threadIdx.x != 0) return;
+  unsigned long long* r = TimelineRow(base);
+  if (r == nullptr) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  r[ev] = t;
+  if (base == 0 && ev <= timeline::kWritten) r[timeline::kClock + ev] = clock64();
+}
+__device__ __forceinline__ void TimelineValue(int slot, unsigned long long v, long base = 0) {
+  unsigned long long* r = TimelineRow(base);
+  if (r != nullptr) r[slot] = v;
+}
+__device__ __forceinline__ unsigned SmId() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+#define KVSTREAM_TL(...) __VA_ARGS__
+#else
+#define KVSTREAM_TL(...)
+#endif
 
 template <bool kBf16>
 __device__ __forceinline__ void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -167,6 +203,7 @@ __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, in
 template <bool kBf16, int D, bool kPrefetch, int W>
 __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(const KernelArgs a) {
   using T = Elem<kBf16>;
+  KVSTREAM_TL(TimelineMark(timeline::kEntry));
   constexpr int kThreads = W * 32;
   static_assert((kHeadsPerCta * kMaxSplits + 4 * kThreads) * sizeof(float) <= OSmemBytes(64, W),
                 "fused merge scratch fits the O staging");
@@ -234,6 +271,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
   // nothing is read or written before this wait.
   WaitPrimaryGrid();
   if (a.trigger) AllowDependentLaunch();
+  KVSTREAM_TL(TimelineMark(timeline::kWaited));
 
   // The length, the block id of the warp's first unit (read if it lies inside the table row,
   // used only if it lies below the length) and q are independent loads, issued together: one
@@ -339,6 +377,8 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) sc[i] += sd[i];
+    // (The condition reads sc, so the mark waits for the mma, which waits for the K loads.)
+    KVSTREAM_TL(if (u == u_begin && __float_as_uint(sc[0]) != 0xffffffffu) TimelineMark(timeline::kFirstData));
     if constexpr (!kVEarly) load_v();
 
     // sc: [0] = S[token g][head 2c], [1] = S[g][2c+1], [2] = S[g+8][2c], [3] = S[g+8][2c+1].
@@ -408,6 +448,16 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     }
     blk = blk_next;
   }
+  KVSTREAM_TL({
+    TimelineMark(timeline::kWarp0Done);
+    if (lane == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      TimelineValue(timeline::kWarpDone + warp, t);
+    }
+    if (threadIdx.x == 0)
+      TimelineValue(timeline::kUnits, u_end > u_begin ? (u_end - u_begin + stride - 1) / stride : 0);
+  });
 
   // l: per-thread partial sums over its tokens -> sum over the 8 groups.
 #pragma unroll
@@ -432,6 +482,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     ml_s[warp][2 * c + 1] = make_float2(m1, l1);
   }
   __syncthreads();
+  KVSTREAM_TL(TimelineMark(timeline::kAllDone));
 
   // Merge the warps' states; write the output (one split) or this split's partial.
   for (int i = threadIdx.x; i < nh * D; i += kThreads) {
@@ -463,8 +514,13 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
       if (d == 0) a.ws_lse[row] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
     }
   }
+  KVSTREAM_TL({
+    TimelineMark(timeline::kWritten);
+    if (threadIdx.x == 0) TimelineValue(timeline::kSm, SmId());
+  });
   if (a.cluster > 1) {
     ClusterMerge<kBf16, D, W>(a, red_s, lse_s, seq, h0, nh);
+    KVSTREAM_TL(TimelineMark(timeline::kMerged));
     return;
   }
   if (!a.fused) return;
@@ -487,6 +543,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
   if (!last_s) return;
   __threadfence();
   FusedMerge<kBf16, D, W>(a, dyn_smem, seq, h0, nh);
+  KVSTREAM_TL(TimelineMark(timeline::kMerged));
 }
 
 // The split merge of the fused combine, run by the last CTA of a (sequence, KV head, chunk):
@@ -664,8 +721,10 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out
   __shared__ float w_s[kMaxSplits];
   __shared__ float max_s[kW], sum_s[kW];
   __shared__ float4 acc_s[kW][kCombineCols];
+  KVSTREAM_TL(TimelineMark(timeline::kEntry, timeline::kMaxMainCtas));
   AllowDependentLaunch();
   WaitPrimaryGrid();
+  KVSTREAM_TL(TimelineMark(timeline::kWaited, timeline::kMaxMainCtas));
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int col = tid % kCombineCols, grp = tid / kCombineCols;
   const int cols = head_dim / 4;
@@ -734,6 +793,10 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(void* out
     o[2] = FromF<kBf16>(t.z * inv);
     o[3] = FromF<kBf16>(t.w * inv);
   }
+  KVSTREAM_TL({
+    TimelineMark(timeline::kWritten, timeline::kMaxMainCtas);
+    if (threadIdx.x == 0) TimelineValue(timeline::kSm, SmId(), timeline::kMaxMainCtas);
+  });
 }
 
 // The same merge for few splits (<= kFewSplits): one thread per output float4 of a (sequence,
@@ -1356,5 +1419,18 @@ cudaError_t PagedDecodeAttention(const PagedDecodeParams& p, cudaStream_t stream
     default: return bf ? Launch<true, 256>(p, plan, prefetch, stream) : Launch<false, 256>(p, plan, prefetch, stream);
   }
 }
+
+namespace timeline {
+cudaError_t SetBuffer(unsigned long long* device_buffer) {
+#ifdef KVSTREAM_PA_TIMELINE
+  // Synchronous: launches queued after this call on any stream see the new buffer.
+  const cudaError_t e = cudaMemcpyToSymbol(g_timeline, &device_buffer, sizeof(device_buffer));
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+#else
+  (void)device_buffer;
+  return cudaErrorNotSupported;
+#endif
+}
+}  // namespace timeline
 
 }  // namespace kvstream::kernels

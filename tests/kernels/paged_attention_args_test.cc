@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/paged_attention.h"
+#include "kernels/paged_attention_timeline.h"
 
 namespace kvstream::kernels {
 namespace {
@@ -79,6 +80,14 @@ TEST(PagedDecodeArgs, UnsupportedShapesAreRefused) {
   refused([](auto& p) { p.q = nullptr; }, "null q");
   refused([](auto& p) { p.context_lens = nullptr; }, "null lens");
   refused([](auto& p) { p.kv_layer = fake + 2; }, "misaligned kv");
+}
+
+// The per-CTA timestamps exist only in the instrumented build (bench/decode_timeline); the
+// library everything else links has none and says so without touching the device.
+TEST(PagedDecodeArgs, TimelineIsOnlyInTheInstrumentedBuild) {
+  unsigned long long* any = reinterpret_cast<unsigned long long*>(fake);
+  EXPECT_EQ(timeline::SetBuffer(any), cudaErrorNotSupported);
+  EXPECT_EQ(timeline::SetBuffer(nullptr), cudaErrorNotSupported);
 }
 
 }  // namespace
