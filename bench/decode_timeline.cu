@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
             for (size_t i = 1; i < all.size(); ++i)
               if (all[i] > all[i - 1]) step = std::min(step, all[i] - all[i - 1]);
             auto rel = [&](unsigned long long t) { return double(t - t0) * 1e-3; };
-            std::vector<double> entry, waited, first, done, written, first_lat, units_phase, merge,
+            std::vector<double> entry, waited, first, done, written, first_lat, units_phase, merge, weights,
                 warp_spread, ghz;
             for (long c : mains) {
               const unsigned long long* x = row(0, c);
@@ -190,6 +190,7 @@ int main(int argc, char** argv) {
               done.push_back(rel(x[tl::kAllDone]));
               written.push_back(rel(x[tl::kWritten]));
               merge.push_back(double(x[tl::kWritten] - x[tl::kAllDone]) * 1e-3);
+              if (x[tl::kWeighted]) weights.push_back(double(x[tl::kWeighted] - x[tl::kAllDone]) * 1e-3);
               unsigned long long wmin = ~0ull, wmax = 0;
               for (int w = 0; w < plan.warps_per_cta && w < 16; ++w) {
                 const unsigned long long t = x[tl::kWarpDone + w];
@@ -242,6 +243,7 @@ int main(int argc, char** argv) {
               << ",\"combine_waited\":" << Spread(c_waited) << ",\"combine_written\":" << Spread(c_written)
               << ",\"cta_first_data_after_wait\":" << Spread(first_lat)
               << ",\"cta_units_phase\":" << Spread(units_phase) << ",\"cta_merge\":" << Spread(merge)
+              << ",\"cta_merge_weights\":" << Spread(weights)
               << ",\"cta_warp_end_spread\":" << Spread(warp_spread) << ",\"sm_ghz\":" << Spread(ghz)
               << ",\"active_ctas_per_500ns\":[";
             for (size_t k = 0; k < active.size(); ++k) o << (k ? "," : "") << active[k];

@@ -10,6 +10,7 @@
 //     [kFirstData]  warp 0's first unit scored (its first K loads arrived)
 //     [kWarp0Done]  warp 0 through its units
 //     [kAllDone]    every warp through its units (after the CTA barrier)
+//     [kWeighted]   the CTA merge's per-(warp, head) weights computed (after its barrier)
 //     [kWritten]    thread 0 done writing its part of the CTA's output or partial
 //     [kSm]         %smid
 //     [kUnits]      units warp 0 processed
@@ -43,6 +44,7 @@ enum Slot : int {
   kWarpDone = 8,   // + warp, 16 slots
   kClock = 24,     // + event kEntry..kWritten
   kMerged = 30,
+  kWeighted = 31,
   kMainSlots = 32,
 };
 constexpr int kMaxMainCtas = 8192;
