@@ -10,10 +10,14 @@ choice's ratio to v2 (the old path) at each shape. A variant is compared only wi
 the same process (the same shape line of the same file).
 
   python3 bench/auto_table.py a.jsonl b.jsonl ...
+  EARLY_DEFAULT=2 python3 bench/auto_table.py ...   (files measured before v5)
 """
 import collections
 import json
+import os
 import sys
+
+EARLY_DEFAULT = int(os.environ.get("EARLY_DEFAULT", "1"))
 
 
 def bcls(b):
@@ -40,10 +44,12 @@ def main():
                 if v.startswith("auto") or "splits_x" in v:
                     continue
                 name = v[:-4] if v.endswith("_off") else v
-                # Default-depth early prefetch only ("+early" or "+early2").
-                if "+early" in name and not (name.endswith("+early") or name.endswith("+early2")):
+                # Default-depth early prefetch only ("+early", or "+early<depth>" with the
+                # launcher's default depth, EARLY_DEFAULT: 1; 2 for measurements before v5).
+                dflt = f"+early{EARLY_DEFAULT}"
+                if "+early" in name and not (name.endswith("+early") or name.endswith(dflt)):
                     continue
-                name = name.replace("+early2", "+early")
+                name = name.replace(dflt, "+early")
                 key = (path, r["model"], r["batch"], r["ctx"])
                 shapes[key][name] = r["gbps"]
                 gqa_of[key] = r["heads"] != r["kv_heads"]

@@ -90,7 +90,7 @@ struct PagedDecodeParams {
   // value read before the wait is used after it). Needs num_blocks. kAuto = the measured table
   // when schedule is kAuto too, off with an explicit schedule.
   Prefetch early_prefetch = Prefetch::kAuto;
-  int early_prefetch_units = 0;  // units per warp the early prefetch covers: 1..4, 0 = 2
+  int early_prefetch_units = 0;  // units per warp the early prefetch covers: 1..4, 0 = 1
   // Number of blocks in kv_layer's pool (0 = unknown: no early prefetch). Block ids read before
   // the wait may be stale, and only ids below this are prefetched.
   int num_blocks = 0;

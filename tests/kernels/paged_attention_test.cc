@@ -241,7 +241,7 @@ void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_w
   for (V v : {V{Prefetch::kOff, 1, Prefetch::kOff}, V{Prefetch::kOn, 1, Prefetch::kOff},
               V{Prefetch::kOn, 3, Prefetch::kOff}, V{Prefetch::kAuto, 1, Prefetch::kAuto},
               V{Prefetch::kOff, 1, Prefetch::kOn}, V{Prefetch::kOn, 1, Prefetch::kOn},
-              V{Prefetch::kOff, 1, Prefetch::kOn, 4}}) {
+              V{Prefetch::kOff, 1, Prefetch::kOn, 2}, V{Prefetch::kOff, 1, Prefetch::kOn, 4}}) {
     p.prefetch = v.pf;
     p.prefetch_distance = v.dist;
     p.early_prefetch = v.early;
