@@ -54,7 +54,7 @@ constexpr int kMaxFusedCounters = 4096;
 constexpr size_t kCounterBytes = kMaxFusedCounters * sizeof(unsigned);
 constexpr int kMaxEarlyUnits = 4;      // early L2 prefetch: at most a warp's first 4 units
 // One unit (8 KiB per warp at head 128): measured 1.00-1.06x against two at batch 1-8 GQA, where
-// deeper prefetches compete with the previous call's tail for DRAM and L2 (four: 0.91-1.01x of
+// deeper prefetches compete with the previous call's tail for DRAM and L2 (four: 0.91-1.07x of
 // none; bench/results/decode_attention_2026-11-29_v5.md).
 constexpr int kDefaultEarlyUnits = 1;
 
