@@ -75,31 +75,6 @@ struct Variant {
   int combine_dims = 0;             // dims per split-combine CTA (0 = the launcher's 32)
 };
 
-const char* ScheduleName(Schedule s) {
-  switch (s) {
-    case Schedule::kAuto: return "auto";
-    case Schedule::kV2: return "v2";
-    case Schedule::kKernel: return "kernel";
-    case Schedule::kFused: return "fused";
-    case Schedule::kWideKernel: return "wide_kernel";
-    case Schedule::kWideFused: return "wide_fused";
-    case Schedule::kCluster: return "cluster";
-    case Schedule::kWideCluster: return "wide_cluster";
-  }
-  return "?";
-}
-
-bool ParseSchedule(const std::string& n, Schedule* s) {
-  for (Schedule x : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
-                     Schedule::kWideKernel, Schedule::kWideFused, Schedule::kCluster,
-                     Schedule::kWideCluster})
-    if (n == ScheduleName(x)) {
-      *s = x;
-      return true;
-    }
-  return false;
-}
-
 // A comma-separated list of explicit schedules (not auto, not v2; empty = none) for `flag`.
 bool ParseExplicitSchedules(const std::string& flag, const std::string& list, std::vector<Schedule>* out) {
   out->clear();

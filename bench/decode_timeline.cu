@@ -37,20 +37,6 @@ namespace tl = kvstream::kernels::timeline;
 
 namespace {
 
-const char* ScheduleName(Schedule s) {
-  switch (s) {
-    case Schedule::kAuto: return "auto";
-    case Schedule::kV2: return "v2";
-    case Schedule::kKernel: return "kernel";
-    case Schedule::kFused: return "fused";
-    case Schedule::kWideKernel: return "wide_kernel";
-    case Schedule::kWideFused: return "wide_fused";
-    case Schedule::kCluster: return "cluster";
-    case Schedule::kWideCluster: return "wide_cluster";
-  }
-  return "?";
-}
-
 // min / p10 / p50 / p90 / max of `v` as a JSON object.
 std::string Spread(std::vector<double> v) {
   std::ostringstream o;
@@ -86,18 +72,12 @@ int main(int argc, char** argv) {
       std::stringstream ss(next());
       std::string t;
       while (std::getline(ss, t, ',')) {
-        bool ok = false;
-        for (Schedule x : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
-                           Schedule::kWideKernel, Schedule::kWideFused, Schedule::kCluster,
-                           Schedule::kWideCluster})
-          if (t == ScheduleName(x)) {
-            schedules.push_back(x);
-            ok = true;
-          }
-        if (!ok) {
+        Schedule x;
+        if (!ParseSchedule(t, &x)) {
           std::fprintf(stderr, "unknown schedule %s\n", t.c_str());
           return 2;
         }
+        schedules.push_back(x);
       }
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());

@@ -63,6 +63,35 @@ inline KvSetShape MakeKvSetShape(const Model& m, int batch, int ctx, int head_di
   return s;
 }
 
+// The schedules' names in the benches' flags and JSON ("auto", "v2", "kernel", "fused",
+// "wide_kernel", "wide_fused", "cluster", "wide_cluster"), and back (false: no such name).
+inline const char* ScheduleName(kernels::Schedule s) {
+  using kernels::Schedule;
+  switch (s) {
+    case Schedule::kAuto: return "auto";
+    case Schedule::kV2: return "v2";
+    case Schedule::kKernel: return "kernel";
+    case Schedule::kFused: return "fused";
+    case Schedule::kWideKernel: return "wide_kernel";
+    case Schedule::kWideFused: return "wide_fused";
+    case Schedule::kCluster: return "cluster";
+    case Schedule::kWideCluster: return "wide_cluster";
+  }
+  return "?";
+}
+
+inline bool ParseSchedule(const std::string& n, kernels::Schedule* s) {
+  using kernels::Schedule;
+  for (Schedule x : {Schedule::kAuto, Schedule::kV2, Schedule::kKernel, Schedule::kFused,
+                     Schedule::kWideKernel, Schedule::kWideFused, Schedule::kCluster,
+                     Schedule::kWideCluster})
+    if (n == ScheduleName(x)) {
+      *s = x;
+      return true;
+    }
+  return false;
+}
+
 // The paged-read ceiling: reads exactly the K and V tiles one decode call reads (head_dim 128,
 // 16-token units, block size 16: every (sequence, KV head, block) has one 4 KiB K tile and one
 // V tile, at the pool layout of kernels/paged_attention.h), through the block tables, and
