@@ -493,7 +493,7 @@ int main(int argc, char** argv) {
             << (variants[vi].prefetch == Prefetch::kOn ? "true" : "false")
             << ",\"prefetch_distance\":" << variants[vi].distance
             << ",\"splits\":" << plan.num_splits << ",\"cluster\":" << plan.cluster
-            << ",\"combine_dims\":" << (variants[vi].combine_dims ? variants[vi].combine_dims : 32)
+            << ",\"combine_dims\":" << plan.combine_dims
             << ",\"us\":" << med[vi] << ",\"us_min\":" << *std::min_element(us[vi].begin(), us[vi].end())
             << ",\"us_max\":" << *std::max_element(us[vi].begin(), us[vi].end())
             << ",\"kv_bytes\":" << kv_bytes << ",\"gbps\":" << gbps

@@ -1420,6 +1420,8 @@ PagedDecodePlanInfo PagedDecodeDescribe(const PagedDecodeParams& p) {
   info.in_loop_prefetch = InLoopPrefetch(p);
   info.early_prefetch_units = EarlyUnits(p, plan);
   info.workspace_bytes = LayoutFor(p, plan).total;
+  if (plan.num_splits > 1 && !plan.fused && plan.cluster <= 1)
+    info.combine_dims = plan.num_splits <= kFewSplits ? 4 : plan.combine_dims;
   return info;
 }
 

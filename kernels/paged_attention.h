@@ -138,6 +138,9 @@ struct PagedDecodePlanInfo {
   int warps_per_cta = 0;
   bool in_loop_prefetch = false;      // the paper's L2 prefetch in the loop (prefetch variant)
   int early_prefetch_units = 0;       // units per warp prefetched into L2 before the PDL wait
+  // The split combine kernel: 0 = none (one split, or merged in the main kernel), 4 = one
+  // thread per output float4 (<= 8 splits), 32 / 128 = CTAs of that many dims (combine_dims).
+  int combine_dims = 0;
   size_t workspace_bytes = 0;         // as PagedDecodeWorkspaceBytes
 };
 PagedDecodePlanInfo PagedDecodeDescribe(const PagedDecodeParams& p);

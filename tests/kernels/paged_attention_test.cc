@@ -354,6 +354,9 @@ TEST(PagedDecode, ClusterMerge) {
     EXPECT_EQ(info.workspace_bytes, PagedDecodeWorkspaceBytes(p));
     EXPECT_EQ(info.warps_per_cta, c.sc == Schedule::kWideCluster ? 16 : 4);
     EXPECT_EQ(info.early_prefetch_units, 0);  // explicit schedule, early prefetch kAuto: off
+    // The combine kernel that runs: none in a cluster, else the float4 rows kernel up to 8
+    // splits and the 32-dim slice kernel above.
+    EXPECT_EQ(info.combine_dims, c.want_cluster > 1 ? 0 : (info.num_splits <= 8 ? 4 : 32));
   }
   uint32_t seed = 900;
   for (DType dt : {DType::kF16, DType::kBF16})
