@@ -183,8 +183,9 @@ int main(int argc, char** argv) {
               if (ns > 2000) ghz.push_back(double(x[tl::kClock + tl::kWritten] - x[tl::kClock + tl::kEntry]) / ns);
             }
             std::vector<double> merged;  // fused / cluster merges
+            // (Only a fused merge's last CTA writes kMerged: a row may hold an earlier launch's.)
             for (long c : mains)
-              if (row(0, c)[tl::kMerged]) {
+              if (row(0, c)[tl::kMerged] >= t0) {
                 merged.push_back(rel(row(0, c)[tl::kMerged]));
                 t_end = std::max(t_end, row(0, c)[tl::kMerged]);
               }
