@@ -70,9 +70,10 @@ template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {  // NOLINT
-    if (status_.ok()) status_ = Internal("Result constructed from an OK status without a value");
-  }
+  // (Initialised, not assigned: nvcc warns that an assignment's Status& result is discarded.)
+  Result(Status status)  // NOLINT
+      : status_(status.ok() ? Internal("Result constructed from an OK status without a value")
+                            : std::move(status)) {}
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
   T& value() & { CheckOk(); return *value_; }
