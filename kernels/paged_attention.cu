@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
   // head hh and reduces max and sum over its head's lanes with shuffles. The element loop is
   // then W shared loads and FMAs per output. (It used to evaluate every weight again for each
   // of the head's D elements: 1.1 M warp instructions per call at qwen2.5-7b batch 1, ncu.)
-  static_assert(32 % W == 0 || W % 32 == 0, "a head's lanes lie in one warp");
+  static_assert(32 % W == 0, "a head's W lanes lie in one warp (the shuffles stay inside it)");
   {
     const bool mine = threadIdx.x < W * nh;
     const unsigned lanes = __ballot_sync(0xffffffffu, mine);
