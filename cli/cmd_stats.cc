@@ -17,7 +17,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
-#include "connector/daemon_config.h"  // SplitPeers
+#include "daemon/daemon_config.h"  // SplitPeers
 #include "connector/grpc_status.h"
 #include "proto/kvstream.grpc.pb.h"
 #endif
@@ -79,7 +79,7 @@ int RunStats(std::span<const std::string> args) {
   std::vector<std::pair<std::string, bool>> targets;  // address, is decode
   if (flags->Has("decode")) targets.emplace_back(flags->Get("decode"), true);
   if (flags->Has("prefill")) {
-    for (const std::string& p : connector::SplitPeers(flags->Get("prefill"))) {
+    for (const std::string& p : daemon::SplitPeers(flags->Get("prefill"))) {
       if (p.empty()) return ReportError("stats", InvalidArgument("--prefill: empty address"), true);
       targets.emplace_back(p, false);
     }

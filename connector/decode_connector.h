@@ -40,8 +40,6 @@
 
 namespace kvstream::connector {
 
-inline constexpr char kQuiescedTrailer[] = "kvstream-writes-quiesced";
-
 struct DecodeConnectorOptions {
   std::string prefill_address;        // host:port of the prefill daemon's gRPC server
   std::string instance_id;            // empty: generated

@@ -1,4 +1,5 @@
-// The handshake's layout descriptor: what prefill and decode must agree on before any KV moves.
+// The handshake's layout descriptor: what prefill and decode must agree on before any KV moves,
+// and the protocol constants both sides use.
 //
 // Guarantees:
 //  - CheckCompatible() compares every field and refuses the first mismatch with
@@ -20,6 +21,10 @@
 namespace kvstream::connector {
 
 inline constexpr uint32_t kProtocolVersion = 1;
+
+// Trailing metadata of a Prefill call (value "1"): the prefill sets it once none of the call's
+// writes can still land in the decode's pool, so the decode may reuse the blocks at once.
+inline constexpr char kQuiescedTrailer[] = "kvstream-writes-quiesced";
 
 struct LayoutDescriptor {
   model::KvLayout layout;

@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "common/log.h"
-#include "connector/daemon_runtime.h"  // ComputeDeviceId
+#include "daemon/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/grpc_status.h"
 
 namespace kvstream::decode {
@@ -52,12 +52,12 @@ struct DecodeServer::Request {
   std::atomic<bool> client_gone{false};
 };
 
-DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBackend* backend,
                            model::KvPool* pool,
                            std::vector<connector::DecodeConnector*> connectors)
     : config_(config),
-      device_id_(connector::ComputeDeviceId(config)),
-      shared_via_mps_(connector::ComputeDeviceSharedViaMps(config)),
+      device_id_(daemon::ComputeDeviceId(config)),
+      shared_via_mps_(daemon::ComputeDeviceSharedViaMps(config)),
       backend_(backend),
       pool_(pool),
       connectors_(std::move(connectors)),
@@ -87,8 +87,8 @@ DecodeServer::DecodeServer(const connector::DaemonConfig& config, model::ModelBa
 }
 
 bool DecodeServer::FirstStepAfterLoad(const Request& r) const {
-  return connector::ResolveFirstStepAfterLoad(config_.first_step_after_load, device_id_,
-                                              r.conn->peer_device_id(), shared_via_mps_);
+  return daemon::ResolveFirstStepAfterLoad(config_.first_step_after_load, device_id_,
+                                           r.conn->peer_device_id(), shared_via_mps_);
 }
 
 connector::DecodeConnector* DecodeServer::PickConnector() {

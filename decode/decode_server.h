@@ -32,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "connector/daemon_config.h"
+#include "daemon/daemon_config.h"
 #include "connector/decode_connector.h"
 #include "decode/join_budget.h"
 #include "model/backend.h"
@@ -43,7 +43,7 @@ namespace kvstream::decode {
 class DecodeServer final : public kvstream::v1::Decode::Service {
  public:
   // `connectors`: one per prefill daemon, at least one; they must outlive the server.
-  DecodeServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+  DecodeServer(const daemon::DaemonConfig& config, model::ModelBackend* backend,
                model::KvPool* pool, std::vector<connector::DecodeConnector*> connectors);
   ~DecodeServer() override;
 
@@ -88,9 +88,9 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   // The prefill connector for a new load (see the class comment).
   connector::DecodeConnector* PickConnector();
 
-  connector::DaemonConfig config_;
-  std::string device_id_;  // connector::ComputeDeviceId(config_)
-  bool shared_via_mps_;    // connector::ComputeDeviceSharedViaMps(config_)
+  daemon::DaemonConfig config_;
+  std::string device_id_;  // daemon::ComputeDeviceId(config_)
+  bool shared_via_mps_;    // daemon::ComputeDeviceSharedViaMps(config_)
   model::ModelBackend* backend_;
   model::KvPool* pool_;
   std::vector<connector::DecodeConnector*> connectors_;

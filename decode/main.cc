@@ -2,29 +2,30 @@
 #include <cstdio>
 
 #include "common/log.h"
-#include "connector/daemon_runtime.h"
+#include "daemon/daemon_runtime.h"
+#include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
 
 using namespace kvstream;
 
 namespace {
-int Fail(const Status& s) { return connector::DaemonFailure("decode", s); }
+int Fail(const Status& s) { return daemon::DaemonFailure("decode", s); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  connector::BlockTerminationSignals();
+  daemon::BlockTerminationSignals();
   int exit_code = 0;
-  auto cfg = connector::StartDaemon(argc, argv, "decode", &exit_code);
+  auto cfg = daemon::StartDaemon(argc, argv, "decode", &exit_code);
   if (!cfg) return exit_code;
 
-  auto model = connector::LoadServingModel(*cfg);
+  auto model = daemon::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
   // One transport and connector per prefill daemon; each registers the same pool.
   std::vector<std::unique_ptr<connector::DecodeConnector>> conns;
-  const std::string device_id = connector::ComputeDeviceId(*cfg);
-  for (const std::string& peer : connector::SplitPeers(cfg->peer)) {
-    auto transport = connector::CreateTransportFromConfig(*cfg, "decode");
+  const std::string device_id = daemon::ComputeDeviceId(*cfg);
+  for (const std::string& peer : daemon::SplitPeers(cfg->peer)) {
+    auto transport = daemon::CreateTransportFromConfig(*cfg, "decode");
     if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
     cfg->transport = (*transport)->name();  // as resolved (Stats reports it)
     connector::DecodeConnectorOptions dopt;
@@ -50,16 +51,16 @@ int main(int argc, char** argv) {
 
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   int port = 0;
-  auto server = connector::StartGrpcServer(cfg->listen, {&service}, &port);
+  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port);
   if (!server.ok()) return Fail(server.status());
-  if (Status s = connector::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
+  if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-decode " << conns.front()->instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
               << model->backend->config().num_layers << " layers, backend "
               << model->backend->name() << ", pool " << cfg->pool_blocks << " blocks, prefill "
               << cfg->peer << ", pipelining " << (cfg->pipelining ? "on" : "off") << ")";
 
-  int sig = connector::WaitForTerminationSignal();
+  int sig = daemon::WaitForTerminationSignal();
   KV_LOG_INFO << "signal " << sig << ": shutting down";
   service.BeginShutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

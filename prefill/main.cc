@@ -2,25 +2,26 @@
 #include <cstdio>
 
 #include "common/log.h"
-#include "connector/daemon_runtime.h"
+#include "daemon/daemon_runtime.h"
+#include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "prefill/prefill_server.h"
 
 using namespace kvstream;
 
 namespace {
-int Fail(const Status& s) { return connector::DaemonFailure("prefill", s); }
+int Fail(const Status& s) { return daemon::DaemonFailure("prefill", s); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  connector::BlockTerminationSignals();
+  daemon::BlockTerminationSignals();
   int exit_code = 0;
-  auto cfg = connector::StartDaemon(argc, argv, "prefill", &exit_code);
+  auto cfg = daemon::StartDaemon(argc, argv, "prefill", &exit_code);
   if (!cfg) return exit_code;
 
-  auto model = connector::LoadServingModel(*cfg);
+  auto model = daemon::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
-  auto transport = connector::CreateTransportFromConfig(*cfg, "prefill");
+  auto transport = daemon::CreateTransportFromConfig(*cfg, "prefill");
   if (!transport.ok()) return Fail(transport.status().WithContext("creating the transport"));
   auto conn = connector::PrefillConnector::Create(
       std::move(transport).value(), model->pool.get(),
@@ -29,16 +30,16 @@ int main(int argc, char** argv) {
 
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
   int port = 0;
-  auto server = connector::StartGrpcServer(cfg->listen, {&service}, &port);
+  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port);
   if (!server.ok()) return Fail(server.status());
-  if (Status s = connector::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
+  if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-prefill " << service.instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
               << model->backend->config().num_layers << " layers, backend "
               << model->backend->name() << ", pool " << cfg->pool_blocks << " blocks, transport "
               << (*conn)->transport().name() << ")";
 
-  int sig = connector::WaitForTerminationSignal();
+  int sig = daemon::WaitForTerminationSignal();
   KV_LOG_INFO << "signal " << sig << ": shutting down";
   service.BeginShutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -5,10 +5,9 @@
 #include <thread>
 
 #include "common/log.h"
-#include "connector/decode_connector.h"  // kQuiescedTrailer
 #include "connector/grpc_status.h"
-#include "connector/daemon_runtime.h"  // ComputeDeviceId
-#include "connector/handshake.h"
+#include "connector/handshake.h"  // kQuiescedTrailer
+#include "daemon/daemon_runtime.h"  // ComputeDeviceId
 
 namespace kvstream::prefill {
 
@@ -78,11 +77,11 @@ class SaveHooks : public model::LayerHooks {
 };
 }  // namespace
 
-PrefillServer::PrefillServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+PrefillServer::PrefillServer(const daemon::DaemonConfig& config, model::ModelBackend* backend,
                              model::KvPool* pool, connector::PrefillConnector* connector)
     : config_(config), backend_(backend), pool_(pool), connector_(connector),
       instance_id_(connector::NewInstanceId("prefill")),
-      device_id_(connector::ComputeDeviceId(config)),
+      device_id_(daemon::ComputeDeviceId(config)),
       cache_(&pool->allocator(), config.prompt_cache_blocks) {}
 
 grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,

@@ -16,7 +16,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "connector/daemon_config.h"
+#include "daemon/daemon_config.h"
 #include "connector/prefill_connector.h"
 #include "model/backend.h"
 #include "prefill/prompt_cache.h"
@@ -26,7 +26,7 @@ namespace kvstream::prefill {
 
 class PrefillServer final : public kvstream::v1::Prefill::Service {
  public:
-  PrefillServer(const connector::DaemonConfig& config, model::ModelBackend* backend,
+  PrefillServer(const daemon::DaemonConfig& config, model::ModelBackend* backend,
                 model::KvPool* pool, connector::PrefillConnector* connector);
 
   grpc::Status Handshake(grpc::ServerContext* ctx, const kvstream::v1::HandshakeRequest* req,
@@ -46,7 +46,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   Status RunPrefill(grpc::ServerContext* ctx, const kvstream::v1::PrefillRequest& req,
                     grpc::ServerWriter<kvstream::v1::PrefillProgress>* writer);
 
-  connector::DaemonConfig config_;
+  daemon::DaemonConfig config_;
   model::ModelBackend* backend_;
   model::KvPool* pool_;
   connector::PrefillConnector* connector_;

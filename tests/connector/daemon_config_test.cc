@@ -1,11 +1,11 @@
-#include "connector/daemon_config.h"
+#include "daemon/daemon_config.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
 
-namespace kvstream::connector {
+namespace kvstream::daemon {
 namespace {
 
 Result<DaemonConfig> Parse(std::vector<std::string> args, const std::string& role = "prefill") {
@@ -231,4 +231,4 @@ TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
 }
 
 }  // namespace
-}  // namespace kvstream::connector
+}  // namespace kvstream::daemon

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "connector/daemon_runtime.h"
+#include "daemon/daemon_runtime.h"
 #include "model/generate.h"
 #include "prefill/prefill_server.h"
 #include "transport/testing/fake_transport.h"
@@ -23,16 +23,16 @@ constexpr int kBlocks = 64;
 class DecodeConnectorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    DaemonConfig cfg;
+    daemon::DaemonConfig cfg;
     cfg.model = "tiny";
     cfg.threads = 1;
     cfg.pool_blocks = kBlocks;
     cfg.cancel_timeout_ms = 2000;
     cfg.fault_layer_delay_ms = fault_layer_delay_ms_;
-    auto pm = LoadServingModel(cfg);
+    auto pm = daemon::LoadServingModel(cfg);
     ASSERT_TRUE(pm.ok()) << pm.status().ToString();
     prefill_model_ = std::move(pm).value();
-    auto dm = LoadServingModel(cfg);
+    auto dm = daemon::LoadServingModel(cfg);
     ASSERT_TRUE(dm.ok());
     decode_model_ = std::move(dm).value();
 
@@ -44,7 +44,7 @@ class DecodeConnectorTest : public ::testing::Test {
     prefill_connector_ = std::move(pc).value();
     server_impl_ = std::make_unique<prefill::PrefillServer>(
         cfg, prefill_model_.backend.get(), prefill_model_.pool.get(), prefill_connector_.get());
-    auto server = StartGrpcServer("127.0.0.1:0", {server_impl_.get()}, &port_);
+    auto server = daemon::StartGrpcServer("127.0.0.1:0", {server_impl_.get()}, &port_);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
 
@@ -86,7 +86,7 @@ class DecodeConnectorTest : public ::testing::Test {
   }
 
   int64_t fault_layer_delay_ms_ = 0;  // the prefill's forward sleeps this long per layer
-  ServingModel prefill_model_, decode_model_;
+  daemon::ServingModel prefill_model_, decode_model_;
   FakeTransport* prefill_transport_ = nullptr;
   FakeTransport* decode_transport_ = nullptr;
   std::unique_ptr<PrefillConnector> prefill_connector_;

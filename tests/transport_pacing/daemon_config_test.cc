@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
-#include "connector/daemon_config.h"
-#include "connector/daemon_runtime.h"
+#include "daemon/daemon_config.h"
+#include "daemon/daemon_runtime.h"
 #include "transport/transport.h"
 
-namespace kvstream::connector {
+namespace kvstream::daemon {
 namespace {
 
 TEST(DaemonPacing, KeysAreParsedAndRefused) {
@@ -68,4 +68,4 @@ TEST(DaemonPacing, TransportFromConfigIsPaced) {
 }
 
 }  // namespace
-}  // namespace kvstream::connector
+}  // namespace kvstream::daemon

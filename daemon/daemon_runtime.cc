@@ -1,7 +1,6 @@
-#include "connector/daemon_runtime.h"
+#include "daemon/daemon_runtime.h"
 
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 
@@ -9,14 +8,14 @@
 
 #include "common/log.h"
 #include "transport/pacing.h"
-#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+#ifdef KVSTREAM_DAEMON_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 #ifdef KVSTREAM_HAVE_UCX_STAGED
 #include "transport/staged/staged_transport.h"
 #endif
 
-namespace kvstream::connector {
+namespace kvstream::daemon {
 
 model::ModelSpec ModelSpecFromConfig(const DaemonConfig& cfg) {
   model::ModelSpec spec;
@@ -51,7 +50,7 @@ Result<ServingModel> LoadServingModel(const DaemonConfig& cfg) {
 }
 
 std::string ComputeDeviceId(const DaemonConfig& cfg) {
-#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+#ifdef KVSTREAM_DAEMON_HAVE_CUDA
   if (cfg.backend != "cuda") return "";
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, cfg.device) != cudaSuccess) {
@@ -73,7 +72,7 @@ std::string ComputeDeviceId(const DaemonConfig& cfg) {
 }
 
 bool ComputeDeviceSharedViaMps(const DaemonConfig& cfg) {
-#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+#ifdef KVSTREAM_DAEMON_HAVE_CUDA
   if (cfg.backend != "cuda") return false;
   // By number: the enumerator is missing from older CUDA 12 headers; an older driver answers
   // cudaErrorInvalidValue, read as "no".
@@ -91,7 +90,7 @@ bool ComputeDeviceSharedViaMps(const DaemonConfig& cfg) {
 }
 
 Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLayout& layout) {
-#ifdef KVSTREAM_CONNECTOR_HAVE_CUDA
+#ifdef KVSTREAM_DAEMON_HAVE_CUDA
   if (cfg.backend != "cuda") return InvalidArgument("pool_gpu_fraction needs --backend cuda");
   if (cudaSetDevice(cfg.device) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -162,31 +161,6 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
   return transport::CreateTransport(to);
 }
 
-namespace {
-sigset_t TerminationSet() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  return set;
-}
-}  // namespace
-
-void BlockTerminationSignals() {
-  sigset_t set = TerminationSet();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  // A peer closing a socket must surface as an error on the write, not kill the daemon.
-  std::signal(SIGPIPE, SIG_IGN);
-}
-
-int WaitForTerminationSignal() {
-  sigset_t set = TerminationSet();
-  int sig = 0;
-  while (sigwait(&set, &sig) != 0) {
-  }
-  return sig;
-}
-
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
                                                       const std::vector<grpc::Service*>& services,
                                                       int* port) {
@@ -244,4 +218,4 @@ int DaemonFailure(const std::string& role, const Status& status) {
   return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-}  // namespace kvstream::connector
+}  // namespace kvstream::daemon

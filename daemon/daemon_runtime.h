@@ -1,5 +1,5 @@
-// What both daemons do around their service: load the model and pool from the config, create
-// the transport, run a gRPC server with the health service, and wait for SIGTERM/SIGINT.
+// What both daemons do around their service: parse the config, load the model and pool, create
+// the transport, and run a gRPC server with the health service (signals: daemon/signals.h).
 #pragma once
 
 #include <memory>
@@ -10,11 +10,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/status.h"
-#include "connector/daemon_config.h"
+#include "daemon/daemon_config.h"
 #include "model/backend.h"
 #include "transport/transport.h"
 
-namespace kvstream::connector {
+namespace kvstream::daemon {
 
 struct ServingModel {
   std::unique_ptr<model::ModelBackend> backend;
@@ -43,8 +43,6 @@ bool ComputeDeviceSharedViaMps(const DaemonConfig& cfg);
 Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg,
                                                                         const std::string& role);
 
-// Blocks SIGTERM, SIGINT and SIGPIPE in the calling thread and every thread it creates later;
-// call first thing in main(). WaitForTerminationSignal() returns the signal received.
 // The start of a daemon's main(): parses argv for `role` ("prefill" or "decode"), prints --help
 // (exit code 0) or the error and usage (exit code 2), applies log_level and logs the resolved
 // config. Returns the config, or nullopt with *exit_code set.
@@ -54,9 +52,6 @@ std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string
 // (2 for kInvalidArgument, else 1).
 int DaemonFailure(const std::string& role, const Status& status);
 
-void BlockTerminationSignals();
-int WaitForTerminationSignal();
-
 // Builds and starts a server with the standard gRPC health service enabled. *port gets the
 // bound port (the listen address may ask for port 0).
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
@@ -65,4 +60,4 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
 // Written atomically (temp file + rename) so a reader never sees a partial port.
 Status WritePortFile(const std::string& path, int port);
 
-}  // namespace kvstream::connector
+}  // namespace kvstream::daemon

@@ -1,4 +1,4 @@
-#include "connector/daemon_config.h"
+#include "daemon/daemon_config.h"
 
 #include <cmath>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace kvstream::connector {
+namespace kvstream::daemon {
 namespace {
 
 using json = nlohmann::json;
@@ -291,4 +291,4 @@ std::vector<std::string> SplitPeers(const std::string& peers) {
   return out;
 }
 
-}  // namespace kvstream::connector
+}  // namespace kvstream::daemon

@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 
-namespace kvstream::connector {
+namespace kvstream::daemon {
 
 struct DaemonConfig {
   // model
@@ -103,4 +103,4 @@ bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& lo
 // element when there is no comma; empty elements are kept, and refused by the config check).
 std::vector<std::string> SplitPeers(const std::string& peers);
 
-}  // namespace kvstream::connector
+}  // namespace kvstream::daemon
