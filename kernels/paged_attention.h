@@ -1,6 +1,7 @@
 // Paged decode attention (one query token per sequence) over the KV pool layout of
 // model/kv_cache.h, with an optional L2 prefetch of each warp's next KV block
-// (cp.async.bulk.prefetch.L2.global, sm_90).
+// (cp.async.bulk.prefetch.L2.global, sm_90). The parameters and the device-free queries
+// (PagedDecodeSupported, PagedDecodeAutoPrefetch) are in paged_attention_params.h.
 //
 // Tensors (row-major, no padding):
 //   q, out:        [num_seqs][num_heads][head_dim]                     dtype
@@ -29,94 +30,16 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <cstdint>
 
-#include "common/dtype.h"
+#include "kernels/paged_attention_params.h"
 
 namespace kvstream::kernels {
 
-enum class Prefetch : int { kAuto = -1, kOff = 0, kOn = 1 };
-
-// How the work is laid out and the split partials merged (all compute the same attention; only
-// the schedule's own prefetch variants are bit-identical to each other).
-enum class Schedule : int {
-  kAuto = -1,       // measured choice by shape (PagedDecodeResolvedSchedule)
-  kV2 = 0,          // the v2 kernel: 4-warp CTAs, wave-filling split plan, separate combine
-                    // kernel (PDL), main kernel launched plainly
-  kKernel = 1,      // 4-warp CTAs; where one wave holds all splits, the split count with the
-                    // fewest whole per-warp rounds; separate combine; PDL launches
-  kFused = 2,       // kKernel's plan; the last CTA of each (sequence, KV head) merges the
-                    // splits (no second kernel; needs the zeroed workspace)
-  kWideKernel = 3,  // one 16-warp CTA per SM (head <= 128; else as kKernel): 4x fewer splits
-  kWideFused = 4,   // kWideKernel's plan with the fused merge
-  kCluster = 5,     // kKernel's plan; the splits of a (sequence, KV head) run as one
-                    // thread-block cluster (<= 16 CTAs) that merges them through distributed
-                    // shared memory: no second kernel, no workspace
-  kWideCluster = 6, // kWideKernel's plan with kCluster's merge
-};
-
-struct PagedDecodeParams {
-  void* out = nullptr;
-  const void* q = nullptr;
-  const void* kv_layer = nullptr;
-  const int32_t* block_tables = nullptr;
-  const int32_t* context_lens = nullptr;
-  int num_seqs = 0;
-  int num_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int block_size = 16;
-  int max_blocks_per_seq = 0;
-  int max_context_len = 0;      // upper bound of context_lens (host-known), for split planning
-  // Optional: the same lengths as context_lens, on the host ([num_seqs], read during the call
-  // only). With it, a batch of uneven lengths (the longest > 1.5x the mean: e.g. a landed
-  // 16k-token prompt joining 4k-token streams) is split so that the long sequences do not
-  // leave one straggling CTA per head; without it (or for an even batch) the plan depends on
-  // max_context_len alone.
-  const int32_t* host_context_lens = nullptr;
-  float scale = 0.f;            // softmax scale, usually 1/sqrt(head_dim)
-  DType dtype = DType::kF16;    // kF16 or kBF16
-  Prefetch prefetch = Prefetch::kAuto;
-  int num_splits = 0;           // 0 = chosen by shape
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  // Lookahead of the L2 prefetch in the warp's own loop strides (1 = the paper's
-  // block_idx + NUM_WARPS); 0 = the default (1). Only used when the prefetch variant runs.
-  int prefetch_distance = 0;
-  Schedule schedule = Schedule::kAuto;
-  // Early L2 prefetch (PDL schedules only, i.e. not kV2): before waiting for the previous
-  // kernel in the stream, each warp issues cp.async.bulk.prefetch.L2 for the K and V tiles of
-  // its first units (early_prefetch_units), so that they stream in during that kernel's tail. A hint only (no
-  // value read before the wait is used after it). Needs num_blocks. kAuto = the measured table
-  // when schedule is kAuto too, off with an explicit schedule.
-  Prefetch early_prefetch = Prefetch::kAuto;
-  int early_prefetch_units = 0;  // units per warp the early prefetch covers: 1..4, 0 = 1
-  // Number of blocks in kv_layer's pool (0 = unknown: no early prefetch). Block ids read before
-  // the wait may be stale, and only ids below this are prefetched.
-  int num_blocks = 0;
-  // Dims each CTA of the split combine kernel merges when the context has more than 8 splits:
-  // 32 (more, smaller CTAs), 128 (4x fewer CTAs, head_dim >= 128 only; else 32), 0 = 32. The
-  // two sum the splits in different orders (outputs may differ in the last bit).
-  int combine_dims = 0;
-};
-
-// True when the shape is implemented: dtype kF16/kBF16, head_dim 64/128/256, block_size 16/32,
-// num_heads a multiple of num_kv_heads, 0 <= num_seqs <= 65535, max_context_len <=
-// max_blocks_per_seq * block_size, q/out/kv_layer 16-byte aligned, non-null pointers.
-// Preconditions the launcher cannot check (device memory): every context_lens[i] <=
-// max_context_len (longer ones are still computed correctly, as long as they fit the block
-// table, but the split plan is made for max_context_len), and block_tables[i][j] is a valid
-// block id of kv_layer for j < ceil(context_lens[i] / block_size). A context length of 0 gives
-// an output of zeros.
-bool PagedDecodeSupported(const PagedDecodeParams& p);
 // Workspace the launch needs (0: none, workspace may be null). Depends on the shape, the split
 // plan and the current device's SM count; identical for both prefetch variants.
 size_t PagedDecodeWorkspaceBytes(const PagedDecodeParams& p);
 // How many CTAs each sequence's context is split over (1: no combine kernel), 0 if unsupported.
 int PagedDecodeNumSplits(const PagedDecodeParams& p);
-// The variant Prefetch::kAuto runs for this shape (true = with the L2 prefetch): a table
-// measured on an H200, see docs/kernels.md.
-bool PagedDecodeAutoPrefetch(const PagedDecodeParams& p);
 // The schedule a launch with these params runs (kAuto resolved; a wide schedule at head 256 or
 // for an uneven batch runs its 4-warp counterpart; a fused one with more than 4096
 // (sequence, KV head) pairs its kernel-combine counterpart; a cluster one with one split, more
@@ -127,22 +50,7 @@ Schedule PagedDecodeResolvedSchedule(const PagedDecodeParams& p);
 int PagedDecodeClusterSize(const PagedDecodeParams& p);
 
 // Everything a launch with these params would run, planned on the current device (the queries
-// above each report one field of it). For an unsupported shape `supported` is false and the
-// rest is zero / kV2; for num_seqs == 0 (nothing launched) or when the device cannot be queried,
-// `supported` is true and the rest zero / kV2.
-struct PagedDecodePlanInfo {
-  bool supported = false;
-  Schedule schedule = Schedule::kV2;  // resolved, as PagedDecodeResolvedSchedule
-  int num_splits = 0;                 // CTAs per (sequence, KV head, head chunk)
-  int cluster = 0;                    // CTAs per thread-block cluster (1: none)
-  int warps_per_cta = 0;
-  bool in_loop_prefetch = false;      // the paper's L2 prefetch in the loop (prefetch variant)
-  int early_prefetch_units = 0;       // units per warp prefetched into L2 before the PDL wait
-  // The split combine kernel: 0 = none (one split, or merged in the main kernel), 4 = one
-  // thread per output float4 (<= 8 splits), 32 / 128 = CTAs of that many dims (combine_dims).
-  int combine_dims = 0;
-  size_t workspace_bytes = 0;         // as PagedDecodeWorkspaceBytes
-};
+// above each report one field of it); see PagedDecodePlanInfo.
 PagedDecodePlanInfo PagedDecodeDescribe(const PagedDecodeParams& p);
 // Enqueues the decode attention on `stream` (one kernel, plus a combine kernel when the
 // context is split and the schedule does not fuse the merge). Both prefetch variants of a
