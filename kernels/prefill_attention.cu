@@ -28,9 +28,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 template <int HD>
 struct Shape {
-  // Measured on the H200 at llama-3-8b's shape (bench/prefill_attention): 64 keys per tile with
-  // Q's fragments held in registers and one CTA per SM beat 32-key tiles or two CTAs per SM
-  // (which spill at 128 registers) by 3-12% at 2k-4k prompts and tied at 16k. The other head
+  // Head 128 (llama-3-8b's shape): 64 keys per tile with Q's fragments held in registers and one
+  // CTA per SM; 32-key tiles, or two CTAs per SM (which spill at 128 registers), were slower
+  // (docs/kernels.md, prefill attention, has the tile variants side by side). The other head
   // sizes take what fits their register budget without spilling: head 256 keeps Q in shared
   // memory (its O accumulators alone take 128 registers), head 64 runs 32-key tiles at two CTAs
   // per SM.
