@@ -17,7 +17,7 @@
 #include "kernels/kv_write.h"
 #include "kernels/layer_ops.h"
 #include "kernels/prefill_attention.h"
-#include "tests/model_cuda/gpu_util.h"
+#include "tests/model/gpu_util.h"
 
 namespace kvstream::kernels {
 namespace {
