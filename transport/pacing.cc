@@ -9,7 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "transport/write_plan.h"
+#include "transport/core/write_completion.h"
+#include "transport/core/write_plan.h"
 
 namespace kvstream::transport {
 
@@ -238,25 +239,6 @@ struct PacedState {
   }
 };
 
-class PacedHandle final : public WriteHandle {
- public:
-  PacedHandle(std::shared_ptr<WriteCompletion> c, std::shared_ptr<PacedState> state)
-      : c_(std::move(c)), state_(std::move(state)) {}
-  bool Done() const override { return c_->done(); }
-  Status Wait(Deadline deadline) override { return c_->Wait(deadline); }
-  uint64_t bytes() const override { return c_->bytes(); }
-  uint64_t transfers() const override { return c_->transfers(); }
-  bool Cancel() override {
-    c_->RequestCancel();
-    state_->Poke();
-    return true;
-  }
-
- private:
-  std::shared_ptr<WriteCompletion> c_;
-  std::shared_ptr<PacedState> state_;
-};
-
 class PacedEndpoint final : public Endpoint {
  public:
   PacedEndpoint(std::unique_ptr<Endpoint> inner, std::vector<uint64_t> remote_lengths,
@@ -316,7 +298,9 @@ class PacedEndpoint final : public Endpoint {
     w->chunks = SplitIntoChunks(plan, chunk_bytes_, &pieces);
     w->ordered = w->chunks.size() > 1 && DestinationsOverlap(plan);
     w->completion = std::make_shared<WriteCompletion>(plan.bytes, pieces);
-    auto handle = std::make_unique<PacedHandle>(w->completion, state_);
+    // A cancel wakes the worker so that it stops posting the write's chunks.
+    auto handle = std::make_unique<internal::CompletionHandle>(
+        w->completion, [state = state_] { state->Poke(); });
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->active.push_back(std::move(w));

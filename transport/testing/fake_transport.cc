@@ -11,7 +11,8 @@
 #include <string>
 #include <thread>
 
-#include "transport/write_plan.h"
+#include "transport/core/write_completion.h"
+#include "transport/core/write_plan.h"
 
 namespace kvstream::transport::testing {
 namespace {

@@ -1,5 +1,8 @@
 // UCX backend of transport/transport.h (ucp RMA puts + active-message notifications).
 //
+// Files: ucx_worker (context, worker, progress thread), ucx_receiver (registrations and the
+// notification handler), ucx_writer and ucx_host_copy (endpoints and writes), ucx_wire.
+//
 // Threading: one ucp worker per Transport, owned by a dedicated progress thread (the worker is
 // created UCS_THREAD_MODE_SINGLE and only that thread calls into it). Callers hand work to it
 // through a queue; the thread spins on ucp_worker_progress while anything is in flight and
@@ -22,8 +25,9 @@
 // the notification then goes over the UCX endpoint as above. A pidfd on the peer process and
 // the UCX endpoint both report its death. Allocate() backs memory with a memfd for this.
 //
-// Wire: the address and memory keys are versioned envelopes (tag, version, length, checksum)
-// around UCX's blobs, so a truncated or foreign blob is refused with kInvalidArgument.
+// Wire (ucx_wire.h): the address, memory keys and notifications are envelopes of
+// transport/core/envelope.h around UCX's blobs, so a truncated or foreign blob is refused with
+// kInvalidArgument.
 // Connect() retries ucp_ep_create a few times when UCX reports the peer unreachable (seen on
 // overloaded sandboxes).
 //

@@ -1,43 +1,16 @@
-// Backend-side helpers shared by every transport backend (not part of the public API):
-// validation of a WriteRequest against the local and remote regions, and coalescing of
-// adjacent CopyOps into contiguous runs.
+// Completion of one write, shared by every backend: the backend completes a WriteCompletion
+// once; CompletionHandle is the WriteHandle the caller gets (not part of the public API).
 #pragma once
-
-#include <cstdint>
-#include <vector>
-
-#include "common/status.h"
-#include "transport/transport.h"
-
-namespace kvstream::transport::internal {
-
-struct Run {
-  uint64_t local_offset = 0;
-  uint64_t remote_offset = 0;
-  uint64_t length = 0;
-};
-
-struct WritePlan {
-  std::vector<Run> runs;  // in request order; zero-length ops dropped
-  uint64_t bytes = 0;
-};
-
-// Checks every op against [0, local_length) and [0, remote_length) (overflow-safe) and merges
-// an op into the previous run when it continues it on both sides. Ops are not reordered:
-// overlapping destinations keep the caller's order.
-Result<WritePlan> PlanWrite(const std::vector<CopyOp>& ops, uint64_t local_length,
-                            uint64_t remote_length);
-
-// Checks the parts of a request every backend checks the same way: a local registration is
-// given and remote_region indexes `num_remote_regions`.
-Status CheckRequestShape(const WriteRequest& request, size_t num_remote_regions);
-
-}  // namespace kvstream::transport::internal
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "transport/transport.h"
 
 namespace kvstream::transport::internal {
 
@@ -65,20 +38,26 @@ class WriteCompletion {
   const uint64_t transfers_;
 };
 
+// Cancel() marks the completion (the backend looks at cancel_requested()) and then calls
+// `on_cancel`, if given, so that a backend thread asleep until its next event wakes up to see it.
 class CompletionHandle final : public WriteHandle {
  public:
-  explicit CompletionHandle(std::shared_ptr<WriteCompletion> c) : c_(std::move(c)) {}
+  explicit CompletionHandle(std::shared_ptr<WriteCompletion> c,
+                            std::function<void()> on_cancel = nullptr)
+      : c_(std::move(c)), on_cancel_(std::move(on_cancel)) {}
   bool Done() const override { return c_->done(); }
   Status Wait(Deadline deadline) override { return c_->Wait(deadline); }
   uint64_t bytes() const override { return c_->bytes(); }
   uint64_t transfers() const override { return c_->transfers(); }
   bool Cancel() override {
     c_->RequestCancel();
+    if (on_cancel_) on_cancel_();
     return true;
   }
 
  private:
   std::shared_ptr<WriteCompletion> c_;
+  std::function<void()> on_cancel_;
 };
 
 }  // namespace kvstream::transport::internal

@@ -1,4 +1,4 @@
-#include "transport/write_plan.h"
+#include "transport/core/write_plan.h"
 
 #include <string>
 
@@ -30,17 +30,21 @@ Result<WritePlan> PlanWrite(const std::vector<CopyOp>& ops, uint64_t local_lengt
     }
     if (op.length == 0) continue;
     plan.bytes += op.length;
-    if (!plan.runs.empty()) {
-      Run& last = plan.runs.back();
-      if (last.local_offset + last.length == op.local_offset &&
-          last.remote_offset + last.length == op.remote_offset) {
-        last.length += op.length;
-        continue;
-      }
-    }
-    plan.runs.push_back(Run{op.local_offset, op.remote_offset, op.length});
+    AppendCoalesced(plan.runs, op);
   }
   return plan;
+}
+
+void AppendCoalesced(std::vector<Run>& runs, const CopyOp& op) {
+  if (!runs.empty()) {
+    Run& last = runs.back();
+    if (last.local_offset + last.length == op.local_offset &&
+        last.remote_offset + last.length == op.remote_offset) {
+      last.length += op.length;
+      return;
+    }
+  }
+  runs.push_back(op);
 }
 
 Status CheckRequestShape(const WriteRequest& request, size_t num_remote_regions) {
@@ -52,34 +56,6 @@ Status CheckRequestShape(const WriteRequest& request, size_t num_remote_regions)
                            " regions)");
   }
   return OkStatus();
-}
-
-}  // namespace kvstream::transport::internal
-
-namespace kvstream::transport::internal {
-
-void WriteCompletion::Complete(Status status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
-    done_ = true;
-    status_ = std::move(status);
-  }
-  cv_.notify_all();
-}
-
-bool WriteCompletion::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-Status WriteCompletion::Wait(Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
-    return Timeout("write of " + std::to_string(bytes_) +
-                   " bytes not complete by the deadline (it may still be in flight)");
-  }
-  return status_;
 }
 
 }  // namespace kvstream::transport::internal

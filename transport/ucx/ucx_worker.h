@@ -1,0 +1,98 @@
+// The UCX backend's worker (transport/ucx/): one ucp context and worker per Transport, owned by
+// a dedicated progress thread (the worker is created UCS_THREAD_MODE_SERIALIZED and only that
+// thread calls into it after Create). Callers hand work to it through a queue; the thread spins on
+// ucp_worker_progress while anything is in flight and sleeps on the worker's event fd
+// (UCP_FEATURE_WAKEUP) plus an eventfd when idle. Same-host copies run on its copier thread and
+// copy lanes.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/task_thread.h"
+#include "transport/transport.h"
+#include "transport/ucx/ucx_wire.h"
+
+namespace kvstream::transport::ucx {
+
+// The kvstream status of a UCX status (kRemoteDisconnect for a lost peer, ...).
+Status FromUcs(ucs_status_t s, const std::string& what);
+
+class UcxWorker {
+ public:
+  static Result<std::shared_ptr<UcxWorker>> Create(const TransportOptions& options);
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  ucp_context_h context() const { return context_; }
+  ucp_worker_h worker() const { return worker_; }
+  const std::string& address() const { return address_; }
+  bool cuda_memory() const { return cuda_memory_; }
+  const HostIdentity& identity() const { return identity_; }
+  bool cma_allowed() const { return cma_allowed_; }
+  TaskThread& copier() { return *copier_; }
+  // Same-host copies run on up to max_copy_lanes() threads: the copier is lane 0, lanes 1.. are
+  // extra threads made on first use (a daemon that never copies on its host never starts them).
+  int max_copy_lanes() const { return max_copy_lanes_; }
+  TaskThread& copy_lane(int i);
+  bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  // Runs fn on the progress thread, in order of posting.
+  void Post(std::function<void()> fn);
+  // Runs fn on the progress thread and returns its status (inline when already on it).
+  Status RunSync(std::function<Status()> fn);
+
+  void SetSink(NotificationSink sink) {
+    auto p = sink ? std::make_shared<const NotificationSink>(std::move(sink)) : nullptr;
+    std::lock_guard<std::mutex> lock(sink_mu_);
+    sink_ = std::move(p);
+  }
+  std::shared_ptr<const NotificationSink> sink() const {
+    std::lock_guard<std::mutex> lock(sink_mu_);
+    return sink_;
+  }
+
+  // Progress-thread only: writes and closes in flight keep the thread spinning.
+  int busy = 0;
+  // Progress-thread only: periodic checks (close deadlines) run each loop while non-empty.
+  std::unordered_map<void*, std::function<bool()>> watchers;
+
+ private:
+  UcxWorker() = default;
+  void Loop();
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  bool cuda_memory_ = false;
+  HostIdentity identity_;
+  bool cma_allowed_ = false;
+  std::unique_ptr<TaskThread> copier_;
+  int max_copy_lanes_ = 1;
+  std::mutex lanes_mu_;
+  std::vector<std::unique_ptr<TaskThread>> lanes_;  // lanes 1.. (index i - 1)
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::deque<std::function<void()>> queue_;
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex sink_mu_;
+  std::shared_ptr<const NotificationSink> sink_;
+};
+
+}  // namespace kvstream::transport::ucx

@@ -1,0 +1,243 @@
+#include "transport/ucx/ucx_writer.h"
+
+#include <chrono>
+
+#include "common/log.h"
+
+namespace kvstream::transport::ucx {
+namespace {
+
+constexpr auto kCloseFlushTimeout = std::chrono::seconds(2);
+constexpr auto kCloseWaitTimeout = std::chrono::seconds(10);
+
+}  // namespace
+
+using internal::CompletionHandle;
+using internal::Run;
+using internal::WriteCompletion;
+
+void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* ep = static_cast<UcxEndpointState*>(arg);
+  ep->MarkFailed(RemoteDisconnect(std::string("ucx: peer lost: ") + ucs_status_string(status)));
+}
+
+static void MaybeSignalClosed(UcxEndpointState* ep) {
+  if (!ep->closing || ep->ep != nullptr || ep->inflight != 0) return;
+  {
+    std::lock_guard<std::mutex> lock(ep->mu);
+    if (ep->closed) return;
+    ep->closed = true;
+  }
+  ep->closed_cv.notify_all();
+}
+
+void FinishWrite(UcxWriteOp* op, Status status) {
+  op->completion->Complete(std::move(status));
+  UcxEndpointState* ep = op->ep.get();
+  --ep->inflight;
+  --ep->worker->busy;
+  std::shared_ptr<UcxEndpointState> keep = std::move(op->ep);
+  delete op;
+  MaybeSignalClosed(ep);
+}
+
+// A failed request on a lost or closing endpoint reports why the endpoint went away.
+static Status OpFailure(UcxWriteOp* op, ucs_status_t st, const char* what) {
+  if (op->ep->failed.load()) return op->ep->Error();
+  if (st == UCS_ERR_CANCELED) return Canceled("ucx: write canceled: endpoint closed");
+  return FromUcs(st, std::string("ucx: ") + what);
+}
+
+static void OnNotifySent(void* request, ucs_status_t st, void* user) {
+  auto* op = static_cast<UcxWriteOp*>(user);
+  if (request != nullptr) ucp_request_free(request);
+  FinishWrite(op, st == UCS_OK ? OkStatus() : OpFailure(op, st, "notification"));
+}
+
+void OnWriteFlushed(void* request, ucs_status_t st, void* user) {
+  auto* op = static_cast<UcxWriteOp*>(user);
+  if (request != nullptr) ucp_request_free(request);
+  if (st != UCS_OK) return FinishWrite(op, OpFailure(op, st, "flush"));
+  if (!op->put_error.ok()) return FinishWrite(op, op->put_error);
+  if (!op->notify) return FinishWrite(op, OkStatus());
+  if (op->completion->cancel_requested()) {
+    return FinishWrite(op, Canceled("ucx: write canceled before its notification"));
+  }
+  if (op->ep->closing.load() || op->ep->ep == nullptr) {
+    return FinishWrite(op, Canceled("ucx: endpoint closed before the notification"));
+  }
+  // Every put is complete at the destination: now the notification may go.
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_EAGER;
+  p.cb.send = &OnNotifySent;
+  p.user_data = op;
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(op->ep->ep, kNotifyAmId, op->notify_header.data(),
+                      op->notify_header.size(), nullptr, 0, &p);
+  if (r == nullptr) return OnNotifySent(nullptr, UCS_OK, op);
+  if (UCS_PTR_IS_ERR(r)) return OnNotifySent(nullptr, UCS_PTR_STATUS(r), op);
+}
+
+void StartWrite(UcxWriteOp* op) {
+  UcxEndpointState* ep = op->ep.get();
+  ++ep->inflight;
+  ++ep->worker->busy;
+  if (ep->closing) return FinishWrite(op, Canceled("ucx: endpoint is closing"));
+  if (op->completion->cancel_requested()) return FinishWrite(op, Canceled("ucx: write canceled"));
+  if (ep->failed.load()) return FinishWrite(op, ep->Error());
+  if (op->runs.empty() && !op->notify) return FinishWrite(op, OkStatus());
+  if (ep->cma_pid != 0 && !op->runs.empty()) {
+    // The copier owns the op until it posts it back; the progress thread need not spin.
+    --ep->worker->busy;
+    ep->worker->copier().Post([op] { CopyOnHost(op); });
+    return;
+  }
+
+  ucp_request_param_t put{};
+  put.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+  put.memh = op->reg->memh;
+  auto* base = static_cast<uint8_t*>(op->reg->region.addr);
+  // No completion callback per put: the flush below covers all of them, and a request the put
+  // returns is released at once (UCX frees it when it completes).
+  for (const Run& run : op->runs) {
+    if (op->completion->cancel_requested()) {
+      op->put_error = Canceled("ucx: write canceled");
+      break;
+    }
+    ucs_status_ptr_t r = ucp_put_nbx(ep->ep, base + run.local_offset, run.length,
+                                     op->remote_base + run.remote_offset, op->rkey, &put);
+    if (UCS_PTR_IS_ERR(r)) {
+      op->put_error = OpFailure(op, UCS_PTR_STATUS(r), "ucp_put_nbx");
+      break;
+    }
+    if (r != nullptr) ucp_request_free(r);
+  }
+  ucp_request_param_t fl{};
+  fl.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  fl.cb.send = &OnWriteFlushed;
+  fl.user_data = op;
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep->ep, &fl);
+  if (r == nullptr) return OnWriteFlushed(nullptr, UCS_OK, op);
+  if (UCS_PTR_IS_ERR(r)) return OnWriteFlushed(nullptr, UCS_PTR_STATUS(r), op);
+}
+
+// ---- closing an endpoint (progress thread) ---------------------------------------------------
+
+static void OnEpClosed(void* request, ucs_status_t, void* user) {
+  auto* ep = static_cast<UcxEndpointState*>(user);
+  if (request != nullptr) ucp_request_free(request);
+  // Puts that could use the keys are finished or canceled by now.
+  for (ucp_rkey_h k : ep->rkeys) ucp_rkey_destroy(k);
+  ep->rkeys.clear();
+  ep->ep = nullptr;
+  MaybeSignalClosed(ep);
+}
+
+static void ForceClose(UcxEndpointState* ep) {
+  if (ep->force_started) return;
+  ep->force_started = true;
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  p.cb.send = &OnEpClosed;
+  p.user_data = ep;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep->ep, &p);
+  if (r == nullptr) return OnEpClosed(nullptr, UCS_OK, ep);
+  if (UCS_PTR_IS_ERR(r)) return OnEpClosed(nullptr, UCS_PTR_STATUS(r), ep);
+}
+
+static void OnCloseFlushed(void* request, ucs_status_t st, void* user);
+
+static void FlushForClose(UcxEndpointState* ep) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &OnCloseFlushed;
+  p.user_data = ep;
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep->ep, &p);
+  if (r == nullptr) return OnCloseFlushed(nullptr, UCS_OK, ep);
+  if (UCS_PTR_IS_ERR(r)) return OnCloseFlushed(nullptr, UCS_PTR_STATUS(r), ep);
+}
+
+static void OnCloseFlushed(void* request, ucs_status_t st, void* user) {
+  auto* ep = static_cast<UcxEndpointState*>(user);
+  if (request != nullptr) ucp_request_free(request);
+  if (ep->force_started) return;
+  // Notifications sent after an earlier flush, or same-host copies, may still be outstanding:
+  // the watcher flushes again (never from here: a flush that completes at once would recurse)
+  // until every write has finished, then closes; it forces the close at the deadline.
+  if (st == UCS_OK && ep->inflight > 0 && !ep->failed.load() && !Expired(ep->flush_deadline)) {
+    ep->reflush = true;
+    return;
+  }
+  ForceClose(ep);
+}
+
+void BeginClose(const std::shared_ptr<UcxEndpointState>& ep) {
+  ep->closing = true;
+  ep->flush_deadline = Clock::now() + kCloseFlushTimeout;
+  UcxWorker* w = ep->worker;
+  ++w->busy;
+  // The watcher holds the UcxEndpointState until the close is over, and forces it at the deadline.
+  w->watchers[ep.get()] = [ep, w] {
+    if (!ep->force_started && (Expired(ep->flush_deadline) || ep->failed.load())) {
+      ForceClose(ep.get());
+    } else if (!ep->force_started && ep->reflush) {
+      ep->reflush = false;
+      FlushForClose(ep.get());
+    }
+    std::lock_guard<std::mutex> lock(ep->mu);
+    if (ep->closed) --w->busy;
+    return ep->closed;
+  };
+  if (ep->failed.load()) return ForceClose(ep.get());
+  FlushForClose(ep.get());
+}
+
+// ---- the endpoint ----------------------------------------------------------------------------
+
+UcxEndpoint::~UcxEndpoint() {
+  std::shared_ptr<UcxEndpointState> ep = state_;
+  worker_->Post([ep] { BeginClose(ep); });
+  std::unique_lock<std::mutex> lock(ep->mu);
+  if (!ep->closed_cv.wait_until(lock, Clock::now() + kCloseWaitTimeout,
+                                [&] { return ep->closed; })) {
+    // The watcher keeps the state alive; nothing dangles, but the close is late.
+    KV_LOG_ERROR << "ucx: endpoint close did not finish within 10 s";
+  }
+}
+
+Result<std::unique_ptr<WriteHandle>> UcxEndpoint::Write(const WriteRequest& request) {
+  KV_RETURN_IF_ERROR(internal::CheckRequestShape(request, state_->regions.size()));
+  if (request.after_stream != nullptr) {
+    return NotSupported("ucx: after_stream needs a GPU backend; this one moves host memory");
+  }
+  const auto* local = dynamic_cast<const UcxRegistration*>(request.local);
+  if (local == nullptr || local->state()->worker.get() != worker_.get()) {
+    return InvalidArgument("local registration was not made by this UCX transport");
+  }
+  const RemoteRegion& remote = state_->regions[request.remote_region];
+  KV_ASSIGN_OR_RETURN(internal::WritePlan plan,
+                      internal::PlanWrite(request.ops, local->region().length, remote.length));
+  if (state_->failed.load()) return state_->Error();
+
+  auto completion = std::make_shared<WriteCompletion>(plan.bytes, plan.runs.size());
+  auto* op = new UcxWriteOp;
+  op->completion = completion;
+  op->ep = state_;
+  op->reg = local->state();
+  op->remote_base = remote.addr;
+  op->rkey = state_->rkeys[request.remote_region];
+  if (const UcxEndpointState::PeerMap& m = state_->maps[request.remote_region]; m.ptr != nullptr) {
+    op->mapped_dst = m.ptr + (remote.addr - m.base);
+  }
+  op->runs = std::move(plan.runs);
+  op->notify = request.notify;
+  if (request.notify) op->notify_header = EncodeNotification(request.notification);
+  worker_->Post([op] { StartWrite(op); });
+  return std::unique_ptr<WriteHandle>(new CompletionHandle(std::move(completion)));
+}
+
+}  // namespace kvstream::transport::ucx

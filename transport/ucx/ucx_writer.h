@@ -1,0 +1,128 @@
+// The writing side of the UCX backend (transport/ucx/): endpoints, writes and their closing.
+//
+// Write(): the adjacent CopyOps are coalesced; every run is posted with ucp_put_nbx, then one
+// ucp_ep_flush_nbx waits for remote completion of all of them, and only then, if asked, an
+// active message carries the notification. A same-host peer's memory is written by the copier
+// thread instead (ucx_host_copy.cc), after which the notification goes the same way.
+//
+// Endpoint destruction: flush (bounded), then force-close the ucp endpoint, then wait until
+// every write through it has completed (canceled ones with kCanceled).
+//
+// Everything here but UcxEndpoint's public calls runs on the worker's progress thread.
+#pragma once
+
+#include <sys/mman.h>
+#include <sys/types.h>
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/time.h"
+#include "transport/core/peer_process.h"
+#include "transport/core/write_completion.h"
+#include "transport/core/write_plan.h"
+#include "transport/transport.h"
+#include "transport/ucx/ucx_receiver.h"
+#include "transport/ucx/ucx_wire.h"
+#include "transport/ucx/ucx_worker.h"
+
+namespace kvstream::transport::ucx {
+
+struct UcxEndpointState {
+  UcxWorker* worker = nullptr;
+  ucp_ep_h ep = nullptr;
+  std::vector<ucp_rkey_h> rkeys;
+  std::vector<RemoteRegion> regions;  // keys cleared; addr and length kept
+
+  // Same-host peer reachable with process_vm_writev (0 = use UCX puts). Set before use.
+  pid_t cma_pid = 0;
+  internal::PeerProcess peer_process;  // tells when that process exits
+  // Per remote region: the peer's memfd mapped here (nullptr = none); writes then memcpy.
+  struct PeerMap {
+    uint8_t* ptr = nullptr;
+    size_t length = 0;
+    uint64_t base = 0;
+  };
+  std::vector<PeerMap> maps;
+  std::vector<MemfdDescriptor> memfds;  // from the keys, per region
+
+  // Progress-thread only.
+  int inflight = 0;
+  std::atomic<bool> closing{false};
+  bool force_started = false;
+  bool reflush = false;  // the close watcher issues another flush on its next turn
+  Deadline flush_deadline{};
+
+  std::atomic<bool> failed{false};
+  mutable std::mutex mu;
+  Status error;            // guarded by mu; set once on failure
+  std::condition_variable closed_cv;
+  bool closed = false;     // guarded by mu: ep closed and every write through it finished
+
+  ~UcxEndpointState() {
+    for (PeerMap& m : maps) {
+      if (m.ptr != nullptr) munmap(m.ptr, m.length);
+    }
+  }
+  Status Error() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
+  void MarkFailed(Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error.ok()) return;
+    error = std::move(s);
+    failed.store(true);
+  }
+};
+
+void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status);
+
+struct UcxWriteOp {
+  std::shared_ptr<internal::WriteCompletion> completion;
+  std::shared_ptr<UcxEndpointState> ep;
+  std::shared_ptr<UcxRegionState> reg;
+  uint64_t remote_base = 0;
+  ucp_rkey_h rkey = nullptr;
+  uint8_t* mapped_dst = nullptr;  // the remote region mapped here (same host, memfd)
+  std::vector<internal::Run> runs;
+  bool notify = false;
+  std::string notify_header;  // the notification active message's header
+  Status put_error;
+};
+
+// Progress thread: starts a write Write() posted.
+void StartWrite(UcxWriteOp* op);
+// Progress thread: completes the write and lets its endpoint's close go on.
+void FinishWrite(UcxWriteOp* op, Status status);
+// Progress thread: every byte of the write is at the destination (or `st` says why not); sends
+// its notification if asked, else finishes it.
+void OnWriteFlushed(void* request, ucs_status_t st, void* user);
+// Copier thread: copies a same-host write into the peer's memory (ucx_host_copy.cc), then hands
+// it back to the progress thread.
+void CopyOnHost(UcxWriteOp* op);
+// Progress thread: starts closing the endpoint (~UcxEndpoint posts it).
+void BeginClose(const std::shared_ptr<UcxEndpointState>& ep);
+
+class UcxEndpoint final : public Endpoint {
+ public:
+  UcxEndpoint(std::shared_ptr<UcxWorker> worker, std::shared_ptr<UcxEndpointState> state)
+      : worker_(std::move(worker)), state_(std::move(state)) {}
+  ~UcxEndpoint() override;
+  Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override;
+  Status status() const override { return state_->failed.load() ? state_->Error() : OkStatus(); }
+  const UcxEndpointState& state() const { return *state_; }
+
+ private:
+  std::shared_ptr<UcxWorker> worker_;
+  std::shared_ptr<UcxEndpointState> state_;
+};
+
+}  // namespace kvstream::transport::ucx
