@@ -2,7 +2,18 @@
 # Installs what kvstream needs from Debian 12 packages. Safe to run twice; installs only
 # what is missing. The CUDA toolkit (nvcc, cuBLAS, NCCL) is expected at /usr/local/cuda when
 # present; without it the CPU-only configuration is built.
+#
+#   --ucx-cuda  also build UCX with CUDA from Debian's UCX source package into build/ucx-cuda
+#               (scripts/ucx-cuda.sh; takes a while), for -DKVSTREAM_UCX_ROOT=build/ucx-cuda.
+#               See docs/transports.md, "A CUDA-enabled UCX".
 set -euo pipefail
+ucx_cuda=0
+for arg in "$@"; do
+  case $arg in
+    --ucx-cuda) ucx_cuda=1 ;;
+    *) echo "install-deps: unknown argument $arg (known: --ucx-cuda)" >&2; exit 2 ;;
+  esac
+done
 PKGS=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
@@ -11,6 +22,12 @@ PKGS=(
   nlohmann-json3-dev
   iproute2 procps python3
 )
+# What building UCX from its Debian source needs (this system's packages only).
+UCX_BUILD_PKGS=(
+  dpkg-dev autoconf automake libtool make
+  libnuma-dev libibverbs-dev librdmacm-dev
+)
+((ucx_cuda)) && PKGS+=("${UCX_BUILD_PKGS[@]}")
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,4 +40,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install-deps: all packages present"
+fi
+if ((ucx_cuda)); then
+  "$(dirname "$0")/ucx-cuda.sh"
 fi
