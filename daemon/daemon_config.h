@@ -65,7 +65,7 @@ struct DaemonConfig {
   // decode, cuda_ipc + cuda backend: the prefill sends each layer's notification as soon as its
   // copy is enqueued and the decode's compute stream waits for the copy on the GPU (the
   // prefill's copy stream writes a landed flag in the decode's memory after the copy;
-  // transport/cuda_ipc/landed_flags.h) instead of the host waiting for the completion
+  // transport/cuda/landed_flags.h) instead of the host waiting for the completion
   // notification. A layer whose wait the transport had to release (writer died, load deadline)
   // fails the request like a layer that never landed.
   bool gpu_landed_wait = false;

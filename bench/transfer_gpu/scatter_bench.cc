@@ -28,9 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda_ipc/copy_plan.h"
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/cuda/copy_plan.h"
+#include "transport/cuda/cuda_util.h"
 
 namespace {
 
@@ -39,7 +38,6 @@ using kvstream::transport::cuda::CopyRun;
 using kvstream::transport::cuda::PackedTable;
 using kvstream::transport::cuda::ParamKernelConfig;
 namespace cu = kvstream::transport::cuda;
-namespace ipc = kvstream::transport::cuda_ipc;
 
 #define CHECK_CUDA(expr)                                                              \
   do {                                                                                \
@@ -153,7 +151,7 @@ void RunShape(const std::string& name, uint64_t block, uint64_t kBlocks, int ite
   for (int l = 0; l < kLayers; ++l) {
     char* lsrc = src + l * layer;
     char* ldst = dst + l * pool_blocks * block;
-    ipc::CopyPlanner planner;
+    cu::CopyPlanner planner;
     std::vector<kvstream::transport::CopyOp> ops;
     for (uint64_t i = 0; i < kBlocks; ++i) ops.push_back({i * block, ids[i] * block, block});
     CheckOk(planner.Build(ops, reinterpret_cast<uint64_t>(lsrc), layer,
@@ -161,7 +159,7 @@ void RunShape(const std::string& name, uint64_t block, uint64_t kBlocks, int ite
             "plan");
     scat[l] = planner.runs();
     contig[l] = {CopyRun{reinterpret_cast<uint64_t>(lsrc), reinterpret_cast<uint64_t>(ldst), layer}};
-    ipc::BlockPlanner bp;
+    cu::BlockPlanner bp;
     CheckOk(bp.Build(ops, reinterpret_cast<uint64_t>(lsrc), layer, reinterpret_cast<uint64_t>(ldst),
                      pool_blocks * block, 1 << 16),
             "block plan");
@@ -201,7 +199,7 @@ void RunShape(const std::string& name, uint64_t block, uint64_t kBlocks, int ite
   auto table_kernel = [&](std::vector<std::vector<CopyRun>>& runs, int n) {
     CopyRun* t = static_cast<CopyRun*>(pinned.value()->data());
     for (int l = 0; l < n; ++l) {
-      ipc::ScatterShape shape = ipc::PlanScatter(runs[l].data(), runs[l].size());
+      cu::ScatterShape shape = cu::PlanScatter(runs[l].data(), runs[l].size());
       std::memcpy(static_cast<void*>(t), runs[l].data(), runs[l].size() * sizeof(CopyRun));
       CheckOk(cu::LaunchScatterCopyPieces(t, runs[l].size(), shape.piece_bytes, shape.pieces_per_run, s),
               "table kernel");
@@ -299,12 +297,12 @@ void RunShape(const std::string& name, uint64_t block, uint64_t kBlocks, int ite
     CHECK_CUDA(cudaStreamSynchronize(s));
     std::vector<kvstream::transport::CopyOp> ops;
     for (uint64_t i = 0; i < kBlocks; ++i) ops.push_back({i * block, ids[i] * block, block});
-    ipc::CopyPlanner planner;
+    cu::CopyPlanner planner;
     (*host_costs)["[" + name + "] CopyPlanner::Build " + nb + " scattered ops"] = CallUs(200, [&] {
       (void)planner.Build(ops, reinterpret_cast<uint64_t>(src), layer, reinterpret_cast<uint64_t>(dst),
                           pool_blocks * block);
     });
-    ipc::BlockPlanner bp;
+    cu::BlockPlanner bp;
     (*host_costs)["[" + name + "] BlockPlanner::Build " + nb + " scattered ops"] = CallUs(200, [&] {
       (void)bp.Build(ops, reinterpret_cast<uint64_t>(src), layer, reinterpret_cast<uint64_t>(dst),
                      pool_blocks * block, 1 << 16);

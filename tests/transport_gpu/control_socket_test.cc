@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "transport/cuda_ipc/control_socket.h"
-#include "transport/cuda_ipc/landed_flags.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/cuda/control_socket.h"
+#include "transport/cuda/copy_plan.h"
+#include "transport/cuda/landed_flags.h"
 
 namespace kvstream::transport::cuda {
 namespace {

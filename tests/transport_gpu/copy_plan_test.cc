@@ -11,13 +11,11 @@
 #include <thread>
 #include <vector>
 
-#include "transport/cuda_ipc/control_socket.h"
-#include "transport/cuda_ipc/copy_plan.h"
+#include "transport/cuda/control_socket.h"
+#include "transport/cuda/copy_plan.h"
 
-namespace kvstream::transport::cuda_ipc {
+namespace kvstream::transport::cuda {
 namespace {
-
-using cuda::CopyRun;
 
 constexpr uint64_t kL = 0x10000000, kR = 0x70000000;  // fake local / remote bases
 
@@ -164,7 +162,7 @@ TEST(BlockPlanner, CoalescedAndUnevenOpsExpandIntoTheLargestCommonUnit) {
   for (const CopyRun& r : c.runs()) {
     for (uint64_t o = 0; o < r.length; o += kU) want.push_back({r.src - kL + o, r.dst - kR + o});
   }
-  for (const cuda::BlockEntry& e : b.entries()) got.push_back({e.src * kU, e.dst * kU});
+  for (const BlockEntry& e : b.entries()) got.push_back({e.src * kU, e.dst * kU});
   EXPECT_EQ(got, want);
 }
 
@@ -225,19 +223,19 @@ TEST(PackRuns, RoundTripsChunksAndSplits) {
   for (int i = 0; i < 700; ++i) {  // more than two launches' worth
     runs.push_back({kL + uint64_t(i) * (1 << 20), kR + (rng() % 100000) * 4096, 16 * (1 + rng() % 4096)});
   }
-  cuda::PackedTable t;
-  ASSERT_TRUE(cuda::PackRuns(runs.data(), runs.size(), 0, &t));
+  PackedTable t;
+  ASSERT_TRUE(PackRuns(runs.data(), runs.size(), 0, &t));
   ASSERT_EQ(t.runs.size(), runs.size());
   ASSERT_EQ(t.chunks.size(), 3u);
   uint64_t bytes = 0;
   size_t next = 0;
   for (const auto& c : t.chunks) {
     EXPECT_EQ(c.first, next);
-    EXPECT_LE(c.count, cuda::kParamTableCapacity);
+    EXPECT_LE(c.count, kParamTableCapacity);
     next += c.count;
     uint64_t longest = 0;
     for (size_t i = c.first; i < c.first + c.count; ++i) {
-      const cuda::PackedRun& r = t.runs[i];
+      const PackedRun& r = t.runs[i];
       EXPECT_EQ(c.src_base + uint64_t(r.src16) * 16, runs[i].src);
       EXPECT_EQ(c.dst_base + uint64_t(r.dst16) * 16, runs[i].dst);
       EXPECT_EQ(uint64_t(r.len16) * 16, runs[i].length);
@@ -251,7 +249,7 @@ TEST(PackRuns, RoundTripsChunksAndSplits) {
 
   // Splitting: one 1 MiB + 16 B run and a small one, pieces of 256 KiB.
   std::vector<CopyRun> two = {{kL, kR, (1 << 20) + 16}, {kL + (4 << 20), kR + (8 << 20), 4096}};
-  ASSERT_TRUE(cuda::PackRuns(two.data(), two.size(), 256 << 10, &t));
+  ASSERT_TRUE(PackRuns(two.data(), two.size(), 256 << 10, &t));
   ASSERT_EQ(t.runs.size(), 6u);
   EXPECT_EQ(t.runs[4].len16, 1u);
   EXPECT_EQ(t.chunks[0].src_base + uint64_t(t.runs[4].src16) * 16, kL + (1 << 20));
@@ -260,56 +258,56 @@ TEST(PackRuns, RoundTripsChunksAndSplits) {
 }
 
 TEST(PackRuns, RefusesWhatThePackedFormCannotHold) {
-  cuda::PackedTable t;
+  PackedTable t;
   std::vector<CopyRun> odd = {{kL, kR, 4096}, {kL + 8192, kR + 8, 4096}};  // dst not 16-aligned
-  EXPECT_FALSE(cuda::PackRuns(odd.data(), odd.size(), 0, &t));
+  EXPECT_FALSE(PackRuns(odd.data(), odd.size(), 0, &t));
   EXPECT_TRUE(t.runs.empty());
   odd = {{kL, kR, 100}};  // length not a multiple of 16
-  EXPECT_FALSE(cuda::PackRuns(odd.data(), odd.size(), 0, &t));
+  EXPECT_FALSE(PackRuns(odd.data(), odd.size(), 0, &t));
   std::vector<CopyRun> far = {{kL, kR, 4096}, {kL + (64ull << 30), kR + 4096, 16}};  // 64 GiB apart
-  EXPECT_FALSE(cuda::PackRuns(far.data(), far.size(), 0, &t));
+  EXPECT_FALSE(PackRuns(far.data(), far.size(), 0, &t));
   far[1].src -= 16;  // just inside
-  EXPECT_TRUE(cuda::PackRuns(far.data(), far.size(), 0, &t));
-  EXPECT_FALSE(cuda::PackRuns(far.data(), far.size(), 100, &t));  // split not a multiple of 16
+  EXPECT_TRUE(PackRuns(far.data(), far.size(), 0, &t));
+  EXPECT_FALSE(PackRuns(far.data(), far.size(), 100, &t));  // split not a multiple of 16
 }
 
 TEST(ParamKernel, PiecesPerRunAndWhenToSplitOnTheHost) {
   // 256 runs of 64 KiB, 32 KiB pieces: two per run; 256 KiB runs: eight.
-  EXPECT_EQ(cuda::PiecesPerRun(16ull << 20, 256, 32 << 10), 2u);
-  EXPECT_EQ(cuda::PiecesPerRun(64ull << 20, 256, 32 << 10), 8u);
-  EXPECT_EQ(cuda::PiecesPerRun(16ull << 20, 1, 32 << 10), 512u);  // one contiguous layer
-  EXPECT_EQ(cuda::PiecesPerRun(4096, 4, 32 << 10), 1u);            // small runs: never 0
-  EXPECT_EQ(cuda::PiecesPerRun(1ull << 40, 1, 16), 65535u);         // capped
-  cuda::ParamKernelConfig cfg;
+  EXPECT_EQ(PiecesPerRun(16ull << 20, 256, 32 << 10), 2u);
+  EXPECT_EQ(PiecesPerRun(64ull << 20, 256, 32 << 10), 8u);
+  EXPECT_EQ(PiecesPerRun(16ull << 20, 1, 32 << 10), 512u);  // one contiguous layer
+  EXPECT_EQ(PiecesPerRun(4096, 4, 32 << 10), 1u);            // small runs: never 0
+  EXPECT_EQ(PiecesPerRun(1ull << 40, 1, 16), 65535u);         // capped
+  ParamKernelConfig cfg;
   std::vector<CopyRun> runs(256, CopyRun{kL, kR, 64 << 10});
-  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), runs.size(), cfg), 0u);
+  EXPECT_EQ(ParamSplitBytes(runs.data(), runs.size(), cfg), 0u);
   runs[3].length = 128 << 10;  // a coalesced pair: still even enough
-  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), runs.size(), cfg), 0u);
+  EXPECT_EQ(ParamSplitBytes(runs.data(), runs.size(), cfg), 0u);
   runs[3].length = 16ull << 20;  // one run longer than all the others together: cut it
-  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), runs.size(), cfg),
-            cuda::PlanPieceBytes(255ull * (64 << 10) + (16ull << 20), cfg));
-  EXPECT_EQ(cuda::ParamSplitBytes(runs.data(), 0, cfg), 0u);
+  EXPECT_EQ(ParamSplitBytes(runs.data(), runs.size(), cfg),
+            PlanPieceBytes(255ull * (64 << 10) + (16ull << 20), cfg));
+  EXPECT_EQ(ParamSplitBytes(runs.data(), 0, cfg), 0u);
 }
 
 TEST(ParamKernelConfig, ParsesTheEnvFormAndRefusesUnbuiltShapes) {
-  cuda::ParamKernelConfig c;
-  ASSERT_TRUE(cuda::ParseParamKernelConfig("t512u4p32c528", &c));
+  ParamKernelConfig c;
+  ASSERT_TRUE(ParseParamKernelConfig("t512u4p32c528", &c));
   EXPECT_EQ(c.threads, 512);
   EXPECT_EQ(c.unroll, 4);
   EXPECT_EQ(c.piece_bytes, 32u << 10);
   EXPECT_EQ(c.max_ctas, 528u);
-  cuda::ParamKernelConfig d;
-  EXPECT_FALSE(cuda::ParseParamKernelConfig("t300", &d));
-  EXPECT_FALSE(cuda::ParseParamKernelConfig("x1", &d));
-  EXPECT_FALSE(cuda::ParseParamKernelConfig("t", &d));
-  EXPECT_EQ(d.threads, cuda::ParamKernelConfig{}.threads);  // untouched on failure
+  ParamKernelConfig d;
+  EXPECT_FALSE(ParseParamKernelConfig("t300", &d));
+  EXPECT_FALSE(ParseParamKernelConfig("x1", &d));
+  EXPECT_FALSE(ParseParamKernelConfig("t", &d));
+  EXPECT_EQ(d.threads, ParamKernelConfig{}.threads);  // untouched on failure
   // Pieces: at least one batch, at most 256 KiB, ~2048 units when the bytes allow.
-  cuda::ParamKernelConfig e;  // 256 x 8 x 16 B = 32 KiB batch
-  EXPECT_EQ(cuda::PlanPieceBytes(16ull << 20, e), 32u << 10);
-  EXPECT_EQ(cuda::PlanPieceBytes(1ull << 30, e), 256u << 10);
+  ParamKernelConfig e;  // 256 x 8 x 16 B = 32 KiB batch
+  EXPECT_EQ(PlanPieceBytes(16ull << 20, e), 32u << 10);
+  EXPECT_EQ(PlanPieceBytes(1ull << 30, e), 256u << 10);
   e.threads = 128;
   e.unroll = 4;
-  EXPECT_EQ(cuda::PlanPieceBytes(64ull << 20, e), 32u << 10);
+  EXPECT_EQ(PlanPieceBytes(64ull << 20, e), 32u << 10);
 }
 
 TEST(ScatterShape, EnoughCtasForSmallBlocksAndNoWasteForEvenRuns) {
@@ -331,7 +329,7 @@ TEST(ScatterShape, EnoughCtasForSmallBlocksAndNoWasteForEvenRuns) {
   // Very large runs keep the largest piece.
   for (auto& r : runs) r.length = 64ull << 20;
   s = PlanScatter(runs.data(), runs.size());
-  EXPECT_EQ(s.piece_bytes, cuda::kScatterPieceBytes);
+  EXPECT_EQ(s.piece_bytes, kScatterPieceBytes);
   EXPECT_EQ(s.pieces_per_run, 256u);
 }
 
@@ -409,12 +407,12 @@ TEST(RunRing, HandsOutRangesInOrderNeverWrapsAndRefusesWhenFull) {
 TEST(NotificationBatch, OneWriteDeliversEveryFrameInOrder) {
   std::mutex mu;
   std::vector<Notification> got;
-  auto l = cuda::NotificationListener::Start("kvstream-test-batch", [&](const Notification& n) {
+  auto l = NotificationListener::Start("kvstream-test-batch", [&](const Notification& n) {
     std::lock_guard<std::mutex> lock(mu);
     got.push_back(n);
   });
   ASSERT_TRUE(l.ok()) << l.status().ToString();
-  auto ch = cuda::NotificationChannel::Connect(l.value()->address(), DeadlineAfterMs(1000));
+  auto ch = NotificationChannel::Connect(l.value()->address(), DeadlineAfterMs(1000));
   ASSERT_TRUE(ch.ok()) << ch.status().ToString();
   // 1, 64 and 200 frames (more than one socket write), interleaved with single sends.
   std::vector<Notification> sent;
@@ -448,9 +446,9 @@ TEST(NotificationBatch, OneWriteDeliversEveryFrameInOrder) {
 }
 
 TEST(NotificationBatch, FailsWithRemoteDisconnectOnceTheReceiverIsGone) {
-  auto l = cuda::NotificationListener::Start("kvstream-test-batch", nullptr);
+  auto l = NotificationListener::Start("kvstream-test-batch", nullptr);
   ASSERT_TRUE(l.ok());
-  auto ch = cuda::NotificationChannel::Connect(l.value()->address(), DeadlineAfterMs(1000));
+  auto ch = NotificationChannel::Connect(l.value()->address(), DeadlineAfterMs(1000));
   ASSERT_TRUE(ch.ok());
   l.value().reset();
   ASSERT_TRUE(ch.value()->PeerClosed(2000000));
@@ -461,4 +459,4 @@ TEST(NotificationBatch, FailsWithRemoteDisconnectOnceTheReceiverIsGone) {
 }
 
 }  // namespace
-}  // namespace kvstream::transport::cuda_ipc
+}  // namespace kvstream::transport::cuda

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/cuda/copy_plan.h"
 
 namespace kvstream::transport::cuda {
 namespace {

@@ -16,18 +16,24 @@
 #include <thread>
 
 #include "common/log.h"
-#include "transport/cuda_ipc/control_socket.h"
-#include "transport/cuda_ipc/copy_plan.h"
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/landed_flags.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/cuda/control_socket.h"
+#include "transport/cuda/copy_plan.h"
+#include "transport/cuda/cuda_util.h"
+#include "transport/cuda/landed_flags.h"
 
 namespace kvstream::transport::cuda_ipc {
 namespace {
 
 using cuda::CopyRun;
 using cuda::CudaStatus;
+using cuda::BlockPlanner;
+using cuda::ChooseCopyPath;
+using cuda::CopyPath;
+using cuda::CopyPlanner;
 using cuda::DeviceGuard;
+using cuda::PlanScatter;
+using cuda::RunRing;
+using cuda::ScatterShape;
 
 constexpr char kKeyMagic[8] = {'K', 'V', 'I', 'P', 'C', 'K', '0', '1'};
 constexpr uint32_t kKeyVersion = 1;

@@ -18,7 +18,7 @@
 //    unit, destinations disjoint) a unit-index list, one launch per 4088 units with CUDA >= 12.1
 //    (508 before); otherwise packed runs, one launch per 336 runs (runs that are not 16-byte
 //    aligned or lie 64 GiB or more apart use a run table in a pinned host ring instead). The
-//    kernel's launch shape comes from KVSTREAM_CUDA_IPC_KERNEL (scatter_copy.h) or its default.
+//    kernel's launch shape comes from KVSTREAM_CUDA_IPC_KERNEL (kernels/scatter_copy.h) or its default.
 //    An event from a per-transport pool marks completion.
 //    Once it has completed the notification goes out on the control socket (from Wait()'s
 //    thread or the endpoint's completion thread, whichever sees it first; exactly once; the
@@ -65,7 +65,7 @@ struct CudaIpcOptions {
   size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
   // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
   // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
-  // 4088 units with CUDA >= 12.1 (scatter_copy.h). false: the packed-run path of the previous
+  // 4088 units with CUDA >= 12.1 (kernels/scatter_copy.h). false: the packed-run path of the previous
   // pass (<= 336 runs per launch) for every kernel write (KVSTREAM_CUDA_IPC_TABLE=packed for
   // the registry's transports).
   bool block_table = true;

@@ -28,9 +28,8 @@
 #include <thread>
 
 #include "common/log.h"
-#include "transport/cuda_ipc/copy_plan.h"
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/cuda/copy_plan.h"
+#include "transport/cuda/cuda_util.h"
 #include "transport/nccl/nccl_wire.h"
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
@@ -427,7 +426,7 @@ class Writer {
                              " out of range (peer has " + std::to_string(targets.size()) + ")");
     }
     const RemoteTarget& target = targets[req.remote_region];
-    cuda_ipc::CopyPlanner planner;
+    cuda::CopyPlanner planner;
     const uint64_t local_base = reinterpret_cast<uint64_t>(reg->region().addr);
     KV_RETURN_IF_ERROR(planner.Build(req.ops, local_base, reg->region().length, 0, target.length));
     KV_RETURN_IF_ERROR(status());

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "transport/cuda_ipc/cuda_util.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "transport/cuda/copy_plan.h"
+#include "transport/cuda/cuda_util.h"
 
 namespace kvstream::transport::staged {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda/cuda_util.h"
 #include "transport/staged/staged_transport.h"
 #include "transport/staged/staged_wire.h"
 #include "transport/transport.h"

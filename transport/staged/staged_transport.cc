@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/log.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda/cuda_util.h"
 #include "transport/staged/staged_chunk_copy.h"
 #include "transport/staged/staged_context.h"
 #include "transport/staged/staged_wire.h"

@@ -21,7 +21,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "transport/core/write_completion.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda/cuda_util.h"
 #include "transport/staged/staged_chunk_copy.h"
 #include "transport/staged/staged_context.h"
 #include "transport/staged/staged_wire.h"

@@ -1,11 +1,10 @@
-#include "transport/cuda_ipc/copy_plan.h"
+#include "transport/cuda/copy_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
-namespace kvstream::transport::cuda_ipc {
-
-using cuda::CopyRun;
+namespace kvstream::transport::cuda {
 
 namespace {
 
@@ -142,7 +141,7 @@ Status BlockPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base,
   const size_t words = static_cast<size_t>(((remote_len >> shift) + 64) / 64);
   if (bitmap_.size() < words) bitmap_.resize(words, 0);
   entries_.resize(static_cast<size_t>(units));
-  cuda::BlockEntry* e = entries_.data();
+  BlockEntry* e = entries_.data();
   bool overlap = false;
   for (const CopyOp& op : ops) {
     if (op.length == 0) continue;
@@ -158,7 +157,7 @@ Status BlockPlanner::Build(const std::vector<CopyOp>& ops, uint64_t local_base,
       *e++ = {s + j, du};
     }
   }
-  for (const cuda::BlockEntry& x : entries_) bitmap_[x.dst >> 6] = 0;  // back to all zero
+  for (const BlockEntry& x : entries_) bitmap_[x.dst >> 6] = 0;  // back to all zero
   if (overlap) {
     entries_.clear();
     return OkStatus();
@@ -176,7 +175,7 @@ ScatterShape PlanScatter(const CopyRun* runs, size_t n) {
     total += runs[i].length;
     longest = std::max(longest, runs[i].length);
   }
-  uint64_t piece = cuda::kScatterPieceBytes;
+  uint64_t piece = kScatterPieceBytes;
   while (piece > kMinPieceBytes && total / piece < kTargetCtas) piece /= 2;
   s.piece_bytes = piece;
   const uint64_t ppr = (longest + piece - 1) / piece;
@@ -211,4 +210,118 @@ bool RunRing::Reserve(uint64_t entries, uint64_t* start) {
   return true;
 }
 
-}  // namespace kvstream::transport::cuda_ipc
+
+size_t ScatterTableEntries(const CopyRun* runs, size_t n) {
+  size_t entries = 0;
+  for (size_t i = 0; i < n; ++i) {
+    entries += (runs[i].length + kScatterPieceBytes - 1) / kScatterPieceBytes;
+  }
+  return entries;
+}
+
+size_t SplitRuns(const CopyRun* runs, size_t n, CopyRun* table) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (uint64_t off = 0; off < runs[i].length; off += kScatterPieceBytes) {
+      uint64_t len = runs[i].length - off;
+      if (len > kScatterPieceBytes) len = kScatterPieceBytes;
+      table[k++] = CopyRun{runs[i].src + off, runs[i].dst + off, len};
+    }
+  }
+  return k;
+}
+
+bool PackRuns(const CopyRun* runs, size_t n, uint64_t split_bytes, PackedTable* out) {
+  out->clear();
+  constexpr uint64_t kMaxUnits = 0xffffffffull;
+  if (split_bytes % 16 != 0) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (((runs[i].src | runs[i].dst | runs[i].length) & 15u) != 0) return false;
+  }
+  // Runs as they are, or first cut into pieces of at most split_bytes.
+  const CopyRun* pieces = runs;
+  size_t count_all = n;
+  if (split_bytes != 0) {
+    out->pieces.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const CopyRun& r = runs[i];
+      for (uint64_t off = 0; off < r.length; off += split_bytes) {
+        out->pieces.push_back({r.src + off, r.dst + off, std::min(split_bytes, r.length - off)});
+      }
+    }
+    pieces = out->pieces.data();
+    count_all = out->pieces.size();
+  }
+  out->runs.resize(count_all);
+  for (size_t first = 0; first < count_all; first += kParamTableCapacity) {
+    const size_t count = std::min(kParamTableCapacity, count_all - first);
+    PackedTable::Chunk c;
+    c.first = first;
+    c.count = count;
+    c.src_base = pieces[first].src;
+    c.dst_base = pieces[first].dst;
+    for (size_t i = first; i < first + count; ++i) {
+      c.src_base = std::min(c.src_base, pieces[i].src);
+      c.dst_base = std::min(c.dst_base, pieces[i].dst);
+    }
+    for (size_t i = first; i < first + count; ++i) {
+      const CopyRun& r = pieces[i];
+      const uint64_t s16 = (r.src - c.src_base) / 16, d16 = (r.dst - c.dst_base) / 16;
+      const uint64_t l16 = r.length / 16;
+      if (s16 > kMaxUnits || d16 > kMaxUnits || l16 > kMaxUnits) {
+        out->clear();
+        return false;
+      }
+      out->runs[i] = {static_cast<uint32_t>(s16), static_cast<uint32_t>(d16),
+                      static_cast<uint32_t>(l16)};
+      c.longest16 = std::max(c.longest16, l16);
+      c.bytes += r.length;
+      out->bytes += r.length;
+    }
+    out->chunks.push_back(c);
+  }
+  return true;
+}
+
+uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig& cfg) {
+  if (n == 0) return 0;
+  uint64_t total = 0, longest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    total += runs[i].length;
+    longest = std::max(longest, runs[i].length);
+  }
+  const uint64_t piece = cfg.piece_bytes != 0 ? cfg.piece_bytes : PlanPieceBytes(total, cfg);
+  // Even enough: the longest run's pieces are at most ~4x the mean run's. Else cut on the host.
+  return longest > 4 * (total / n) + piece ? piece : 0;
+}
+
+bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out) {
+  ParamKernelConfig c = *out;
+  const char* p = text;
+  while (*p != 0) {
+    const char key = *p++;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(p, &end, 10);
+    if (end == p) return false;
+    p = end;
+    switch (key) {
+      case 't': c.threads = static_cast<int>(v); break;
+      case 'u': c.unroll = static_cast<int>(v); break;
+      case 'p': c.piece_bytes = v * 1024; break;
+      case 'c': c.max_ctas = static_cast<uint32_t>(v); break;
+      default: return false;
+    }
+  }
+  if (!kernels::ScatterKernelShapeSupported(c.threads, c.unroll)) return false;
+  *out = c;
+  return true;
+}
+
+ParamKernelConfig ParamKernelConfigFromEnv() {
+  ParamKernelConfig c;
+  const char* v = std::getenv("KVSTREAM_CUDA_IPC_KERNEL");
+  if (v != nullptr && !ParseParamKernelConfig(v, &c)) c = ParamKernelConfig{};
+  return c;
+}
+
+}  // namespace kvstream::transport::cuda

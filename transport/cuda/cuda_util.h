@@ -46,7 +46,7 @@ Result<int> UsableDeviceCount();
 Result<int> ResolveDevice(int requested, std::string_view backend);
 
 // Makes `device` ready for a backend created on it: its primary context initialised and every
-// scatter-copy kernel loaded now (PreloadScatterKernels, scatter_copy.h), not at a first Write()
+// scatter-copy kernel loaded now (PreloadScatterKernels, kernels/scatter_copy.h), not at a first Write()
 // issued behind running compute. The caller's current device is restored.
 Status PrepareDevice(int device);
 

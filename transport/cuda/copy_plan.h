@@ -1,6 +1,7 @@
-// Host-side planning of one cuda_ipc write, kept free of CUDA calls so it is unit-tested on the
-// CPU: validating and coalescing CopyOps into runs, choosing memcpy vs scatter kernel and the
-// kernel's launch shape, and the per-endpoint ring of pinned run-table entries.
+// Host-side planning of one GPU write (cuda_ipc's copies, nccl's pack and unpack), kept free of
+// CUDA calls so it is unit-tested on the CPU: validating and coalescing CopyOps into runs,
+// choosing memcpy vs scatter kernel and the kernel's launch shape and table form, and the
+// per-endpoint ring of pinned run-table entries. The kernels themselves: kernels/scatter_copy.h.
 //
 // Guarantees:
 //  - CopyPlanner::Build never allocates once its scratch has grown to the largest request seen
@@ -17,10 +18,52 @@
 #include <vector>
 
 #include "common/status.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "kernels/scatter_copy.h"
 #include "transport/transport.h"
 
-namespace kvstream::transport::cuda_ipc {
+namespace kvstream::transport::cuda {
+
+// The scatter-copy kernels' types and launchers, as the GPU backends name them.
+using kernels::BlockEntry;
+using kernels::BlockTableLaunchCapacity;
+using kernels::CopyRun;
+using kernels::kBlockTableMaxEntries;
+using kernels::kBlockTableSmallEntries;
+using kernels::kParamTableCapacity;
+using kernels::kScatterPieceBytes;
+using kernels::LaunchBlockScatterCopy;
+using kernels::LaunchParamScatterCopy;
+using kernels::LaunchScatterCopy;
+using kernels::LaunchScatterCopyPieces;
+using kernels::PackedRun;
+using kernels::PackedTable;
+using kernels::ParamKernelConfig;
+using kernels::PiecesPerRun;
+using kernels::PlanPieceBytes;
+using kernels::PreloadScatterKernels;
+
+// Number of table entries SplitRuns produces for `runs` (each run cut into pieces of at most
+// kScatterPieceBytes).
+size_t ScatterTableEntries(const CopyRun* runs, size_t n);
+// Writes the pieces of `runs` into `table` (capacity >= ScatterTableEntries(runs, n)).
+size_t SplitRuns(const CopyRun* runs, size_t n, CopyRun* table);
+
+// Packs `runs` (optionally cut into pieces of at most `split_bytes`, 0 = uncut) into `out` for
+// the parameter-table kernel. Returns false, leaving `out` cleared, when the runs do not fit the
+// packed form: an address or length that is not a multiple of 16, or a run whose offset from its
+// chunk's smallest source or destination address reaches 64 GiB (2^32 units). The caller then
+// uses the memory-table kernel. Reuses out's storage (no allocation once grown).
+bool PackRuns(const CopyRun* runs, size_t n, uint64_t split_bytes, PackedTable* out);
+
+// The split_bytes to pass to PackRuns for `runs` under `cfg`: 0 when the runs are even enough
+// for k pieces per run (the longest at most ~4x the mean), else the target piece size.
+uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig& cfg);
+
+// Process default for cuda_ipc: ParamKernelConfig{} unless KVSTREAM_CUDA_IPC_KERNEL is set
+// ("t<threads>u<unroll>p<piece KiB>c<max ctas>", any part optional, e.g. "t512u4p32").
+ParamKernelConfig ParamKernelConfigFromEnv();
+bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out);
+
 
 class CopyPlanner {
  public:
@@ -28,7 +71,7 @@ class CopyPlanner {
   // [remote_base, +remote_len) and builds runs(). kInvalidArgument names the first bad op.
   Status Build(const std::vector<CopyOp>& ops, uint64_t local_base, uint64_t local_len,
                uint64_t remote_base, uint64_t remote_len);
-  const std::vector<cuda::CopyRun>& runs() const { return runs_; }
+  const std::vector<CopyRun>& runs() const { return runs_; }
   uint64_t bytes() const { return bytes_; }
   // Forgets the last plan (no runs) without releasing scratch.
   void Clear() {
@@ -39,19 +82,19 @@ class CopyPlanner {
   bool disjoint() const { return disjoint_; }
 
  private:
-  std::vector<cuda::CopyRun> runs_;
+  std::vector<CopyRun> runs_;
   // Exact overlap check of unsorted runs through a bitmap of destination granules (the largest
   // power of two dividing every run's offset and length); false when the span or the marked
   // granules would exceed kMaxGranules (the caller sorts instead).
   bool CheckDisjointByGranules();
   static constexpr uint64_t kMaxGranules = 1u << 16;
-  std::vector<cuda::CopyRun> sorted_;  // scratch for the overlap check of unsorted plans
+  std::vector<CopyRun> sorted_;  // scratch for the overlap check of unsorted plans
   std::vector<uint64_t> granule_bits_;  // scratch for CheckDisjointByGranules
   uint64_t bytes_ = 0;
   bool disjoint_ = true;
 };
 
-// The fast plan for paged writes (the block-table kernel, scatter_copy.h): when every op's
+// The fast plan for paged writes (the block-table kernel, kernels/scatter_copy.h): when every op's
 // offsets and length are multiples of one power-of-two unit G >= 16 (a pool's blocks), the write
 // becomes a list of (source unit, destination unit) pairs, built in two passes over the ops with
 // no sorting, no coalescing pass and no per-run lengths.
@@ -75,7 +118,7 @@ class BlockPlanner {
   Status Build(const std::vector<CopyOp>& ops, uint64_t local_base, uint64_t local_len,
                uint64_t remote_base, uint64_t remote_len, size_t max_entries);
   bool fits() const { return fits_; }
-  const std::vector<cuda::BlockEntry>& entries() const { return entries_; }
+  const std::vector<BlockEntry>& entries() const { return entries_; }
   uint64_t unit_bytes() const { return unit_; }
   uint64_t bytes() const { return bytes_; }
   size_t runs() const { return runs_; }
@@ -83,7 +126,7 @@ class BlockPlanner {
   static constexpr uint64_t kMaxBitmapUnits = 1ull << 24;
 
  private:
-  std::vector<cuda::BlockEntry> entries_;
+  std::vector<BlockEntry> entries_;
   std::vector<uint64_t> bitmap_;  // all zero between calls
   uint64_t unit_ = 0, bytes_ = 0;
   size_t runs_ = 0;
@@ -92,7 +135,7 @@ class BlockPlanner {
 
 // Launch shape of the scatter kernel for a set of runs: grid (runs, pieces_per_run), each CTA
 // copies one piece of `piece_bytes` of one run (CTAs past a run's end exit at once).
-// piece_bytes is a power of two between kMinPieceBytes and cuda::kScatterPieceBytes, chosen so
+// piece_bytes is a power of two between kMinPieceBytes and kScatterPieceBytes, chosen so
 // the launch has at least about kTargetCtas CTAs (enough to keep every SM's memory pipes busy),
 // unless the runs are too few bytes for that. `wasted` = CTAs with nothing to copy.
 struct ScatterShape {
@@ -103,9 +146,9 @@ struct ScatterShape {
 };
 inline constexpr uint64_t kMinPieceBytes = 16 * 1024;
 inline constexpr uint64_t kTargetCtas = 2048;
-ScatterShape PlanScatter(const cuda::CopyRun* runs, size_t n);
+ScatterShape PlanScatter(const CopyRun* runs, size_t n);
 // True when the 2-D launch wastes too many CTAs (very uneven run lengths): the caller then
-// splits runs on the host instead (cuda::SplitRuns).
+// splits runs on the host instead (SplitRuns).
 bool ScatterShapeWasteful(const ScatterShape& shape);
 
 enum class CopyPath { kMemcpy, kKernel, kKernelSplit };
@@ -131,4 +174,4 @@ class RunRing {
   uint64_t head_ = 0, tail_ = 0;
 };
 
-}  // namespace kvstream::transport::cuda_ipc
+}  // namespace kvstream::transport::cuda

@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/control_socket.h"
+#include "transport/cuda/control_socket.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/landed_flags.h"
+#include "transport/cuda/landed_flags.h"
 
 #include <dlfcn.h>
 

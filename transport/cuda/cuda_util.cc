@@ -1,4 +1,4 @@
-#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda/cuda_util.h"
 
 #include <dlfcn.h>
 
@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "common/log.h"
-#include "transport/cuda_ipc/scatter_copy.h"
+#include "kernels/scatter_copy.h"
 
 namespace kvstream::transport::cuda {
 
@@ -52,8 +52,8 @@ Status PrepareDevice(int device) {
   KV_RETURN_IF_ERROR(guard.status());
   KV_CUDA_RETURN_IF_ERROR(cudaFree(nullptr), "initialising the CUDA context");
   // A lazily loaded kernel's first launch waits for whatever the process is computing at that
-  // moment (scatter_copy.h).
-  return PreloadScatterKernels();
+  // moment (kernels/scatter_copy.h).
+  return kernels::PreloadScatterKernels();
 }
 
 DeviceGuard::DeviceGuard(int device) {

@@ -1,10 +1,11 @@
-// One-launch copy of many (src, dst, length) runs between any memory a kernel can address
-// through UVA: device memory, peer device memory mapped through CUDA IPC, mapped pinned host
-// memory. Used by the GPU backends when a write has many scattered runs (a request's KV blocks
-// in a paged pool): one launch instead of one cudaMemcpyAsync per run.
+// Scatter copy: one launch copies many (src, dst, length) runs between any memory a kernel can
+// address through UVA (device memory, peer device memory mapped through CUDA IPC, mapped pinned
+// host memory): one launch instead of one cudaMemcpyAsync per run. The GPU transports use it to
+// move, pack and unpack a request's scattered KV blocks; the kernels know nothing of transports.
+// Kernel templates: scatter_copy.cuh. Host-side run planning: transport/cuda/copy_plan.h.
 //
 // Guarantees:
-//  - `table` must live in mapped pinned host memory (PinnedBuffer) or device memory and must
+//  - `table` must live in mapped pinned host memory (cudaHostAllocMapped) or device memory and must
 //    stay unchanged until the launch has completed on `stream` (the kernel reads it).
 //  - Runs must not overlap each other on the destination side; each is copied exactly once.
 //  - Returns the launch error as a Status (kInternal); never blocks the host.
@@ -18,7 +19,7 @@
 
 #include "common/status.h"
 
-namespace kvstream::transport::cuda {
+namespace kvstream::kernels {
 
 struct CopyRun {
   uint64_t src = 0;     // UVA address
@@ -35,11 +36,6 @@ inline constexpr uint64_t kScatterPieceBytes = 256 * 1024;
 // the process computes would block the host until the compute drains. Transports call this
 // once when they are created. Returns the CUDA error as a Status.
 Status PreloadScatterKernels();
-
-// Number of table entries SplitRuns produces for `runs` (each run cut into pieces).
-size_t ScatterTableEntries(const CopyRun* runs, size_t n);
-// Writes the pieces of `runs` into `table` (capacity >= ScatterTableEntries(runs, n)).
-size_t SplitRuns(const CopyRun* runs, size_t n, CopyRun* table);
 
 // Launches the copy of table[0..entries) on `stream` (one CTA per entry).
 Status LaunchScatterCopy(const CopyRun* table, size_t entries, cudaStream_t stream);
@@ -79,7 +75,7 @@ struct PackedTable {
   std::vector<PackedRun> runs;
   std::vector<Chunk> chunks;
   uint64_t bytes = 0;
-  std::vector<CopyRun> pieces;  // PackRuns' scratch
+  std::vector<CopyRun> pieces;  // scratch of the planner that fills the table
   void clear() {
     runs.clear();
     chunks.clear();
@@ -87,19 +83,12 @@ struct PackedTable {
   }
 };
 
-// Packs `runs` (optionally cut into pieces of at most `split_bytes`, 0 = uncut) into `out`.
-// Returns false, leaving `out` cleared, when the runs do not fit the packed form: an address or
-// length that is not a multiple of 16, or a run whose offset from its chunk's smallest source or
-// destination address reaches 64 GiB (2^32 units). The caller then uses the memory-table kernel.
-// Reuses out's storage (no allocation once grown).
-bool PackRuns(const CopyRun* runs, size_t n, uint64_t split_bytes, PackedTable* out);
-
 // How the parameter-table kernel is launched. threads x unroll x 16 B is one "batch": every
 // thread keeps `unroll` 16-byte loads in flight before its stores.
 // Work units: every run of a launch is cut into the same number k of near-equal pieces, k =
 // the mean run length / piece_bytes (rounded, >= 1), so a run twice as long as the others gets
 // pieces twice as long instead of idle CTAs; runs far longer than the mean are cut on the host
-// first (ParamSplitBytes). Defaults from the H200 sweep in
+// first by the planner. Defaults from the H200 sweep in
 // bench/results/transfer_gpu_2026-11-29_v2.md (256 x 8 within noise of the best shapes).
 struct ParamKernelConfig {
   int threads = 256;           // 128, 256 or 512
@@ -115,10 +104,6 @@ uint64_t PlanPieceBytes(uint64_t total, const ParamKernelConfig& cfg);
 
 // k for a chunk of `runs` runs and `chunk_bytes` bytes (see ParamKernelConfig), in [1, 65535].
 uint32_t PiecesPerRun(uint64_t chunk_bytes, size_t runs, uint64_t piece_bytes);
-
-// The split_bytes to pass to PackRuns for `runs` under `cfg`: 0 when the runs are even enough
-// for k pieces per run (the longest at most ~4x the mean), else the target piece size.
-uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig& cfg);
 
 // Launches the copy of every chunk of `table` on `stream`: per chunk a grid of runs x k work
 // units, unit (r, p) copies piece p of run r. kInvalidArgument for a bad config; the launch
@@ -157,9 +142,7 @@ Status LaunchBlockScatterCopy(uint64_t src_base, uint64_t dst_base, uint64_t uni
                               const BlockEntry* entries, size_t n, const ParamKernelConfig& cfg,
                               cudaStream_t stream);
 
-// Process default for cuda_ipc: ParamKernelConfig{} unless KVSTREAM_CUDA_IPC_KERNEL is set
-// ("t<threads>u<unroll>p<piece KiB>c<max ctas>", any part optional, e.g. "t512u4p32").
-ParamKernelConfig ParamKernelConfigFromEnv();
-bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out);
+// True when the parameter-table and block-table kernels are built for (threads, unroll).
+bool ScatterKernelShapeSupported(int threads, int unroll);
 
-}  // namespace kvstream::transport::cuda
+}  // namespace kvstream::kernels

@@ -37,8 +37,8 @@
 
 #include "common/status.h"
 #include "common/time.h"
-#include "transport/cuda_ipc/control_socket.h"
-#include "transport/cuda_ipc/cuda_util.h"
+#include "transport/cuda/control_socket.h"
+#include "transport/cuda/cuda_util.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport::cuda {
