@@ -19,7 +19,7 @@
 //    past the deadline fails Connect (kRemoteDisconnect / kTimeout / kInternal) with everything
 //    released (NcclOptions::warm_up = false leaves it out). Both ends on one GPU (same host, same PCI id): kFailedPrecondition before NCCL
 //    is touched (NCCL refuses two ranks on a GPU).
-//  - Write(): validates and coalesces ops (cuda_ipc's CopyPlanner), records an event on
+//  - Write(): validates and coalesces ops (transport/cuda's CopyPlanner), records an event on
 //    `after_stream`, hands the write to the endpoint's thread, which sends a header (runs,
 //    bytes, notification) on the control socket and then, on its own lowest-priority streams:
 //      direct mode (few or long runs): one ncclSend per run, grouped, straight from the source;
