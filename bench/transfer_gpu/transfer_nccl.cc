@@ -2,9 +2,9 @@
 // receiver process on --receiver-device), against cudaMemcpyPeer of the same bytes measured in
 // the same run:
 //   transfer_nccl [--models=llama-3-8b,llama-2-7b] [--tokens=4096] [--iters=10]
-//                 [--backends=cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct] [--json=FILE]
+//                 [--backends=cuda_ipc,nccl,nccl_pack,nccl_direct] [--json=FILE]
 //                 [--writer-device=0] [--receiver-device=1] [--chunk-mb=N] [--idle-ms=200]
-//                 [--cpu-ms=200]
+//                 [--cpu-ms=200] [--trace]
 // Cases per model (KV blocks of 16 tokens, paged pool twice the prompt per layer):
 //   layer_contig   one layer's KV, one contiguous op
 //   layer_scatter  one layer's KV as one op per block, to random pool blocks
@@ -15,9 +15,8 @@
 // --cpu-ms below) after 2 warm-ups.
 // Baselines (in-process, same bytes): cudaMemcpyPeerAsync of the contiguous bytes (per layer),
 // and, for scattered cases, one cudaMemcpyPeerAsync per block.
-// nccl = auto mode (KVSTREAM_NCCL_COPY unset), nccl_pack / nccl_direct force the mode;
-// nccl_loose = auto mode with NcclOptions::tight_polling off (the first version's waits), for a
-// side-by-side look at what the endpoint threads' waiting costs.
+// nccl = auto mode, nccl_pack / nccl_direct force the mode. --trace: NcclOptions::trace on both
+// sides (one stderr line per write and side with each step's time).
 // Host CPU cost (backend rows, both processes): the measured iterations of a case (not its
 // warm-ups; at least the --iters count, more until the span lasts --cpu-ms, 0 = exactly that
 // count; the median is over all of them) are one span; each process's CPU time over it
@@ -71,6 +70,7 @@ using transport::WriteHandle;
 using transport::WriteRequest;
 
 uint64_t g_chunk_bytes = 0;  // --chunk-mb: nccl staging chunk (0 = the backend's default)
+bool g_trace = false;        // --trace: NcclOptions::trace
 
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
   if (name == "cuda_ipc") {
@@ -83,9 +83,9 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
     o.device = device;
     o.connect_timeout_ms = 20000;
     if (g_chunk_bytes) o.chunk_bytes = g_chunk_bytes;
+    o.trace = g_trace;
     if (name == "nccl_pack") o.copy_mode = transport::nccl::CopyMode::kPack;
     else if (name == "nccl_direct") o.copy_mode = transport::nccl::CopyMode::kDirect;
-    else if (name == "nccl_loose") o.tight_polling = false;
     else if (name != "nccl") return NotSupported("unknown backend " + name);
     return transport::nccl::CreateNcclTransport(o);
   }
@@ -206,7 +206,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int wdev, in
     const std::string err = kvstream::testing::StartPeerReceiver(
         &rx,
         {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rdev),
-         "--chunk-mb=" + std::to_string(g_chunk_bytes >> 20), "--regions=" + std::to_string(layers),
+         "--chunk-mb=" + std::to_string(g_chunk_bytes >> 20), std::string("--trace=") + (g_trace ? "1" : "0"),
+         "--regions=" + std::to_string(layers),
          "--region-bytes=" + std::to_string(region_bytes)},
         layers, 60000, &peer);
     if (!err.empty()) {
@@ -312,6 +313,7 @@ int main(int argc, char** argv) {
   using namespace kvstream::bench;
   auto args = ParseArgs(argc, argv);
   if (args.count("chunk-mb")) g_chunk_bytes = std::stoull(args["chunk-mb"]) << 20;
+  g_trace = args.count("trace") && args["trace"] != "0";
   if (args["role"] == "receiver") return RunReceiver(args);
   int count = 0;
   const cudaError_t count_err = cudaGetDeviceCount(&count);
@@ -325,7 +327,7 @@ int main(int argc, char** argv) {
   const int tokens = args.count("tokens") ? std::stoi(args["tokens"]) : 4096;
   const int iters = args.count("iters") ? std::stoi(args["iters"]) : 10;
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
-  std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct";
+  std::string backends = args.count("backends") ? args["backends"] : "cuda_ipc,nccl,nccl_pack,nccl_direct";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
   g_span = ParseCpuSpanFlags(args);
   int access = 0;

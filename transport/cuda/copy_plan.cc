@@ -317,11 +317,4 @@ bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out) {
   return true;
 }
 
-ParamKernelConfig ParamKernelConfigFromEnv() {
-  ParamKernelConfig c;
-  const char* v = std::getenv("KVSTREAM_CUDA_IPC_KERNEL");
-  if (v != nullptr && !ParseParamKernelConfig(v, &c)) c = ParamKernelConfig{};
-  return c;
-}
-
 }  // namespace kvstream::transport::cuda

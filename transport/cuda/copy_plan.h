@@ -59,9 +59,9 @@ bool PackRuns(const CopyRun* runs, size_t n, uint64_t split_bytes, PackedTable* 
 // for k pieces per run (the longest at most ~4x the mean), else the target piece size.
 uint64_t ParamSplitBytes(const CopyRun* runs, size_t n, const ParamKernelConfig& cfg);
 
-// Process default for cuda_ipc: ParamKernelConfig{} unless KVSTREAM_CUDA_IPC_KERNEL is set
-// ("t<threads>u<unroll>p<piece KiB>c<max ctas>", any part optional, e.g. "t512u4p32").
-ParamKernelConfig ParamKernelConfigFromEnv();
+// A launch shape written "t<threads>u<unroll>p<piece KiB>c<max ctas>" (any part optional, e.g.
+// "t512u4p32"; scatter_bench sweeps them), over *out's values. False, leaving *out, when the
+// text is malformed or the kernels are not built for that threads x unroll.
 bool ParseParamKernelConfig(const char* text, ParamKernelConfig* out);
 
 

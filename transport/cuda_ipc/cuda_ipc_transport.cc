@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 
 #include "common/log.h"
@@ -125,20 +124,6 @@ class CudaIpcTransport : public Transport {
 
 }  // namespace
 
-CopyMode CopyModeFromEnv() {
-  const char* v = std::getenv("KVSTREAM_CUDA_IPC_COPY");
-  if (v == nullptr) return CopyMode::kAuto;
-  std::string s(v);
-  if (s == "memcpy") return CopyMode::kMemcpy;
-  if (s == "kernel") return CopyMode::kKernel;
-  return CopyMode::kAuto;
-}
-
-bool BlockTableFromEnv() {
-  const char* v = std::getenv("KVSTREAM_CUDA_IPC_TABLE");
-  return v == nullptr || std::string(v) != "packed";
-}
-
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options) {
   KV_ASSIGN_OR_RETURN(int device, cuda::ResolveDevice(options.device, "cuda_ipc"));
   KV_RETURN_IF_ERROR(cuda::PrepareDevice(device));
@@ -153,8 +138,6 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
   CudaIpcOptions o;
   o.device = options.device;
-  o.copy_mode = CopyModeFromEnv();
-  o.block_table = BlockTableFromEnv();
   o.gpu_landed_wait = options.cuda_ipc_gpu_landed_wait;
   return CreateCudaIpcTransport(o);
 }

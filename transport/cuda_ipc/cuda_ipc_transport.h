@@ -17,9 +17,8 @@
 //    travels in its launch parameters: for paged writes (every op a multiple of one power-of-two
 //    unit, destinations disjoint) a unit-index list, one launch per 4088 units with CUDA >= 12.1
 //    (508 before); otherwise packed runs, one launch per 336 runs (runs that are not 16-byte
-//    aligned or lie 64 GiB or more apart use a run table in a pinned host ring instead). The
-//    kernel's launch shape comes from KVSTREAM_CUDA_IPC_KERNEL (kernels/scatter_copy.h) or its default.
-//    An event from a per-transport pool marks completion.
+//    aligned or lie 64 GiB or more apart use a run table in a pinned host ring instead), in
+//    the kernels' default launch shape (kernels/scatter_copy.h). An event from a per-transport pool marks completion.
 //    Once it has completed the notification goes out on the control socket (from Wait()'s
 //    thread or the endpoint's completion thread, whichever sees it first; exactly once; the
 //    completion thread sends the notifications of writes that completed together in one
@@ -65,9 +64,9 @@ struct CudaIpcOptions {
   size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
   // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
   // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
-  // 4088 units with CUDA >= 12.1 (kernels/scatter_copy.h). false: the packed-run path of the previous
-  // pass (<= 336 runs per launch) for every kernel write (KVSTREAM_CUDA_IPC_TABLE=packed for
-  // the registry's transports).
+  // 4088 units with CUDA >= 12.1 (kernels/scatter_copy.h). false: the packed-run path (<= 336
+  // runs per launch), which writes the block form does not fit take anyway, for every kernel
+  // write (tests cover that path through it).
   bool block_table = true;
   size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
   // Receiver: ask writers for early notifications (transport.h kNotificationLandedOnEvent): a
@@ -83,13 +82,9 @@ struct CudaIpcOptions {
 
 // kUnavailable when no CUDA device is usable (message says why).
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options);
-// For the registry: device from options.device; copy mode from KVSTREAM_CUDA_IPC_COPY
-// (auto | memcpy | kernel).
+// For the registry: device and gpu_landed_wait from `options`, the rest CudaIpcOptions'
+// defaults.
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
-
-CopyMode CopyModeFromEnv();
-// false when KVSTREAM_CUDA_IPC_TABLE=packed (the previous pass's path), else true.
-bool BlockTableFromEnv();
 
 // Host-side cost of Write(), for benchmarks: summed over every cuda_ipc endpoint of the process
 // while enabled (off by default; when on, four clock reads per Write()).

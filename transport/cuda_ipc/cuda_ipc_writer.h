@@ -41,7 +41,7 @@ struct IpcTransportState {
   CudaIpcOptions options;
   int device = -1;
   explicit IpcTransportState(int dev) : device(dev), events(dev) {}
-  cuda::ParamKernelConfig kernel = cuda::ParamKernelConfigFromEnv();
+  cuda::ParamKernelConfig kernel;  // the scatter kernels' launch shape (their default)
   cuda::EventPool events;
 
   std::mutex map_mu;

@@ -23,13 +23,6 @@ using cuda::CopyRun;
 using cuda::CudaStatus;
 using cuda::DeviceGuard;
 
-bool TraceEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KVSTREAM_NCCL_TRACE");
-    return v != nullptr && *v && std::string(v) != "0";
-  }();
-  return on;
-}
 double MicrosSince(Clock::time_point from, Clock::time_point to) {
   if (to.time_since_epoch().count() == 0) return -1;
   return std::chrono::duration<double, std::micro>(to - from).count();

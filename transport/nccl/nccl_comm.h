@@ -31,10 +31,8 @@ namespace kvstream::transport::nccl {
 inline constexpr size_t kGroupOps = 64;          // sends/recvs per NCCL group in direct mode
 inline constexpr int64_t kSendTimeoutSec = 5;    // control-socket writes
 
-// KVSTREAM_NCCL_TRACE=1: one stderr line per completed write on each side, with the time of each
-// step since the write was handed over (writer) or its header arrived (receiver).
-bool TraceEnabled();
-// Microseconds from `from` to `to`; -1 when `to` was never set.
+// NcclOptions::trace prints each step's time since the write was handed over (writer) or its
+// header arrived (receiver): microseconds from `from` to `to`; -1 when `to` was never set.
 double MicrosSince(Clock::time_point from, Clock::time_point to);
 
 // kRemoteDisconnect for ncclRemoteError, else kInternal, with NCCL's last error of `comm`.
@@ -93,7 +91,7 @@ struct NcclTransportState {
   int device = -1;
   std::string pci_bus_id;
   std::string host_id;
-  cuda::ParamKernelConfig kernel = cuda::ParamKernelConfigFromEnv();
+  cuda::ParamKernelConfig kernel;  // the pack / unpack kernels' launch shape (their default)
   explicit NcclTransportState(int dev) : device(dev), events(dev) {}
   cuda::EventPool events;
 

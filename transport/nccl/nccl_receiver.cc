@@ -121,7 +121,7 @@ Status NcclReceiver::Group(const std::function<Status()>& calls, const char* wha
   KV_RETURN_IF_ERROR(s);
   if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm_, what);
   return WaitComm(comm_, DeadlineAfterMs(shared_->options.connect_timeout_ms),
-                  [this] { return Alive(); }, what, shared_->options.tight_polling);
+                  [this] { return Alive(); }, what);
 }
 
 Status NcclReceiver::Post(NcclIncomingWrite& in) {
@@ -190,7 +190,8 @@ Status NcclReceiver::Post(NcclIncomingWrite& in) {
 }
 
 Status NcclReceiver::Loop() {
-  const long pending_poll_ns = shared_->options.tight_polling ? 5'000L : 20'000L;
+  constexpr long kPendingPollNs = 5'000L;
+  const bool trace = shared_->options.trace;
   std::deque<NcclIncomingWrite> pending;
   auto last_async_check = Clock::now();
   Status result;
@@ -199,7 +200,7 @@ Status NcclReceiver::Loop() {
     pollfd p[2] = {{wake_fd_, POLLIN, 0}, {fd_, POLLIN, 0}};
     // Landing is seen by polling the oldest write's event: every 5 us while any is pending
     // (what a write waits for on top of its bytes; the thread is mostly asleep in between).
-    timespec ts{0, pending.empty() ? 20'000'000L : pending_poll_ns};
+    timespec ts{0, pending.empty() ? 20'000'000L : kPendingPollNs};
     (void)::ppoll(p, 2, &ts, nullptr);
     const bool open = ReadAvailable(fd_, &rx_);
     for (;;) {
@@ -211,17 +212,17 @@ Status NcclReceiver::Loop() {
       if (type != FrameType::kWrite) return DataLoss("nccl: unexpected frame from the writer");
       KV_ASSIGN_OR_RETURN(WriteHeader h, DecodeWrite(payload));
       pending.push_back(NcclIncomingWrite{std::move(h), nullptr, {}, {}, {}});
-      if (TraceEnabled()) pending.back().t_header = Clock::now();
+      if (trace) pending.back().t_header = Clock::now();
       Status s = Post(pending.back());
       if (!s.ok()) return s;
-      if (TraceEnabled()) pending.back().t_posted = Clock::now();
+      if (trace) pending.back().t_posted = Clock::now();
     }
     while (!pending.empty()) {
       NcclIncomingWrite& in = pending.front();
       cudaError_t err = cudaEventQuery(in.done);
       if (err == cudaErrorNotReady) break;
       if (err != cudaSuccess) return CudaStatus(err, "nccl receive");
-      if (TraceEnabled()) in.t_landed = Clock::now();
+      if (trace) in.t_landed = Clock::now();
       if (in.header.notify) {
         std::lock_guard<std::mutex> lock(shared_->sink_mu);
         if (shared_->sink) shared_->sink(in.header.notification);
@@ -229,7 +230,7 @@ Status NcclReceiver::Loop() {
       if (!SendAll(fd_, EncodeAck(Ack{in.header.write_id, 0}))) {
         return RemoteDisconnect("nccl: sending an ack");
       }
-      if (TraceEnabled()) {
+      if (trace) {
         std::fprintf(stderr,
                      "nccl trace receiver: write %llu, %llu bytes: posted %.1f landed %.1f "
                      "acked %.1f us after its header\n",
@@ -256,7 +257,7 @@ Status NcclReceiver::Loop() {
 
 void NcclReceiver::Run() {
   DeviceGuard guard(shared_->device);
-  if (shared_->options.tight_polling) TightenTimerSlack();
+  TightenTimerSlack();
   Status s = Handshake();
   if (s.ok()) s = Loop();
   if (s.code() != StatusCode::kRemoteDisconnect && s.code() != StatusCode::kCanceled) {

@@ -140,7 +140,6 @@ class NcclTransport : public Transport {
     std::strncpy(hello.pci_bus_id, shared_->pci_bus_id.c_str(), sizeof(hello.pci_bus_id) - 1);
     std::strncpy(hello.host_id, shared_->host_id.c_str(), sizeof(hello.host_id) - 1);
     std::memcpy(hello.unique_id, addr.unique_id.data(), kUniqueIdBytes);
-    hello.warm_up = shared_->options.warm_up ? 1 : 0;
     if (!SendAll(w->fd, EncodeHello(hello))) return RemoteDisconnect("nccl: sending hello");
     std::string rx;
     KV_ASSIGN_OR_RETURN(std::string payload,
@@ -170,7 +169,7 @@ class NcclTransport : public Transport {
     };
     KV_ASSIGN_OR_RETURN(w->comm, InitComm(shared_->device, std::string(ack.unique_id, kUniqueIdBytes),
                                           0, deadline, receiver_alive));
-    if (shared_->options.warm_up) {
+    {
       // On failure ~NcclWriter aborts the communicator and frees the staging buffer and streams.
       DeviceGuard guard(shared_->device);
       KV_RETURN_IF_ERROR(guard.status());
@@ -220,15 +219,6 @@ class NcclTransport : public Transport {
 
 }  // namespace
 
-CopyMode CopyModeFromEnv() {
-  const char* v = std::getenv("KVSTREAM_NCCL_COPY");
-  if (v == nullptr) return CopyMode::kAuto;
-  std::string s(v);
-  if (s == "direct") return CopyMode::kDirect;
-  if (s == "pack") return CopyMode::kPack;
-  return CopyMode::kAuto;
-}
-
 std::string NcclVersionString() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return "NCCL (version unknown)";
@@ -261,17 +251,6 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& option
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
   NcclOptions o;
   o.device = options.device;
-  o.copy_mode = CopyModeFromEnv();
-  if (const char* h = std::getenv("KVSTREAM_NCCL_HOST"); h != nullptr && *h) o.advertise_host = h;
-  if (const char* t = std::getenv("KVSTREAM_NCCL_TIGHT_POLL"); t != nullptr && *t) {
-    o.tight_polling = std::string(t) != "0";
-  }
-  if (const char* w = std::getenv("KVSTREAM_NCCL_WARMUP"); w != nullptr && *w) {
-    o.warm_up = std::string(w) != "0";
-  }
-  if (const char* c = std::getenv("KVSTREAM_NCCL_CHUNK_MB"); c != nullptr && *c) {
-    o.chunk_bytes = std::strtoull(c, nullptr, 10) << 20;
-  }
   return CreateNcclTransport(o);
 }
 

@@ -17,7 +17,7 @@
 //    to its end: NCCL connects the point-to-point channel on first use (~100 ms), so this puts
 //    that into Connect instead of the connection's first Write(). A warm-up that fails or runs
 //    past the deadline fails Connect (kRemoteDisconnect / kTimeout / kInternal) with everything
-//    released (NcclOptions::warm_up = false leaves it out). Both ends on one GPU (same host, same PCI id): kFailedPrecondition before NCCL
+//    released. Both ends on one GPU (same host, same PCI id): kFailedPrecondition before NCCL
 //    is touched (NCCL refuses two ranks on a GPU).
 //  - Write(): validates and coalesces ops (transport/cuda's CopyPlanner), records an event on
 //    `after_stream`, hands the write to the endpoint's thread, which sends a header (runs,
@@ -65,29 +65,17 @@ struct NcclOptions {
   std::string advertise_host = "127.0.0.1";  // host put into LocalAddress(); 127.0.0.1 binds lo
   int64_t connect_timeout_ms = 60000;     // TCP connect + hello + communicator init + warm-up
   int64_t close_timeout_ms = 5000;        // ~Endpoint: how long posted writes may still finish
-  // How the endpoint threads wait while writes are in flight. true: NCCL launches are polled
-  // with yields for their first millisecond, in-flight writes every 5-10 us, thread timer slack
-  // 1 us; a receiver with writes pending (in a pipelined load: from the first layer's header to
-  // the last layer's landing) wakes every 5 us (its CPU use was not measured). false: 20 us sleeps and
-  // polls at the default timer slack (the first version; kept for side-by-side measurement).
-  bool tight_polling = true;
-  // The warm-up exchange at Connect (see Connect() above); the writer's choice, which the
-  // receiver follows. false: NCCL connects on the first write (kept for side-by-side measurement).
-  bool warm_up = true;
+  // One stderr line per completed write on each side, with the time of each step (header sent,
+  // NCCL launch returned / done, landed, acked), to see where a write's time goes.
+  bool trace = false;
 };
 
 // kUnavailable when no CUDA device is usable (message says why). Sets NCCL_NVLS_ENABLE=0 in the
 // process environment unless it is set already (this transport makes point-to-point calls only).
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options);
-// For the registry: device from options.device; copy mode from KVSTREAM_NCCL_COPY
-// (auto | direct | pack); advertise host from KVSTREAM_NCCL_HOST; staging chunk from
-// KVSTREAM_NCCL_CHUNK_MB; KVSTREAM_NCCL_TIGHT_POLL=0 sets tight_polling = false;
-// KVSTREAM_NCCL_WARMUP=0 sets warm_up = false.
-// KVSTREAM_NCCL_TRACE=1 (any transport of the process): one stderr line per completed write on
-// each side with the time of each step (header sent, NCCL launch returned / done, landed, acked).
+// For the registry: device from `options`, the rest NcclOptions' defaults.
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
 
-CopyMode CopyModeFromEnv();
 // "NCCL <major>.<minor>.<patch>" of the library loaded at run time.
 std::string NcclVersionString();
 

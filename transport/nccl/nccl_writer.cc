@@ -97,7 +97,7 @@ Result<std::unique_ptr<WriteHandle>> NcclWriter::Write(const WriteRequest& req) 
       return CudaStatus(err, "nccl Write: cudaEventRecord on after_stream");
     }
   }
-  if (TraceEnabled()) op->t_write = Clock::now();
+  if (shared->options.trace) op->t_write = Clock::now();
   {
     std::lock_guard<std::mutex> lock(q_mu_);
     op->header.write_id = next_write_id_++;
@@ -199,7 +199,7 @@ Status NcclWriter::PollSocket() {
                                                              std::to_string(ack.write_id));
       }
       op->acked = true;
-      if (TraceEnabled()) op->t_acked = Clock::now();
+      if (shared->options.trace) op->t_acked = Clock::now();
     }
     if (!found) return DataLoss("nccl: ack for unknown write " + std::to_string(ack.write_id));
   }
@@ -210,15 +210,15 @@ Status NcclWriter::Group(const std::function<Status()>& calls, const char* what)
   if (r != ncclSuccess) return NcclStatus(r, comm, "ncclGroupStart");
   Status s = calls();
   r = ncclGroupEnd();
-  if (TraceEnabled()) group_end_ = Clock::now();
+  if (shared->options.trace) group_end_ = Clock::now();
   KV_RETURN_IF_ERROR(s);
   if (r != ncclSuccess && r != ncclInProgress) return NcclStatus(r, comm, what);
   return WaitComm(comm, DeadlineAfterMs(shared->options.connect_timeout_ms),
-                  [this] { return PollSocket(); }, what, shared->options.tight_polling);
+                  [this] { return PollSocket(); }, what);
 }
 
 Status NcclWriter::Submit(NcclWriteOp& op) {
-  const bool trace = TraceEnabled();
+  const bool trace = shared->options.trace;
   if (trace) op.t_taken = Clock::now();
   if (!SendAll(fd, EncodeWrite(op.header))) {
     return RemoteDisconnect(std::string("nccl: sending a write header: ") + std::strerror(errno));
@@ -287,8 +287,8 @@ void NcclWriter::TraceDone(const NcclWriteOp& op) {
 
 void NcclWriter::Run() {
   DeviceGuard guard(shared->device);
-  if (shared->options.tight_polling) TightenTimerSlack();
-  const long inflight_poll_ns = shared->options.tight_polling ? 10'000L : 20'000L;
+  TightenTimerSlack();
+  constexpr long kInflightPollNs = 10'000L;
   Deadline close_deadline{};
   bool closing = false;
   auto last_async_check = Clock::now();
@@ -299,7 +299,7 @@ void NcclWriter::Run() {
     }
     // A failed endpoint's socket stays readable (EOF): leave it out of the poll.
     pollfd p[2] = {{wake_fd, POLLIN, 0}, {comm != nullptr ? fd : -1, POLLIN, 0}};
-    timespec ts{0, inflight_.empty() ? 20'000'000L : inflight_poll_ns};
+    timespec ts{0, inflight_.empty() ? 20'000'000L : kInflightPollNs};
     (void)::ppoll(p, 2, &ts, nullptr);
     if (p[0].revents) {
       uint64_t v;
@@ -340,7 +340,7 @@ void NcclWriter::Run() {
       cudaError_t err = cudaEventQuery(op.sent);
       if (err == cudaErrorNotReady) break;
       op.Finish(CudaStatus(err, "nccl send"));
-      if (TraceEnabled()) TraceDone(op);
+      if (shared->options.trace) TraceDone(op);
       ReleaseOpEvents(op);
       inflight_.pop_front();
     }
