@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "transport/core/socket_io.h"
 
 namespace kvstream::transport::cuda {
 namespace {
@@ -73,20 +74,6 @@ Result<sockaddr_un> ParseAddress(const std::string& address, socklen_t* len) {
     *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
   }
   return sa;
-}
-
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
 }
 
 }  // namespace
@@ -257,7 +244,7 @@ void NotificationListener::Run() {
           msg += key;
           // A fresh socket's buffer takes these few hundred bytes at once; anything less is a
           // broken peer.
-          if (key.size() > kMaxGrantKeyBytes || !WriteAll(fd, msg.data(), msg.size())) {
+          if (key.size() > kMaxGrantKeyBytes || !core::SendAll(fd, msg.data(), msg.size())) {
             bad = true;
             break;
           }
@@ -317,7 +304,7 @@ Result<std::unique_ptr<NotificationChannel>> NotificationChannel::Connect(
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.version = kVersion;
   h.pid = static_cast<uint32_t>(::getpid());
-  if (!WriteAll(ch->fd_, &h, sizeof(h))) return RemoteDisconnect("cuda_ipc: sending hello to " + address);
+  if (!core::SendAll(ch->fd_, &h, sizeof(h))) return RemoteDisconnect("cuda_ipc: sending hello to " + address);
   return ch;
 }
 
@@ -328,7 +315,7 @@ NotificationChannel::~NotificationChannel() {
 Status NotificationChannel::Send(const Notification& n) {
   Frame f{n.request_id, n.layer, n.flags};
   std::lock_guard<std::mutex> lock(send_mu_);
-  if (!WriteAll(fd_, &f, sizeof(f))) {
+  if (!core::SendAll(fd_, &f, sizeof(f))) {
     return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
   }
   return OkStatus();
@@ -343,7 +330,7 @@ Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
     for (size_t i = 0; i < k; ++i) {
       frames[i] = Frame{n[done + i].request_id, n[done + i].layer, n[done + i].flags};
     }
-    if (!WriteAll(fd_, frames, k * sizeof(Frame))) {
+    if (!core::SendAll(fd_, frames, k * sizeof(Frame))) {
       return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
     }
     done += k;
@@ -355,20 +342,19 @@ Result<FlagGrant> NotificationChannel::RequestLandedFlag(Deadline deadline) {
   {
     Frame f{0, 0, kFrameFlagRequest};
     std::lock_guard<std::mutex> lock(send_mu_);
-    if (!WriteAll(fd_, &f, sizeof(f))) {
+    if (!core::SendAll(fd_, &f, sizeof(f))) {
       return RemoteDisconnect(std::string("cuda_ipc: landed-flag request: ") + std::strerror(errno));
     }
   }
   auto read_exact = [&](void* out, size_t n) -> Status {
     char* p = static_cast<char*>(out);
     while (n > 0) {
-      const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  deadline - Clock::now()).count();
-      if (left_ms < 0) return Timeout("cuda_ipc: no answer to the landed-flag request");
-      pollfd pf{fd_, POLLIN, 0};
-      int rc = ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-      if (rc < 0 && errno != EINTR) return Errno("poll");
-      if (rc <= 0) continue;
+      const core::WaitResult w = core::WaitReadable(fd_, deadline, 1000);
+      if (w == core::WaitResult::kDeadline) {
+        return Timeout("cuda_ipc: no answer to the landed-flag request");
+      }
+      if (w == core::WaitResult::kError) return Errno("poll");
+      if (w == core::WaitResult::kNotYet) continue;
       ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
       if (r == 0) return RemoteDisconnect("cuda_ipc: receiver closed during the landed-flag request");
       if (r < 0) {
@@ -401,7 +387,7 @@ Status NotificationChannel::SendEarly(const Notification& n, uint32_t seq) {
   std::memcpy(msg, &f, sizeof(f));
   std::memcpy(msg + sizeof(f), &t, sizeof(t));
   std::lock_guard<std::mutex> lock(send_mu_);
-  if (!WriteAll(fd_, msg, sizeof(msg))) {
+  if (!core::SendAll(fd_, msg, sizeof(msg))) {
     return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
   }
   return OkStatus();

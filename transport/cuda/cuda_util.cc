@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <chrono>
-#include <fstream>
 #include <thread>
 
 #include "common/log.h"
@@ -253,17 +252,6 @@ Result<std::string> PciBusId(int device) {
   char buf[32] = {};
   KV_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(buf, sizeof(buf), device), "cudaDeviceGetPCIBusId");
   return std::string(buf);
-}
-
-std::string HostIdentity() {
-  static const std::string id = [] {
-    std::ifstream f("/proc/sys/kernel/random/boot_id");
-    std::string s;
-    std::getline(f, s);
-    if (s.empty()) s = "unknown-boot-id";
-    return s;
-  }();
-  return id;
 }
 
 }  // namespace kvstream::transport::cuda

@@ -152,7 +152,5 @@ Result<DevicePointerInfo> QueryDevicePointer(const void* ptr, size_t length);
 // PCI bus id of a device ("0000:3b:00.0"), used to match devices across processes whose
 // CUDA_VISIBLE_DEVICES differ.
 Result<std::string> PciBusId(int device);
-// A string that differs between hosts (and reboots): the kernel's boot id.
-std::string HostIdentity();
 
 }  // namespace kvstream::transport::cuda

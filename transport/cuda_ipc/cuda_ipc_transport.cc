@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "transport/core/host_identity.h"
 #include "transport/cuda/control_socket.h"
 #include "transport/cuda/cuda_util.h"
 #include "transport/cuda_ipc/cuda_ipc_receiver.h"
@@ -55,7 +56,7 @@ class CudaIpcTransport : public Transport {
       auto parsed = ParseKey(peer.regions[i].key);
       if (!parsed.ok()) return parsed.status().WithContext("region " + std::to_string(i));
       const KeyWire& k = parsed.value();
-      if (cuda::HostIdentity() != k.host_id) {
+      if (core::HostIdentity() != k.host_id) {
         return NotSupported("cuda_ipc: region " + std::to_string(i) +
                             " belongs to another host; cuda_ipc works on one host only");
       }
@@ -104,7 +105,7 @@ class CudaIpcTransport : public Transport {
     KV_ASSIGN_OR_RETURN(writer.mem_ops, cuda::StreamMemOps::Get());
     KV_ASSIGN_OR_RETURN(cuda::FlagGrant g, writer.channel->RequestLandedFlag(deadline));
     KV_ASSIGN_OR_RETURN(KeyWire k, ParseKey(g.key));
-    if (cuda::HostIdentity() != k.host_id) {
+    if (core::HostIdentity() != k.host_id) {
       return NotSupported("cuda_ipc: the landed-flag array belongs to another host");
     }
     if ((uint64_t(g.slot) + 1) * sizeof(uint32_t) > k.length) {

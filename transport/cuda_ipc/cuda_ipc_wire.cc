@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "transport/core/host_identity.h"
 #include "transport/cuda/cuda_util.h"
 
 namespace kvstream::transport::cuda_ipc {
@@ -59,7 +60,7 @@ Result<std::unique_ptr<Registration>> RegisterIpcRegion(const MemoryRegion& regi
   k.device = info.device;
   KV_ASSIGN_OR_RETURN(std::string bus, cuda::PciBusId(info.device));
   std::strncpy(k.pci_bus_id, bus.c_str(), sizeof(k.pci_bus_id) - 1);
-  std::strncpy(k.host_id, cuda::HostIdentity().c_str(), sizeof(k.host_id) - 1);
+  std::strncpy(k.host_id, core::HostIdentity().c_str(), sizeof(k.host_id) - 1);
   k.pid = static_cast<uint64_t>(::getpid());
   k.alloc_base = info.alloc_base;
   k.alloc_size = info.alloc_size;

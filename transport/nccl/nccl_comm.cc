@@ -43,21 +43,6 @@ Status Errno(const std::string& what) {
   return Unavailable("nccl: " + what + ": " + std::strerror(errno));
 }
 
-bool SendAll(int fd, const std::string& data) {
-  const char* p = data.data();
-  size_t n = data.size();
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 void SetSocketOptions(int fd) {
   int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

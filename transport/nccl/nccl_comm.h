@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "transport/cuda/copy_plan.h"
+#include "transport/core/socket_io.h"
 #include "transport/cuda/cuda_util.h"
 #include "transport/nccl/nccl_transport.h"
 #include "transport/transport.h"
@@ -44,7 +45,6 @@ Status Errno(const std::string& what);
 Status CommFailed(ncclResult_t st, ncclComm_t comm, const std::string& what);
 
 // ---- control socket -----------------------------------------------------------------------
-bool SendAll(int fd, const std::string& data);
 // TCP_NODELAY and a kSendTimeoutSec send timeout.
 void SetSocketOptions(int fd);
 // A blocking, connected TCP socket (SetSocketOptions applied), or kUnavailable.

@@ -50,7 +50,7 @@ Status NcclReceiver::Handshake() {
   auto refuse = [&](const Status& s) {
     ack.code = static_cast<int32_t>(s.code());
     std::strncpy(ack.message, s.message().c_str(), sizeof(ack.message) - 1);
-    (void)SendAll(fd_, EncodeHelloAck(ack));
+    (void)core::SendAll(fd_, EncodeHelloAck(ack));
     return s;
   };
   // A hello of another size (another protocol version's writer) is told why, not just dropped.
@@ -101,7 +101,7 @@ Status NcclReceiver::Handshake() {
   }
   ack.chunk_bytes = chunk;
   std::memcpy(ack.unique_id, id.data(), kUniqueIdBytes);
-  if (!SendAll(fd_, EncodeHelloAck(ack))) return RemoteDisconnect("nccl: sending the hello ack");
+  if (!core::SendAll(fd_, EncodeHelloAck(ack))) return RemoteDisconnect("nccl: sending the hello ack");
   const Deadline deadline = DeadlineAfterMs(shared_->options.connect_timeout_ms);
   KV_ASSIGN_OR_RETURN(comm_, InitComm(shared_->device, id, 1, deadline, [this] { return Alive(); }));
   if (hello.warm_up != 0) {
@@ -202,7 +202,7 @@ Status NcclReceiver::Loop() {
     // (what a write waits for on top of its bytes; the thread is mostly asleep in between).
     timespec ts{0, pending.empty() ? 20'000'000L : kPendingPollNs};
     (void)::ppoll(p, 2, &ts, nullptr);
-    const bool open = ReadAvailable(fd_, &rx_);
+    const bool open = core::ReadAvailable(fd_, &rx_);
     for (;;) {
       FrameType type;
       std::string payload;
@@ -227,7 +227,7 @@ Status NcclReceiver::Loop() {
         std::lock_guard<std::mutex> lock(shared_->sink_mu);
         if (shared_->sink) shared_->sink(in.header.notification);
       }
-      if (!SendAll(fd_, EncodeAck(Ack{in.header.write_id, 0}))) {
+      if (!core::SendAll(fd_, EncodeAck(Ack{in.header.write_id, 0}))) {
         return RemoteDisconnect("nccl: sending an ack");
       }
       if (trace) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "transport/core/host_identity.h"
 #include "transport/nccl/nccl_comm.h"
 #include "transport/nccl/nccl_receiver.h"
 #include "transport/nccl/nccl_wire.h"
@@ -140,7 +141,7 @@ class NcclTransport : public Transport {
     std::strncpy(hello.pci_bus_id, shared_->pci_bus_id.c_str(), sizeof(hello.pci_bus_id) - 1);
     std::strncpy(hello.host_id, shared_->host_id.c_str(), sizeof(hello.host_id) - 1);
     std::memcpy(hello.unique_id, addr.unique_id.data(), kUniqueIdBytes);
-    if (!SendAll(w->fd, EncodeHello(hello))) return RemoteDisconnect("nccl: sending hello");
+    if (!core::SendAll(w->fd, EncodeHello(hello))) return RemoteDisconnect("nccl: sending hello");
     std::string rx;
     KV_ASSIGN_OR_RETURN(std::string payload,
                         ReadFrame(w->fd, &rx, FrameType::kHelloAck, deadline, "hello ack"));
@@ -242,7 +243,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& option
   shared->options = options;
   shared->options.device = device;
   KV_ASSIGN_OR_RETURN(shared->pci_bus_id, cuda::PciBusId(device));
-  shared->host_id = cuda::HostIdentity();
+  shared->host_id = core::HostIdentity();
   auto t = std::make_unique<NcclTransport>(shared);
   KV_RETURN_IF_ERROR(t->Init());
   return std::unique_ptr<Transport>(std::move(t));

@@ -1,13 +1,12 @@
 #include "transport/nccl/nccl_wire.h"
 
-#include <errno.h>
-#include <poll.h>
-#include <sys/socket.h>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <type_traits>
+
+#include "transport/core/socket_io.h"
 
 namespace kvstream::transport::nccl {
 namespace {
@@ -277,20 +276,6 @@ WireMode ChooseMode(size_t runs, uint64_t total_bytes) {
 
 // ---- control socket -----------------------------------------------------------------------
 
-bool ReadAvailable(int fd, std::string* buf) {
-  char tmp[65536];
-  for (;;) {
-    ssize_t r = ::recv(fd, tmp, sizeof(tmp), MSG_DONTWAIT);
-    if (r > 0) {
-      buf->append(tmp, static_cast<size_t>(r));
-      continue;
-    }
-    if (r == 0) return false;
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK;
-  }
-}
-
 Result<std::string> ReadFrame(int fd, std::string* buf, FrameType want, Deadline deadline,
                               const char* what) {
   bool open = true;
@@ -303,13 +288,13 @@ Result<std::string> ReadFrame(int fd, std::string* buf, FrameType want, Deadline
       return payload;
     }
     if (!open) return RemoteDisconnect(std::string("nccl: peer closed the control socket before the ") + what);
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return Timeout(std::string("nccl: no ") + what + " before the deadline");
-    pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
-    if (rc < 0 && errno != EINTR) return Unavailable(std::string("nccl: poll: ") + std::strerror(errno));
+    const core::WaitResult w = core::WaitReadable(fd, deadline, 100);
+    if (w == core::WaitResult::kDeadline) {
+      return Timeout(std::string("nccl: no ") + what + " before the deadline");
+    }
+    if (w == core::WaitResult::kError) return Unavailable(std::string("nccl: poll: ") + std::strerror(errno));
     // A close can arrive in the same read as the peer's last frame: taken at the loop's top.
-    if (rc > 0) open = ReadAvailable(fd, buf);
+    if (w == core::WaitResult::kReadable) open = core::ReadAvailable(fd, buf);
   }
 }
 

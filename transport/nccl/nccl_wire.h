@@ -128,11 +128,9 @@ Result<bool> TakeFrame(std::string* buf, FrameType* type, std::string* payload);
 
 // ---- control socket -----------------------------------------------------------------------
 
-// Appends to `buf` whatever `fd` (a non-blocking-readable stream socket) has without blocking.
-// false when the peer closed the socket or it failed - possibly after appending the last bytes
-// the peer sent before closing, so a caller takes the complete frames from `buf` before it
-// treats false as the end.
-bool ReadAvailable(int fd, std::string* buf);
+// Reading is core::ReadAvailable (transport/core/socket_io.h): it may append the last bytes the
+// peer sent before closing, so a caller takes the complete frames from `buf` before it treats
+// its false as the end.
 // Waits until `deadline` for one frame and returns its payload: kDataLoss for a frame of
 // another type (or a bad one), kTimeout at the deadline, kRemoteDisconnect when the peer
 // closed the socket before a complete frame - a frame that arrived just before the close

@@ -179,7 +179,7 @@ void NcclWriter::Fail(const Status& why) {
 Status NcclWriter::PollSocket() {
   // Acks that arrived just before the receiver closed still count: take every complete frame
   // first, then report the close.
-  const bool open = ReadAvailable(fd, &rx_);
+  const bool open = core::ReadAvailable(fd, &rx_);
   for (;;) {
     FrameType type;
     std::string payload;
@@ -220,7 +220,7 @@ Status NcclWriter::Group(const std::function<Status()>& calls, const char* what)
 Status NcclWriter::Submit(NcclWriteOp& op) {
   const bool trace = shared->options.trace;
   if (trace) op.t_taken = Clock::now();
-  if (!SendAll(fd, EncodeWrite(op.header))) {
+  if (!core::SendAll(fd, EncodeWrite(op.header))) {
     return RemoteDisconnect(std::string("nccl: sending a write header: ") + std::strerror(errno));
   }
   if (trace) op.t_header = Clock::now();
