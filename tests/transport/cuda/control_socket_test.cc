@@ -1,4 +1,4 @@
-// CPU-only pieces of the GPU backends (no GPU needed, runs in CI): the cuda_ipc notification
+// CPU-only pieces of transport/cuda (no GPU needed, runs in CI): the notification
 // socket and the scatter-copy run splitting.
 #include <gtest/gtest.h>
 

@@ -28,7 +28,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "tests/transport_gpu/gpu_peer.h"
-#include "tests/transport_gpu/spin_kernel.h"
+#include "tests/transport/cuda_ipc/spin_kernel.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 
@@ -412,6 +412,6 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (::testing::GTEST_FLAG(list_tests)) return RUN_ALL_TESTS();
   int count = 0;
-  if (!kvstream::testing::GpusUsable("landed_event_test", &count)) return 77;
+  if (!kvstream::testing::GpusUsable("landed_event_gpu_test", &count)) return 77;
   return RUN_ALL_TESTS();
 }

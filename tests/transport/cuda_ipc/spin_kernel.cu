@@ -1,4 +1,4 @@
-#include "tests/transport_gpu/spin_kernel.h"
+#include "tests/transport/cuda_ipc/spin_kernel.h"
 
 namespace kvstream::testing {
 namespace {

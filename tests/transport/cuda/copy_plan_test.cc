@@ -289,7 +289,7 @@ TEST(ParamKernel, PiecesPerRunAndWhenToSplitOnTheHost) {
   EXPECT_EQ(ParamSplitBytes(runs.data(), 0, cfg), 0u);
 }
 
-TEST(ParamKernelConfig, ParsesTheEnvFormAndRefusesUnbuiltShapes) {
+TEST(ParamKernelConfig, ParsesTheShapeFormAndRefusesUnbuiltShapes) {
   ParamKernelConfig c;
   ASSERT_TRUE(ParseParamKernelConfig("t512u4p32c528", &c));
   EXPECT_EQ(c.threads, 512);
