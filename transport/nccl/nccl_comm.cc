@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/log.h"
 #include "transport/nccl/nccl_wire.h"
 
 namespace kvstream::transport::nccl {
@@ -224,6 +225,20 @@ void NcclTransportState::ReleaseStaging(Staging* st) {
     st->filled[i] = st->freed[i] = nullptr;
   }
   st->buffer.reset();
+}
+
+void NcclTransportState::ReleaseStagingWhenIdle(Staging* st, const cuda::Stream* a,
+                                                const cuda::Stream* b, const char* side) {
+  bool idle = true;
+  for (const cuda::Stream* s : {a, b}) {
+    if (s != nullptr) idle &= cuda::WaitStreamIdle(s->get(), DeadlineAfterMs(2000)).ok();
+  }
+  if (idle) {
+    ReleaseStaging(st);
+    return;
+  }
+  KV_LOG_ERROR << side << ": streams still busy after abort; leaking the staging buffer";
+  (void)st->buffer.release();
 }
 
 }  // namespace kvstream::transport::nccl

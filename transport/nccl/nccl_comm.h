@@ -108,6 +108,11 @@ struct NcclTransportState {
 
   Status InitStaging(Staging* st, uint64_t chunk_bytes);
   void ReleaseStaging(Staging* st);
+  // After the communicator was aborted: waits (2 s each) for the side's streams, then releases
+  // `st`; if one is still busy, leaks the buffer instead (cudaFree would block behind a stuck
+  // kernel) and logs it as `side`'s.
+  void ReleaseStagingWhenIdle(Staging* st, const cuda::Stream* a, const cuda::Stream* b,
+                              const char* side);
 };
 
 class NcclRegistration : public Registration {

@@ -267,15 +267,8 @@ void NcclReceiver::Run() {
   ::shutdown(fd_, SHUT_RDWR);
   if (comm_ != nullptr) (void)ncclCommAbort(comm_);
   comm_ = nullptr;
-  bool idle = true;
-  if (comm_stream_) idle &= cuda::WaitStreamIdle(comm_stream_->get(), DeadlineAfterMs(2000)).ok();
-  if (unpack_stream_) idle &= cuda::WaitStreamIdle(unpack_stream_->get(), DeadlineAfterMs(2000)).ok();
-  if (idle) {
-    shared_->ReleaseStaging(&staging_);
-  } else {
-    KV_LOG_ERROR << "nccl receiver: streams still busy after abort; leaking the staging buffer";
-    (void)staging_.buffer.release();
-  }
+  shared_->ReleaseStagingWhenIdle(&staging_, comm_stream_.get(), unpack_stream_.get(),
+                                  "nccl receiver");
   finished_.store(true);
 }
 

@@ -115,16 +115,7 @@ void NcclWriter::Shutdown() {
   // Thread never started (Connect failed half way): nothing posted, just free.
   AbortComm();
   FailAll(Canceled("nccl: endpoint destroyed before the write was complete"));
-  bool idle = true;
-  if (comm_stream) idle &= cuda::WaitStreamIdle(comm_stream->get(), DeadlineAfterMs(2000)).ok();
-  if (pack_stream) idle &= cuda::WaitStreamIdle(pack_stream->get(), DeadlineAfterMs(2000)).ok();
-  if (idle) {
-    shared->ReleaseStaging(&staging);
-  } else {
-    // Freeing memory a stuck kernel may still touch would block (cudaFree syncs): leak it.
-    KV_LOG_ERROR << "nccl: endpoint streams still busy after abort; leaking the staging buffer";
-    (void)staging.buffer.release();
-  }
+  shared->ReleaseStagingWhenIdle(&staging, comm_stream.get(), pack_stream.get(), "nccl endpoint");
 }
 
 void NcclWriter::Wake() {
