@@ -17,15 +17,15 @@
 # TWO_RECEIVER (0), NCCL_BACKENDS, NCCL_MODELS, CHUNK_MB (nccl staging chunk), SCATTER_CONFIGS,
 # LONG_BLOCKS, ITERS (per bench; defaults 20 ipc / 8 staged / 6 nccl), MODELS (transfer_gpu's),
 # CPU_COST=1 (with IDLE_MS 200, CPU_MS 200, CPU_BACKENDS, CPU_NCCL_BACKENDS), BW_TLS ("sm,tcp tcp").
-# Backend-wide switches that are environment variables (e.g. KVSTREAM_NCCL_TRACE=1,
-# KVSTREAM_CUDA_IPC_KERNEL=t512u4) pass through as KEY=VALUE; label such a run with --tag.
+# Other environment variables pass through as KEY=VALUE; label such a run with --tag. (The GPU
+# backends read none: their switches are options, e.g. transfer_nccl --trace.)
 suite_transfer() {
   local smoke=${SMOKE:-0} j n
   n=$(ngpus)
   local ipc=${IPC_BACKENDS:-cuda_ipc,cuda_ipc_memcpy,cuda_ipc_kernel,cuda_ipc_packed,cuda_ipc_early}
   local staged=${STAGED_BACKENDS:-ucx_host,ucx_staged,ucx_staged:a0:s0:p20:d0,ucx_staged:d0,ucx_staged:s0,ucx_staged:a0,ucx_staged:p20,ucx_staged:a128,ucx_staged:a1024}
   local two=${TWO_BACKENDS:-ucx_staged,ucx_staged:a0:s0:p20:d0,ucx_staged:d0,ucx_staged:a0}
-  local nccl=${NCCL_BACKENDS:-cuda_ipc,nccl_loose,nccl,nccl_pack,nccl_direct}
+  local nccl=${NCCL_BACKENDS:-cuda_ipc,nccl,nccl_pack,nccl_direct}
   local models=${MODELS:-llama-3-8b,llama-2-7b} long=${LONG_TOKENS:-16384}
   local it_ipc=${ITERS:-20} it_staged=${ITERS:-8} it_nccl=${ITERS:-6} it_scatter=${ITERS:-15}
   local sc=(${SCATTER_CONFIGS:+--configs="$SCATTER_CONFIGS"} ${LONG_BLOCKS:+--long-blocks="$LONG_BLOCKS"})
@@ -98,7 +98,7 @@ transfer_cpu_cost() {
   if (( n >= 2 )) && have transfer_nccl; then
     j=$(jtmp cpu_nccl)
     step "cpu_cost transfer_nccl" cpu_cost 90 "$j" "$BIN/transfer_nccl" --writer-device=0 --receiver-device=1 \
-      --backends="${CPU_NCCL_BACKENDS:-nccl,nccl_loose}" "${common[@]}" --json="$j"
+      --backends="${CPU_NCCL_BACKENDS:-nccl}" "${common[@]}" --json="$j"
   fi
   [[ $DRY_RUN == 1 || ! -s $(rec cpu_cost) ]] && return
   python3 - "$(rec cpu_cost)" <<'PY' | tee "$OUT/cpu_cost_$(sfx).txt"
