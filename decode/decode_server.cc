@@ -78,7 +78,9 @@ DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBacke
         for (connector::DecodeConnector* c : connectors_) {
           if (c->peer_ready()) continue;
           Status s = c->Handshake(DeadlineAfterMs(std::min<int64_t>(config_.handshake_timeout_ms, 1000)));
-          if (s.ok()) KV_LOG_INFO << "prefill back: handshake done, taking loads again";
+          if (s.ok()) {
+            KV_LOG_INFO << "prefill back: handshake done, taking loads again";
+          }
         }
         lock.lock();
       }

@@ -190,7 +190,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     v1::PrefillProgress accepted;
     accepted.set_accepted(true);
     accepted.set_layer(-1);
-    if (!writer->Write(accepted)) KV_LOG_DEBUG << "[req " << id << "] decode side gone before the forward";
+    if (!writer->Write(accepted)) {
+      KV_LOG_DEBUG << "[req " << id << "] decode side gone before the forward";
+    }
   }
 
   // From the cache, every layer is complete: each is written at once, in order.
