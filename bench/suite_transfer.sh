@@ -23,8 +23,8 @@ suite_transfer() {
   local smoke=${SMOKE:-0} j n
   n=$(ngpus)
   local ipc=${IPC_BACKENDS:-cuda_ipc,cuda_ipc_memcpy,cuda_ipc_kernel,cuda_ipc_packed,cuda_ipc_early}
-  local staged=${STAGED_BACKENDS:-ucx_host,ucx_staged,ucx_staged:a0:s0:p20:d0,ucx_staged:d0,ucx_staged:s0,ucx_staged:a0,ucx_staged:p20,ucx_staged:a128,ucx_staged:a1024}
-  local two=${TWO_BACKENDS:-ucx_staged,ucx_staged:a0:s0:p20:d0,ucx_staged:d0,ucx_staged:a0}
+  local staged=${STAGED_BACKENDS:-ucx_host,ucx_staged,ucx_staged:a0:p20,ucx_staged:a0,ucx_staged:p20,ucx_staged:a128,ucx_staged:a1024}
+  local two=${TWO_BACKENDS:-ucx_staged,ucx_staged:a0:p20,ucx_staged:a0}
   local nccl=${NCCL_BACKENDS:-cuda_ipc,nccl,nccl_pack,nccl_direct}
   local models=${MODELS:-llama-3-8b,llama-2-7b} long=${LONG_TOKENS:-16384}
   local it_ipc=${ITERS:-20} it_staged=${ITERS:-8} it_nccl=${ITERS:-6} it_scatter=${ITERS:-15}

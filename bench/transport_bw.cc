@@ -195,8 +195,8 @@ std::vector<std::string> UcxEnv(const Args& a) {
 TransportOptions Options(const Args& a) {
   TransportOptions o;
   o.backend = "ucx";
-  o.ucx_tls = a.tls;
-  o.ucx_net_devices = a.net_devices;
+  o.ucx.tls = a.tls;
+  o.ucx.net_devices = a.net_devices;
   return o;
 }
 

@@ -12,7 +12,6 @@
 #include <cuda_runtime_api.h>
 #endif
 #ifdef KVSTREAM_HAVE_UCX_STAGED
-#include "transport/staged/staged_transport.h"
 #endif
 
 namespace kvstream::daemon {
@@ -120,33 +119,29 @@ Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLa
 Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg) {
   if (cfg.backend != "cuda" || cfg.transport != "ucx") return cfg.transport;
   // GPU pools over "ucx": UCX itself where it can touch CUDA memory, else host staging.
-#ifdef KVSTREAM_HAVE_UCX_STAGED
   transport::TransportOptions to;
   to.backend = "ucx";
-  to.ucx_tls = cfg.ucx_tls;
-  to.ucx_net_devices = cfg.ucx_net_devices;
+  to.ucx.tls = cfg.ucx_tls;
+  to.ucx.net_devices = cfg.ucx_net_devices;
   to.device = cfg.device;
-  KV_ASSIGN_OR_RETURN(std::string name, transport::staged::SelectGpuBackend(to));
+  KV_ASSIGN_OR_RETURN(std::string name, transport::ResolveBackend(to, transport::MemoryKind::kCuda));
   KV_LOG_INFO << "transport ucx with a GPU pool: using " << name;
   return name;
-#else
-  return NotSupported("transport ucx with a GPU pool needs the ucx_staged backend, not built in");
-#endif
 }
 
 Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const DaemonConfig& cfg,
                                                                         const std::string& role) {
   transport::TransportOptions to;
   KV_ASSIGN_OR_RETURN(to.backend, ResolveTransportBackend(cfg));
-  to.ucx_tls = cfg.ucx_tls;
-  to.ucx_net_devices = cfg.ucx_net_devices;
-  to.pace_bytes_per_s = double(cfg.pace_bytes_per_s);
-  to.pace_burst_bytes = cfg.pace_burst_bytes;
-  to.itl_target_ms = role == "decode" ? 0 : cfg.itl_target_ms;
-  to.itl_idle_step_ms = cfg.itl_idle_step_ms;
-  to.itl_step_hbm_bytes = cfg.itl_step_hbm_bytes;
-  to.itl_device_bw_bytes_per_s = cfg.itl_device_bw_bytes_per_s;
-  to.itl_hbm_bytes_per_byte = cfg.itl_hbm_bytes_per_byte;
+  to.ucx.tls = cfg.ucx_tls;
+  to.ucx.net_devices = cfg.ucx_net_devices;
+  to.pacing.bytes_per_s = double(cfg.pace_bytes_per_s);
+  to.pacing.burst_bytes = cfg.pace_burst_bytes;
+  to.pacing.itl_target_ms = role == "decode" ? 0 : cfg.itl_target_ms;
+  to.pacing.itl_idle_step_ms = cfg.itl_idle_step_ms;
+  to.pacing.itl_step_hbm_bytes = cfg.itl_step_hbm_bytes;
+  to.pacing.itl_device_bw_bytes_per_s = cfg.itl_device_bw_bytes_per_s;
+  to.pacing.itl_hbm_bytes_per_byte = cfg.itl_hbm_bytes_per_byte;
   to.device = cfg.backend == "cuda" ? cfg.device : -1;
   to.cuda_ipc_gpu_landed_wait = cfg.gpu_landed_wait;
   // The rate the writes will be held to, in the log (and refused here, with the key named,

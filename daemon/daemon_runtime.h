@@ -27,7 +27,8 @@ Result<ServingModel> LoadServingModel(const DaemonConfig& cfg);
 // memory, measured after the weights are loaded; kNotSupported in a build without CUDA.
 Result<int> PoolBlocksFromGpuFraction(const DaemonConfig& cfg, const model::KvLayout& layout);
 // The backend name CreateTransportFromConfig uses: cfg.transport, except "ucx" with a cuda
-// backend, which becomes staged::SelectGpuBackend's choice ("ucx" or "ucx_staged").
+// backend, which becomes transport::ResolveBackend's choice for CUDA memory ("ucx" or
+// "ucx_staged").
 Result<std::string> ResolveTransportBackend(const DaemonConfig& cfg);
 
 // The compute device's identity for the handshake: "GPU-<uuid>" of cfg.device for the cuda

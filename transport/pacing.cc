@@ -133,16 +133,17 @@ Result<double> PaceRateForItlTarget(const ItlBudget& b) {
   return b.device_bw_bytes_per_s * (1 - t0 / b.itl_target_s) / b.hbm_bytes_per_byte;
 }
 
-Result<PacingOptions> ResolvePacing(const TransportOptions& o) {
+Result<PacingOptions> ResolvePacing(const TransportOptions& options) {
+  const PacingOptions& o = options.pacing;
   PacingOptions p;
-  p.burst_bytes = o.pace_burst_bytes;
-  p.chunk_bytes = o.pace_chunk_bytes;
-  if (!std::isfinite(o.pace_bytes_per_s) || o.pace_bytes_per_s < 0)
+  p.burst_bytes = o.burst_bytes;
+  p.chunk_bytes = o.chunk_bytes;
+  if (!std::isfinite(o.bytes_per_s) || o.bytes_per_s < 0)
     return InvalidArgument("pace_bytes_per_s must be >= 0 (0 = unlimited)");
   if (!std::isfinite(o.itl_target_ms) || o.itl_target_ms < 0)
     return InvalidArgument("itl_target_ms must be >= 0 (0 = none)");
-  if (o.pace_bytes_per_s > 0) {
-    p.bytes_per_s = o.pace_bytes_per_s;
+  if (o.bytes_per_s > 0) {
+    p.bytes_per_s = o.bytes_per_s;
   } else if (o.itl_target_ms > 0) {
     ItlBudget b;
     b.itl_target_s = o.itl_target_ms * 1e-3;

@@ -88,12 +88,6 @@ class TokenBucket {
   uint64_t reserved_ = 0;
 };
 
-struct PacingOptions {
-  double bytes_per_s = 0;    // 0 = unlimited (no pacing)
-  uint64_t burst_bytes = 0;  // 0 = 2 chunks
-  uint64_t chunk_bytes = 0;  // 0 = what the rate moves in 1 ms, clamped to [256 KiB, 64 MiB]
-};
-
 // The options with their defaults filled in; kInvalidArgument for a negative or non-finite rate.
 Result<PacingOptions> ResolvePacingDefaults(const PacingOptions& options);
 

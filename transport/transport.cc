@@ -59,6 +59,22 @@ Result<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& optio
                       known + ")");
 }
 
+Result<std::string> ResolveBackend(const TransportOptions& options, MemoryKind memory) {
+  if (memory != MemoryKind::kCuda || options.backend != "ucx") return options.backend;
+  TransportOptions probe;
+  probe.backend = "ucx";
+  probe.ucx = options.ucx;
+  probe.device = options.device;
+  auto ucx = CreateTransport(probe);
+  if (!ucx.ok()) return ucx.status();
+  if ((*ucx)->capabilities().cuda_memory) return std::string("ucx");
+  for (const Backend& b : kBackends) {
+    if (std::string(b.name) == "ucx_staged") return std::string("ucx_staged");
+  }
+  return NotSupported("transport ucx with CUDA memory needs UCX with CUDA support or the "
+                      "ucx_staged backend; neither is built in");
+}
+
 std::vector<std::string> AvailableBackends() {
   std::vector<std::string> out;
   for (const Backend& b : kBackends) out.emplace_back(b.name);

@@ -44,6 +44,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "transport/options.h"
 
 namespace kvstream::transport {
 
@@ -194,29 +195,14 @@ class Transport {
   }
 };
 
-struct TransportOptions {
-  std::string backend = "ucx";   // "ucx", later "cuda_ipc", "nccl", "ucx_staged"
-  std::string ucx_tls;           // e.g. "tcp", "sm", "rc"; empty = UCX default / UCX_TLS env
-  std::string ucx_net_devices;   // e.g. "lo"; empty = UCX default
-  int device = -1;               // CUDA device of registered memory, for GPU backends
-  // cuda_ipc receiver: ask writers for early notifications (kNotificationLandedOnEvent) whose
-  // landing the consumer waits for on a GPU stream (StreamWaitLanded, ConfirmLanded). Off by
-  // default.
-  bool cuda_ipc_gpu_landed_wait = false;
-  // Pacing (transport/pacing.h): CreateTransport wraps the backend so that every endpoint it
-  // connects draws on one rate budget. All 0 = unpaced.
-  double pace_bytes_per_s = 0;     // > 0: rate limit of the writes through this transport
-  uint64_t pace_burst_bytes = 0;   // 0 = default (2 chunks)
-  uint64_t pace_chunk_bytes = 0;   // 0 = default (1 ms of the rate, within 256 KiB .. 64 MiB)
-  double itl_target_ms = 0;        // > 0 (and pace_bytes_per_s 0): rate from PaceRateForItlTarget
-  double itl_idle_step_ms = 0;     //   with the decode step's idle time (t0), or
-  double itl_step_hbm_bytes = 0;   //   its HBM bytes per step (S) when t0 is not measured,
-  double itl_device_bw_bytes_per_s = 0;  // the device's measured copy bandwidth (B)
-  double itl_hbm_bytes_per_byte = 2;     // and the HBM bytes per landed byte (k)
-};
-
 // Creates a backend by name; kNotSupported if it was not built in.
 Result<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
 std::vector<std::string> AvailableBackends();
+
+// The backend to create for pools of `memory`, by capability: for CUDA memory, "ucx" means UCX
+// itself where it can move CUDA memory (Capabilities::cuda_memory; the UCX transport made to
+// ask is discarded), else the host-staged "ucx_staged". Any other request is returned as asked.
+// kNotSupported where neither is built in; UCX's error where it cannot start.
+Result<std::string> ResolveBackend(const TransportOptions& options, MemoryKind memory);
 
 }  // namespace kvstream::transport

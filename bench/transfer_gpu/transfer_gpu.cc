@@ -14,10 +14,9 @@
 // ":cN" for N MiB chunks (both processes) and ":kN" for N credits (slots granted to the writer)
 // and N send buffers, ":mN" for at least N chunks per write (min_chunks_per_write), e.g.
 // ucx_staged:c16 or ucx_staged:c8:k3; ":aN" sets adaptive_chunk_fill to N KiB (0 = chunks of
-// chunk_bytes always), ":s0" runs the gather/scatter kernels on the copy stream (no overlap),
-// ":pN" polls copy events every N us (0: busy wait), ":d0" turns doorbells off (UCX messages
-// each way per chunk); ucx_staged:a0:s0:p20:d0 is the previous pass's defaults. Their rows
-// carry "path"
+// chunk_bytes always), ":pN" polls copy events every N us (0: busy wait). (":s0", one stream
+// per side, and ":d0", no doorbells, were removed with their switches once measured:
+// bench/results/transfer_staged_2026-11-29_v3.md.) Their rows carry "path"
 // (zero_copy / ucx_put: what the endpoint actually used).
 //
 // Per model (KV layout from model/ presets, block 16 tokens, fp16) it moves one request's KV:
@@ -145,8 +144,6 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
       if (kib < 0 || kib > 65536) return InvalidArgument("bad chunk fill in " + name);
       o.adaptive_chunk_fill = uint64_t(kib) << 10;
     }
-    if (name.find(":s0") != std::string::npos) o.overlap_kernels = false;
-    if (name.find(":d0") != std::string::npos) o.doorbells = false;
     if (auto p = name.find(":p"); p != std::string::npos) {
       const int us = std::atoi(name.c_str() + p + 2);
       if (us < 0 || us > 1000) return InvalidArgument("bad poll interval in " + name);

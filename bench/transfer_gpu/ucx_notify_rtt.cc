@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   }
   TransportOptions o;
   o.backend = "ucx";
-  o.ucx_tls = tls;
+  o.ucx.tls = tls;
   auto a = ucx::CreateUcxTransport(o);
   auto b = ucx::CreateUcxTransport(o);
   if (!a.ok() || !b.ok()) {

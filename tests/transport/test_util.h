@@ -27,8 +27,8 @@ inline void PrintTo(const BackendConfig& c, std::ostream* os) { *os << c.label; 
 inline TransportOptions Options(std::string backend, std::string tls = "") {
   TransportOptions o;
   o.backend = std::move(backend);
-  o.ucx_tls = std::move(tls);
-  if (o.backend == "ucx") o.ucx_net_devices = "lo";
+  o.ucx.tls = std::move(tls);
+  if (o.backend == "ucx") o.ucx.net_devices = "lo";
   return o;
 }
 

@@ -16,10 +16,13 @@ class TwoProcesses : public ::testing::TestWithParam<std::string> {
   // Writes `layers` layers of `chunk` bytes into a receiver process, each layer's blocks of
   // `block` bytes in reverse order (so nothing coalesces) with a notification per layer, and
   // checks every layer was notified once, by the receiver, only after its data was complete.
-  void WriteLayersInReverseBlocks(size_t chunk, size_t layers, size_t block, uint64_t seed) {
+  void WriteLayersInReverseBlocks(size_t chunk, size_t layers, size_t block, uint64_t seed,
+                                  int copy_lanes = 0) {
     auto peer = test::StartPeer(GetParam(), chunk * layers, chunk);
     ASSERT_NE(peer, nullptr);
-    auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
+    TransportOptions options = test::Options("ucx", GetParam().substr(0, GetParam().find('+')));
+    options.ucx.copy_lanes = copy_lanes;
+    auto t = CreateTransport(options);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     std::vector<uint8_t> src(chunk * layers);
     for (size_t l = 0; l < layers; ++l) test::FillPattern(src.data() + l * chunk, chunk, seed + l);
@@ -68,13 +71,11 @@ TEST_P(TwoProcesses, LayersLandAndAreNotifiedInTheOtherProcess) {
   WriteLayersInReverseBlocks(1 << 20, 24, 16384, 1000);
 }
 
-// Same-host writes of many MiB are copied by several threads (KVSTREAM_UCX_COPY_LANES forces
+// Same-host writes of many MiB are copied by several threads (UcxOptions::copy_lanes forces
 // 4 here, whatever this machine's core count): 64 KiB blocks in reverse order, each layer cut
 // into lanes mid-run, must still land byte-exact before their notification.
 TEST_P(TwoProcesses, LargeLayersLandThroughSeveralCopyLanes) {
-  ASSERT_EQ(setenv("KVSTREAM_UCX_COPY_LANES", "4", 1), 0);
-  WriteLayersInReverseBlocks(12 << 20, 3, 64 << 10, 2000);
-  unsetenv("KVSTREAM_UCX_COPY_LANES");
+  WriteLayersInReverseBlocks(12 << 20, 3, 64 << 10, 2000, /*copy_lanes=*/4);
 }
 
 std::string TlsName(const ::testing::TestParamInfo<std::string>& info) {

@@ -1,10 +1,9 @@
-// SelectGpuBackend (no GPU needed): it must name a backend that the registry builds, and pick
-// UCX directly exactly when the UCX backend reports CUDA memory support.
+// ResolveBackend for CUDA memory (no GPU needed): it must name a backend that the registry
+// builds, and pick UCX directly exactly when the UCX backend reports CUDA memory support.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "transport/staged/staged_transport.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport {
@@ -13,8 +12,8 @@ namespace {
 TEST(SelectGpuBackend, NamesARegisteredBackendMatchingUcxCapabilities) {
   TransportOptions o;
   o.backend = "ucx";
-  o.ucx_tls = "tcp";
-  auto chosen = staged::SelectGpuBackend(o);
+  o.ucx.tls = "tcp";
+  auto chosen = ResolveBackend(o, MemoryKind::kCuda);
   ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
   auto ucx = CreateTransport(o);
   ASSERT_TRUE(ucx.ok()) << ucx.status().ToString();
@@ -23,6 +22,10 @@ TEST(SelectGpuBackend, NamesARegisteredBackendMatchingUcxCapabilities) {
   EXPECT_NE(std::find(built.begin(), built.end(), chosen.value()), built.end())
       << chosen.value() << " is not in the transport registry";
   EXPECT_NE(std::find(built.begin(), built.end(), "cuda_ipc"), built.end());
+  // Host memory, or another backend asked for by name: returned as asked.
+  EXPECT_EQ(ResolveBackend(o, MemoryKind::kHost).value(), "ucx");
+  o.backend = "cuda_ipc";
+  EXPECT_EQ(ResolveBackend(o, MemoryKind::kCuda).value(), "cuda_ipc");
 }
 
 TEST(SelectGpuBackend, GpuBackendsReportTheirCapabilitiesOrWhyNot) {
@@ -31,7 +34,7 @@ TEST(SelectGpuBackend, GpuBackendsReportTheirCapabilitiesOrWhyNot) {
   for (const char* name : {"cuda_ipc", "ucx_staged"}) {
     TransportOptions o;
     o.backend = name;
-    o.ucx_tls = "tcp";
+    o.ucx.tls = "tcp";
     auto t = CreateTransport(o);
     if (!t.ok()) {
       EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status().ToString();

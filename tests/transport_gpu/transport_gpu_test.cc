@@ -51,9 +51,8 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
 #if KVSTREAM_HAVE_UCX_STAGED
   // ucx_staged: zero-copy where the peer is on this host; ucx_staged_put: UCX puts always;
   // ucx_staged_c1: zero-copy in 1 MiB chunks (every write of the tests spans several chunks,
-  // which may land in any order); ucx_staged_plain: zero-copy with UCX messages instead of
-  // doorbells, one stream per side, fixed-size chunks and 20 us sleeps between looks at the
-  // copies instead of a busy wait (the paths before those four).
+  // which may land in any order); ucx_staged_plain: zero-copy with fixed-size chunks and 20 us
+  // sleeps between looks at the copies instead of a busy wait.
   if (name == "ucx_staged" || name == "ucx_staged_put" || name == "ucx_staged_c1" ||
       name == "ucx_staged_plain") {
     staged::StagedOptions o;
@@ -61,8 +60,6 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
     if (name == "ucx_staged_put") o.zero_copy = staged::ZeroCopy::kOff;
     if (name == "ucx_staged_c1") o.chunk_bytes = 1 << 20;
     if (name == "ucx_staged_plain") {
-      o.doorbells = false;
-      o.overlap_kernels = false;
       o.adaptive_chunk_fill = 0;
       o.poll_us = 20;
     }

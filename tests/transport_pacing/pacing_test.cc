@@ -512,8 +512,8 @@ std::vector<BackendConfig> PacingConfigs() {
   std::vector<BackendConfig> out;
   for (BackendConfig c : test::AllConfigs()) {
     if (c.options.backend == "ucx") {
-      if (c.options.ucx_tls.empty()) continue;
-      c.options.ucx_net_devices = "lo";
+      if (c.options.ucx.tls.empty()) continue;
+      c.options.ucx.net_devices = "lo";
       c.label += "_lo";
     }
     out.push_back(c);
@@ -569,8 +569,8 @@ TEST(PacedFaults, AFailedChunkFailsTheWriteAndStopsIt) {
 
 TEST(PacingOptions, CreateTransportPacesWhenAsked) {
   TransportOptions o = test::Options("fake");
-  o.pace_bytes_per_s = 16.0 * kMiB;
-  o.pace_burst_bytes = 512 << 10;
+  o.pacing.bytes_per_s = 16.0 * kMiB;
+  o.pacing.burst_bytes = 512 << 10;
   auto w = CreateTransport(o);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   auto r = CreateTransport(test::Options("fake"));
@@ -605,17 +605,17 @@ TEST(PacingOptions, CreateTransportPacesWhenAsked) {
 
 TEST(PacingOptions, BadOptionsAreRefused) {
   TransportOptions o = test::Options("fake");
-  o.pace_bytes_per_s = -1;
+  o.pacing.bytes_per_s = -1;
   EXPECT_EQ(CreateTransport(o).status().code(), StatusCode::kInvalidArgument);
-  o.pace_bytes_per_s = std::nan("");
+  o.pacing.bytes_per_s = std::nan("");
   EXPECT_EQ(CreateTransport(o).status().code(), StatusCode::kInvalidArgument);
   o = test::Options("fake");
-  o.itl_target_ms = 20;  // no step time, no bandwidth
+  o.pacing.itl_target_ms = 20;  // no step time, no bandwidth
   EXPECT_EQ(CreateTransport(o).status().code(), StatusCode::kInvalidArgument);
-  o.itl_device_bw_bytes_per_s = 4e12;
-  o.itl_idle_step_ms = 25;  // slower than the target already
+  o.pacing.itl_device_bw_bytes_per_s = 4e12;
+  o.pacing.itl_idle_step_ms = 25;  // slower than the target already
   EXPECT_EQ(CreateTransport(o).status().code(), StatusCode::kFailedPrecondition);
-  o.itl_idle_step_ms = 10;
+  o.pacing.itl_idle_step_ms = 10;
   EXPECT_TRUE(CreateTransport(o).ok());
 }
 
@@ -628,13 +628,13 @@ TEST(PacingOptions, ResolveFillsDefaults) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->chunk_bytes, uint64_t(256) << 10);  // 1 kB in 1 ms, raised to 256 KiB
   TransportOptions o;
-  o.itl_target_ms = 12;
-  o.itl_idle_step_ms = 10;
-  o.itl_device_bw_bytes_per_s = 4.2e12;
+  o.pacing.itl_target_ms = 12;
+  o.pacing.itl_idle_step_ms = 10;
+  o.pacing.itl_device_bw_bytes_per_s = 4.2e12;
   auto r = ResolvePacing(o);
   ASSERT_TRUE(r.ok());
   EXPECT_NEAR(r->bytes_per_s, 4.2e12 * (1 - 10.0 / 12) / 2, 1e3);
-  o.pace_bytes_per_s = 5e9;  // an explicit rate wins
+  o.pacing.bytes_per_s = 5e9;  // an explicit rate wins
   EXPECT_DOUBLE_EQ(ResolvePacing(o).value().bytes_per_s, 5e9);
   EXPECT_DOUBLE_EQ(ResolvePacing(TransportOptions{}).value().bytes_per_s, 0);
 }

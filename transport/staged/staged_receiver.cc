@@ -40,9 +40,7 @@ class ReceiverThread final : public StagedReceiver {
 
   Status Start() {
     KV_ASSIGN_OR_RETURN(stream_, cuda::Stream::CreateLowestPriority(context_->device));
-    if (context_->options.overlap_kernels) {
-      KV_ASSIGN_OR_RETURN(kernel_stream_, cuda::Stream::CreateLowestPriority(context_->device));
-    }
+    KV_ASSIGN_OR_RETURN(kernel_stream_, cuda::Stream::CreateLowestPriority(context_->device));
     lanes_.copy = stream_->get();
     lanes_.kernel = kernel_stream_ ? kernel_stream_->get() : lanes_.copy;
     lanes_.events = &context_->events;
@@ -474,7 +472,7 @@ class ReceiverThread final : public StagedReceiver {
   Clock::time_point last_chunk_{};
   SlotLedger ledger_;  // receiver thread only
   std::unique_ptr<cuda::Stream> stream_;         // host -> device copies
-  std::unique_ptr<cuda::Stream> kernel_stream_;  // scatter kernels (overlap_kernels)
+  std::unique_ptr<cuda::Stream> kernel_stream_;  // scatter kernels
   Lanes lanes_;
   std::unique_ptr<cuda::DeviceBuffer> scratch_;  // chunk_bytes per slot
   std::mutex mu_;

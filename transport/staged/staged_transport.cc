@@ -174,24 +174,6 @@ class StagedTransport : public Transport {
 
 }  // namespace
 
-void ApplyStagedEnv(StagedOptions* options) {
-  if (const char* z = std::getenv("KVSTREAM_STAGED_ZERO_COPY")) {
-    const std::string v = z;
-    if (v == "0") options->zero_copy = ZeroCopy::kOff;
-    if (v == "1") options->zero_copy = ZeroCopy::kAuto;
-  }
-  if (const char* c = std::getenv("KVSTREAM_STAGED_CHUNK_MIB")) {
-    char* end = nullptr;
-    const long mib = std::strtol(c, &end, 10);
-    if (end != c && *end == '\0' && mib >= 1 && mib <= 256) options->chunk_bytes = size_t(mib) << 20;
-  }
-  if (const char* f = std::getenv("KVSTREAM_STAGED_FILL_KIB")) {
-    char* end = nullptr;
-    const long kib = std::strtol(f, &end, 10);
-    if (end != f && *end == '\0' && kib >= 0 && kib <= 65536) options->adaptive_chunk_fill = uint64_t(kib) << 10;
-  }
-}
-
 Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& options) {
   KV_ASSIGN_OR_RETURN(int device, cuda::ResolveDevice(options.device, "ucx_staged"));
   if (options.chunk_bytes == 0 || options.chunk_bytes % 16 != 0 || options.recv_slots <= 0 ||
@@ -205,8 +187,7 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& op
   shared->options.device = device;
   TransportOptions inner;
   inner.backend = "ucx";
-  inner.ucx_tls = options.ucx_tls;
-  inner.ucx_net_devices = options.ucx_net_devices;
+  inner.ucx = options.ucx;
   KV_ASSIGN_OR_RETURN(shared->inner, ucx::CreateUcxTransport(inner));
   auto t = std::make_unique<StagedTransport>(shared);
   KV_RETURN_IF_ERROR(t->Init());
@@ -214,19 +195,10 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& op
 }
 
 Result<std::unique_ptr<Transport>> CreateStagedTransport(const TransportOptions& options) {
-  StagedOptions o;
+  StagedOptions o = options.staged;
   o.device = options.device;
-  o.ucx_tls = options.ucx_tls;
-  o.ucx_net_devices = options.ucx_net_devices;
-  ApplyStagedEnv(&o);
+  o.ucx = options.ucx;
   return CreateStagedTransport(o);
-}
-
-Result<std::string> SelectGpuBackend(const TransportOptions& options) {
-  TransportOptions o = options;
-  o.backend = "ucx";
-  KV_ASSIGN_OR_RETURN(auto t, ucx::CreateUcxTransport(o));
-  return std::string(t->capabilities().cuda_memory ? "ucx" : "ucx_staged");
 }
 
 }  // namespace kvstream::transport::staged

@@ -56,10 +56,10 @@ void ChooseZeroCopy(StagedContext& context, StagedWriter& writer) {
   writer.peer_map = std::move(map).value();
   writer.peer_map_registered = true;
   writer.zero_copy = true;
-  writer.doorbells = context.options.doorbells;
+  writer.doorbells = true;
   KV_LOG_INFO << "ucx_staged: peer on this host, its staging area mapped: device-to-host copies land "
               << "in its slots directly, UCX carries only announcements and credits (zero-copy; "
-              << "KVSTREAM_STAGED_ZERO_COPY=0 forces UCX puts)";
+              << "staged_zero_copy=off forces UCX puts)";
 }
 
 }  // namespace
@@ -334,9 +334,7 @@ Result<std::unique_ptr<Endpoint>> ConnectWriter(const std::shared_ptr<StagedCont
                                                          MemoryKind::kHost, -1}));
   KV_ASSIGN_OR_RETURN(writer->tables, cuda::PinnedBuffer::Allocate(size_t(nbufs) * kTableEntriesPerSlot * sizeof(CopyRun)));
   KV_ASSIGN_OR_RETURN(writer->stream, cuda::Stream::CreateLowestPriority(s.device));
-  if (s.options.overlap_kernels) {
-    KV_ASSIGN_OR_RETURN(writer->kernel_stream, cuda::Stream::CreateLowestPriority(s.device));
-  }
+  KV_ASSIGN_OR_RETURN(writer->kernel_stream, cuda::Stream::CreateLowestPriority(s.device));
   writer->lanes.copy = writer->stream->get();
   writer->lanes.kernel = writer->kernel_stream ? writer->kernel_stream->get() : writer->lanes.copy;
   writer->lanes.events = &s.events;

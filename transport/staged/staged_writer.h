@@ -77,7 +77,7 @@ class StagedWriter : public std::enable_shared_from_this<StagedWriter> {
   std::unique_ptr<cuda::PinnedBuffer> tables;  // kTableEntriesPerSlot per send buffer
   std::unique_ptr<cuda::DeviceBuffer> scratch;  // chunk_cap per send buffer
   std::unique_ptr<cuda::Stream> stream;         // device -> host copies
-  std::unique_ptr<cuda::Stream> kernel_stream;  // gather kernels (overlap_kernels)
+  std::unique_ptr<cuda::Stream> kernel_stream;  // gather kernels
   Lanes lanes;
   std::vector<RegionInfo> remote;  // per peer region: id in `addr`, length
   StagingArea peer{};

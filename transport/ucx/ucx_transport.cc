@@ -157,7 +157,7 @@ class UcxTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
-  KV_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::Create(options));
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::Create(options.ucx));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(worker)));
 }
 

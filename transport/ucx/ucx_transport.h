@@ -19,7 +19,7 @@
 // Same host: UCX 1.13 cannot use its shared-memory transports on endpoints with peer-failure
 // handling, so when the peer runs on this host (same boot id and pid namespace, its pid still
 // the process that published the address) and UCX_TLS admits shared memory (empty, "sm",
-// "shm", "cma", "all"; KVSTREAM_UCX_CMA=0 turns it off), the data is copied by a copier
+// "shm", "cma", "all"; UcxOptions::same_host_copy = false turns it off), the data is copied by a copier
 // thread: memcpy into the peer's Allocate()d memory (a memfd mapped here) or process_vm_writev
 // into memory the peer registered. The copy is complete when it returns, so no flush is needed;
 // the notification then goes over the UCX endpoint as above. A pidfd on the peer process and
@@ -75,8 +75,8 @@ class PeerMapping {
 
 // Maps region `region` of the peer `endpoint` (made by a UCX transport's Connect) writes into,
 // when that endpoint already reaches it as a same-host memfd mapping (peer on this host, the
-// region made by the peer's Allocate(), UCX_TLS admitting shared memory, KVSTREAM_UCX_CMA not
-// 0). kNotSupported otherwise (peer elsewhere, memory the peer only registered, another
+// region made by the peer's Allocate(), UCX_TLS admitting shared memory, same_host_copy
+// on). kNotSupported otherwise (peer elsewhere, memory the peer only registered, another
 // backend's endpoint), kInvalidArgument for a region index out of range, or the mmap error.
 Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region);
 

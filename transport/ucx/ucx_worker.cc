@@ -35,7 +35,6 @@ bool TlsAllowsCma(std::string tls) {
     const char* env = std::getenv("UCX_TLS");
     tls = env ? env : "";
   }
-  if (const char* off = std::getenv("KVSTREAM_UCX_CMA"); off && std::string(off) == "0") return false;
   if (tls.empty()) return true;
   bool exclude = tls[0] == '^';
   if (exclude) tls.erase(0, 1);
@@ -71,7 +70,7 @@ Status FromUcs(ucs_status_t s, const std::string& what) {
   }
 }
 
-Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const TransportOptions& options) {
+Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) {
   std::shared_ptr<UcxWorker> w(new UcxWorker());
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -80,14 +79,14 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const TransportOptions& opt
     ucp_config_t* c;
     ~ConfigGuard() { ucp_config_release(c); }
   } config_guard{config};
-  if (!options.ucx_tls.empty()) {
-    st = ucp_config_modify(config, "TLS", options.ucx_tls.c_str());
-    if (st != UCS_OK) return FromUcs(st, "UCX_TLS=" + options.ucx_tls).WithContext("ucx");
+  if (!options.tls.empty()) {
+    st = ucp_config_modify(config, "TLS", options.tls.c_str());
+    if (st != UCS_OK) return FromUcs(st, "UCX_TLS=" + options.tls).WithContext("ucx");
   }
-  if (!options.ucx_net_devices.empty()) {
-    st = ucp_config_modify(config, "NET_DEVICES", options.ucx_net_devices.c_str());
+  if (!options.net_devices.empty()) {
+    st = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
     if (st != UCS_OK) {
-      return FromUcs(st, "UCX_NET_DEVICES=" + options.ucx_net_devices).WithContext("ucx");
+      return FromUcs(st, "UCX_NET_DEVICES=" + options.net_devices).WithContext("ucx");
     }
   }
 
@@ -116,7 +115,7 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const TransportOptions& opt
   st = ucp_worker_get_address(w->worker_, &addr, &addr_len);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address").WithContext("ucx");
   w->identity_ = LocalHostIdentity();
-  w->cma_allowed_ = TlsAllowsCma(options.ucx_tls);
+  w->cma_allowed_ = options.same_host_copy && TlsAllowsCma(options.tls);
   w->address_ = EncodeAddress(w->identity_, addr, addr_len);
   ucp_worker_release_address(w->worker_, addr);
 
@@ -138,13 +137,10 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const TransportOptions& opt
   w->copier_ = std::make_unique<TaskThread>();
   // One kernel copy (process_vm_writev or memcpy) runs at about one core's memory bandwidth
   // (4-7 GB/s measured on the H200 host); lanes split a write's bytes over several threads.
-  // KVSTREAM_UCX_COPY_LANES overrides (1 = the copier alone).
+  // options.copy_lanes overrides (1 = the copier alone).
   w->max_copy_lanes_ =
       static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
-  if (const char* e = std::getenv("KVSTREAM_UCX_COPY_LANES")) {
-    const int v = std::atoi(e);
-    if (v >= 1) w->max_copy_lanes_ = std::min(v, 32);
-  }
+  if (options.copy_lanes >= 1) w->max_copy_lanes_ = std::min(options.copy_lanes, 32);
   w->thread_ = std::thread([raw = w.get()] { raw->Loop(); });
   return w;
 }

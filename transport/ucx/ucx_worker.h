@@ -30,7 +30,7 @@ Status FromUcs(ucs_status_t s, const std::string& what);
 
 class UcxWorker {
  public:
-  static Result<std::shared_ptr<UcxWorker>> Create(const TransportOptions& options);
+  static Result<std::shared_ptr<UcxWorker>> Create(const UcxOptions& options);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
