@@ -11,8 +11,6 @@
 #ifdef KVSTREAM_DAEMON_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
-#ifdef KVSTREAM_HAVE_UCX_STAGED
-#endif
 
 namespace kvstream::daemon {
 
