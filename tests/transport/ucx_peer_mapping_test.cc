@@ -128,4 +128,17 @@ TEST(UcxPeerMapping, OtherBackendsEndpointIsRefused) {
 }
 
 }  // namespace
+
+// A UCX built with CUDA before 1.16 puts from device memory with a host memcpy (it crashed on
+// the H200: bench/results/ucx_cuda_2026-12-01.md), so the backend claims CUDA memory only from
+// 1.16 on, and ResolveBackend then sends GPU pools through ucx_staged.
+TEST(UcxCudaMemory, ClaimedOnlyFromUcx116WithCudaInTheContext) {
+  EXPECT_FALSE(ucx::MovesCudaMemory(1, 13, true));
+  EXPECT_FALSE(ucx::MovesCudaMemory(1, 15, true));
+  EXPECT_TRUE(ucx::MovesCudaMemory(1, 16, true));
+  EXPECT_TRUE(ucx::MovesCudaMemory(1, 18, true));
+  EXPECT_TRUE(ucx::MovesCudaMemory(2, 0, true));
+  EXPECT_FALSE(ucx::MovesCudaMemory(1, 18, false));
+}
+
 }  // namespace kvstream::transport

@@ -165,6 +165,10 @@ PeerMapping::~PeerMapping() {
   if (map_ != nullptr) munmap(map_, map_length_);
 }
 
+bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_reports_cuda) {
+  return context_reports_cuda && (ucx_major > 1 || (ucx_major == 1 && ucx_minor >= 16));
+}
+
 Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region) {
   const auto* ep = dynamic_cast<const UcxEndpoint*>(&endpoint);
   if (ep == nullptr) return NotSupported("ucx MapPeerRegion: not an endpoint of the UCX backend");

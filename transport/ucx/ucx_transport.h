@@ -80,4 +80,10 @@ class PeerMapping {
 // backend's endpoint), kInvalidArgument for a region index out of range, or the mmap error.
 Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region);
 
+// Whether the backend moves CUDA memory itself (Capabilities::cuda_memory) with a UCX of this
+// version whose context reports CUDA memory: only from UCX 1.16, whose memory-type-aware
+// protocols are the default. Older releases built with CUDA put from device memory with a host
+// memcpy (docs/transports.md, "A CUDA-enabled UCX"); the GPU pools then go through ucx_staged.
+bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_reports_cuda);
+
 }  // namespace kvstream::transport::ucx

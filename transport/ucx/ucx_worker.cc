@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "transport/ucx/ucx_receiver.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace kvstream::transport::ucx {
 namespace {
@@ -100,7 +101,10 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
   ucp_context_attr_t cattr{};
   cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   if (ucp_context_query(w->context_, &cattr) == UCS_OK) {
-    w->cuda_memory_ = (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    w->cuda_memory_ =
+        MovesCudaMemory(major, minor, (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0);
   }
 
   // SERIALIZED: the worker is created here and used only by the progress thread afterwards.
