@@ -36,7 +36,9 @@ TEST_F(DisaggTest, TinyTokensEqualColocatedPipelinedAndNot) {
       EXPECT_TRUE(r.messages.back().last());
       const bool remote = n > 1 && mode != v1::LOAD_MODE_LOCAL;
       EXPECT_EQ(first.load().loaded_remotely(), remote) << "prompt " << n << " mode " << mode;
-      if (remote) EXPECT_EQ(first.load().pipelined(), mode == v1::LOAD_MODE_PIPELINED);
+      if (remote) {
+        EXPECT_EQ(first.load().pipelined(), mode == v1::LOAD_MODE_PIPELINED);
+      }
     }
   }
   EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
