@@ -1,4 +1,4 @@
-// What the transfer benches share besides the peer protocol (tests/transport_gpu/gpu_peer.h):
+// What the transfer benches share besides the peer protocol (tests/transport/gpu/gpu_peer.h):
 // "--key=value" flags ("--key" alone = "1"), comma-separated lists, fatal errors that name
 // the program, and the host CPU accounting of a measured span on both processes (the receiver
 // answers the command "CPU" with its own process CPU time).
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "common/time.h"
-#include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport/gpu/gpu_peer.h"
 
 namespace kvstream::bench {
 

@@ -80,7 +80,7 @@
 #include "common/time.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
-#include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport/gpu/gpu_peer.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 #if KVSTREAM_HAVE_UCX_STAGED

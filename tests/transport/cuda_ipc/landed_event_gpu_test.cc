@@ -27,7 +27,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
-#include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport/gpu/gpu_peer.h"
 #include "tests/transport/cuda_ipc/spin_kernel.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"

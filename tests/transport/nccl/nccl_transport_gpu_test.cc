@@ -19,8 +19,8 @@
 
 #include "common/status.h"
 #include "common/time.h"
-#include "tests/transport_gpu/gpu_peer.h"
-#include "tests/transport_gpu/gpu_peer_test.h"
+#include "tests/transport/gpu/gpu_peer.h"
+#include "tests/transport/gpu/gpu_peer_test.h"
 #include "transport/nccl/nccl_transport.h"
 #include "transport/transport.h"
 
@@ -28,8 +28,8 @@ namespace kvstream::transport {
 namespace {
 
 // The peer protocol, the receiver's pool (kPeer*), its checking sink and the checked writes'
-// plans: tests/transport_gpu/gpu_peer.h; the writer's link to the receiver and the checks shared
-// with transport_gpu_test: tests/transport_gpu/gpu_peer_test.h.
+// plans: tests/transport/gpu/gpu_peer.h; the writer's link to the receiver and the checks shared
+// with transport_gpu_test: tests/transport/gpu/gpu_peer_test.h.
 using namespace kvstream::testing;
 
 int g_devices = 0;

@@ -21,8 +21,8 @@
 
 #include "common/status.h"
 #include "common/time.h"
-#include "tests/transport_gpu/gpu_peer.h"
-#include "tests/transport_gpu/gpu_peer_test.h"
+#include "tests/transport/gpu/gpu_peer.h"
+#include "tests/transport/gpu/gpu_peer_test.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 #if KVSTREAM_HAVE_UCX_STAGED
@@ -34,8 +34,8 @@ namespace {
 
 // The peer protocol, the receiver's pool (kPeer*: one allocation, kPeerRegions regions of 64 KiB
 // blocks, each layer's writes in its own class of blocks), its checking sink and the checked
-// writes' plans: tests/transport_gpu/gpu_peer.h; the writer's link to the receiver and the
-// checks shared with nccl_transport_gpu_test: tests/transport_gpu/gpu_peer_test.h.
+// writes' plans: tests/transport/gpu/gpu_peer.h; the writer's link to the receiver and the
+// checks shared with nccl_transport_gpu_test: tests/transport/gpu/gpu_peer_test.h.
 using namespace kvstream::testing;
 
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device,

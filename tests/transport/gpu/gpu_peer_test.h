@@ -26,7 +26,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
-#include "tests/transport_gpu/gpu_peer.h"
+#include "tests/transport/gpu/gpu_peer.h"
 #include "transport/transport.h"
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
