@@ -35,6 +35,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "tests/transport/test_util.h"
 #include "transport/transport.h"
 
 namespace kvstream::testing {
@@ -199,24 +200,8 @@ inline bool GpusUsable(const char* binary, int* count) {
   return true;
 }
 
-inline std::string ToHex(const std::string& s) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  out.reserve(s.size() * 2);
-  for (unsigned char c : s) {
-    out.push_back(d[c >> 4]);
-    out.push_back(d[c & 15]);
-  }
-  return out;
-}
-
-inline std::string FromHex(const std::string& h) {
-  std::string out;
-  for (size_t i = 0; i + 1 < h.size(); i += 2) {
-    out.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
+using transport::test::FromHex;
+using transport::test::ToHex;
 
 // ---- receiver side of the peer protocol ---------------------------------------------------
 
