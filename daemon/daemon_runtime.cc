@@ -164,6 +164,11 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
   for (grpc::Service* s : services) builder.RegisterService(s);
   // Many concurrent streaming calls each hold a handler thread.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
+  // Peers notice a lost daemon through sub-second keepalive pings (docs/daemons.md, faults):
+  // accept them, also between calls, instead of answering GOAWAY "too_many_pings".
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 100);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound == 0) return Unavailable("cannot listen on " + listen);
   if (server->GetHealthCheckService()) server->GetHealthCheckService()->SetServingStatus(true);
