@@ -24,6 +24,8 @@ namespace {
 // ucp_ep_create can fail with "Destination is unreachable" while the peer's interfaces are
 // still coming up or the host is overloaded (seen under gVisor); it is retried this often.
 constexpr int kConnectAttempts = 4;
+// At most this many memory regions per peer (a daemon publishes one).
+constexpr size_t kMaxRegions = 1024;
 
 // ---- the transport -----------------------------------------------------------------------
 
@@ -63,6 +65,19 @@ class UcxTransport final : public Transport {
 
   Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) override {
     KV_ASSIGN_OR_RETURN(UcxAddress address, DecodeAddress(peer.address));
+    if (peer.regions.size() > kMaxRegions) {
+      return InvalidArgument("ucx: peer names " + std::to_string(peer.regions.size()) +
+                             " memory regions, more than the " + std::to_string(kMaxRegions) +
+                             " allowed");
+    }
+    for (size_t i = 0; i < peer.regions.size(); ++i) {
+      const RemoteRegion& r = peer.regions[i];
+      if (r.addr == 0 || r.length == 0 || r.addr + r.length < r.addr) {
+        return InvalidArgument("ucx: region " + std::to_string(i) + " of the peer (address " +
+                               std::to_string(r.addr) + ", " + std::to_string(r.length) +
+                               " bytes) is not a memory range");
+      }
+    }
     std::vector<std::string_view> keys;
     std::vector<MemfdDescriptor> memfds;
     for (size_t i = 0; i < peer.regions.size(); ++i) {

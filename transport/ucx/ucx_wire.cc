@@ -11,6 +11,7 @@
 
 #include "transport/core/envelope.h"
 #include "transport/core/peer_process.h"
+#include "transport/ucx/ucx_blob_check.h"
 
 namespace kvstream::transport::ucx {
 namespace {
@@ -79,6 +80,7 @@ Result<UcxAddress> DecodeAddress(const std::string& blob) {
       !in.done() || out.worker_address.empty()) {
     return InvalidArgument("peer address is not a UCX worker address");
   }
+  KV_RETURN_IF_ERROR(CheckWorkerAddress(out.worker_address, "peer address"));
   return out;
 }
 
@@ -97,6 +99,7 @@ Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what) {
       out.rkey.empty()) {
     return InvalidArgument(what + " is not a UCX memory key");
   }
+  KV_RETURN_IF_ERROR(CheckPackedRkey(out.rkey, what));
   return out;
 }
 

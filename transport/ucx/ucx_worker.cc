@@ -80,6 +80,9 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
     ucp_config_t* c;
     ~ConfigGuard() { ucp_config_release(c); }
   } config_guard{config};
+  // Peers' worker addresses are checked (ucx_blob_check.h) in the non-unified layout.
+  st = ucp_config_modify(config, "UNIFIED_MODE", "n");
+  if (st != UCS_OK) return FromUcs(st, "UCX_UNIFIED_MODE=n").WithContext("ucx");
   if (!options.tls.empty()) {
     st = ucp_config_modify(config, "TLS", options.tls.c_str());
     if (st != UCS_OK) return FromUcs(st, "UCX_TLS=" + options.tls).WithContext("ucx");
