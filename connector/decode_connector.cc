@@ -49,6 +49,7 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   std::unique_ptr<DecodeConnector> c(new DecodeConnector());
   c->options_ = options;
   if (c->options_.instance_id.empty()) c->options_.instance_id = NewInstanceId("decode");
+  KV_ASSIGN_OR_RETURN(c->session_secret_, NewSessionSecret());
   c->pool_ = pool;
   c->local_ = std::move(local);
   DecodeConnector* self = c.get();
@@ -111,6 +112,7 @@ Status DecodeConnector::Handshake(Deadline deadline) {
   ToProto(local_, req.mutable_layout());
   req.set_transport_backend(transport_->name());
   req.set_device_id(options_.device_id);
+  req.set_session_secret(session_secret_);
 
   grpc::ClientContext ctx;
   ctx.set_deadline(ToGrpcDeadline(deadline));
@@ -212,6 +214,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     *req.mutable_tokens() = {load->tokens.begin(), load->tokens.end()};
     *req.mutable_dest_blocks() = {load->dest.begin(), load->dest.end()};
     req.set_pipelined(load->pipelined);
+    req.set_session_secret(session_secret_);
     auto ctx = std::make_shared<grpc::ClientContext>();
     ctx->set_deadline(ToGrpcDeadline(load->deadline));
     {
@@ -286,6 +289,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
       v1::CancelRequest creq;
       creq.set_decode_instance_id(options_.instance_id);
       creq.set_request_id(id);
+      creq.set_session_secret(session_secret_);
       grpc::ClientContext cctx;
       cctx.set_deadline(ToGrpcDeadline(DeadlineAfterMs(options_.cancel_timeout_ms)));
       v1::CancelResponse cresp;

@@ -8,6 +8,10 @@
 //   WaitForLoad(r, deadline)       every layer landed and the prefill finished; returns its figures.
 //   Finished(r)                    finished: the engine no longer needs r's load.
 //
+// Session: each connector makes its own secret (NewSessionSecret) and presents it at every
+// Handshake, Prefill and Cancel; the instance id alone, which Stats and logs show, cannot act
+// for this decode at its prefill.
+//
 // Block safety: `keepalive` (the owner of the destination blocks, e.g. a shared BlockLease) is
 // held until no write into those blocks can still arrive: the Prefill call ended with prefill's
 // confirmation, or a Cancel call confirmed it stopped, or, when the prefill is unreachable, a
@@ -134,6 +138,7 @@ class DecodeConnector {
   model::KvPool* pool_ = nullptr;
   LayoutDescriptor local_;
   std::unique_ptr<transport::Registration> registration_;
+  std::string session_secret_;  // HandshakeRequest.session_secret; never logged
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<kvstream::v1::Prefill::Stub> stub_;
   LayerTracker tracker_;

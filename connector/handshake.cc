@@ -1,6 +1,10 @@
 #include "connector/handshake.h"
 
+#include <sys/random.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <random>
 #include <sstream>
@@ -86,6 +90,31 @@ std::string NewInstanceId(const std::string& role) {
   std::ostringstream os;
   os << role << "-" << std::hex << r;
   return os.str();
+}
+
+Result<std::string> NewSessionSecret() {
+  std::string secret(kSessionSecretBytes, '\0');
+  size_t got = 0;
+  while (got < secret.size()) {
+    const ssize_t n = getrandom(secret.data() + got, secret.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Internal(std::string("session secret: getrandom: ") + std::strerror(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return secret;
+}
+
+bool SecretsEqual(std::string_view a, std::string_view b) {
+  // Every byte of `b` is read whatever the contents; a length mismatch is folded in last.
+  unsigned char diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ static_cast<unsigned char>(b[i]));
+  }
+  volatile unsigned char sink = diff;
+  return sink == 0 && a.size() == b.size();
 }
 
 }  // namespace kvstream::connector

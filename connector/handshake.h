@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -42,6 +43,16 @@ void ToProto(const LayoutDescriptor& d, kvstream::v1::LayoutDescriptor* out);
 Result<LayoutDescriptor> FromProto(const kvstream::v1::LayoutDescriptor& p);
 
 // A random 64-bit identity (hex) for this process start, used as decode/prefill instance id.
+// Public (Stats and logs print it): it names a peer, it never proves to be one.
 std::string NewInstanceId(const std::string& role);
+
+// Session secrets (proto HandshakeRequest.session_secret): what proves a decode instance to its
+// prefill. kSessionSecretBytes bytes from the kernel's CSPRNG (getrandom(2)); kInternal if it
+// cannot be read (never a weaker fallback).
+inline constexpr size_t kSessionSecretBytes = 32;
+inline constexpr size_t kMaxSessionSecretBytes = 1024;
+Result<std::string> NewSessionSecret();
+// Equality in time that depends only on the lengths, never on where the bytes differ.
+bool SecretsEqual(std::string_view a, std::string_view b);
 
 }  // namespace kvstream::connector

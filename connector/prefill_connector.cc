@@ -195,11 +195,31 @@ PrefillConnector::~PrefillConnector() {
   transport_.reset();
 }
 
+PrefillConnector::Session PrefillConnector::CheckSession(const std::string& decode_id,
+                                                        const std::string& secret) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(decode_id);
+  if (it == sessions_.end()) return Session::kNone;
+  if (SecretsEqual(secret, it->second)) return Session::kMatch;
+  ++sessions_refused_;
+  return Session::kMismatch;
+}
+
 Status PrefillConnector::AcceptPeer(const std::string& decode_id,
+                                    const std::string& session_secret,
                                     const LayoutDescriptor& peer_layout,
                                     const transport::PeerDescriptor& peer, int peer_pool_blocks) {
   KV_RETURN_IF_ERROR(CheckCompatible(local_, peer_layout));
   if (decode_id.empty()) return InvalidArgument("handshake: decode_instance_id is empty");
+  if (session_secret.size() < kSessionSecretBytes || session_secret.size() > kMaxSessionSecretBytes)
+    return InvalidArgument("handshake: session_secret must hold " +
+                           std::to_string(kSessionSecretBytes) + " to " +
+                           std::to_string(kMaxSessionSecretBytes) + " bytes, got " +
+                           std::to_string(session_secret.size()));
+  // Refused before connecting anywhere: a foreign handshake under a bound id touches nothing.
+  if (CheckSession(decode_id, session_secret) == Session::kMismatch)
+    return FailedPrecondition("handshake refused: decode instance '" + decode_id +
+                              "' belongs to another session");
   if (peer.regions.empty()) return InvalidArgument("handshake: no memory region of the decode pool");
   if (peer_pool_blocks <= 0) return InvalidArgument("handshake: pool_blocks must be > 0");
   uint64_t need = local_.layout.pool_bytes(peer_pool_blocks);
@@ -213,6 +233,13 @@ Status PrefillConnector::AcceptPeer(const std::string& decode_id,
   if (!ep.ok()) return ep.status().WithContext("connecting to decode " + decode_id);
   link->endpoint_ = std::move(ep).value();
   std::lock_guard<std::mutex> lock(mu_);
+  // Bound and checked again under the lock: of two first handshakes racing, one wins.
+  auto [sit, bound] = sessions_.try_emplace(decode_id, session_secret);
+  if (!bound && !SecretsEqual(session_secret, sit->second)) {
+    ++sessions_refused_;
+    return FailedPrecondition("handshake refused: decode instance '" + decode_id +
+                              "' belongs to another session");
+  }
   peers_[decode_id] = std::move(link);
   ++handshakes_;
   return OkStatus();
@@ -306,6 +333,7 @@ PrefillConnectorStats PrefillConnector::stats() const {
   PrefillConnectorStats s;
   s.handshakes = handshakes_;
   s.bytes_written = bytes_written_;
+  s.sessions_refused = sessions_refused_;
   s.peers = peers_.size();
   s.active = active_.size();
   return s;

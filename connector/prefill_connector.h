@@ -1,7 +1,7 @@
 // PrefillConnector: the save side of the KV connector (what the prefill engine calls).
 //
 //   AcceptPeer        handshake from a decode instance: check the layout, connect an endpoint to
-//                     its registered pool.
+//                     its registered pool, bind the instance id to its session secret.
 //   BeginSave         one request: which local blocks hold its KV, which decode blocks receive it.
 //   SaveRequest::SaveLayer(l)    save_layer: post layer l's writes (coalesced runs of blocks),
 //                     followed by the notification (request, l), delivered after the data.
@@ -108,6 +108,7 @@ class SaveRequest {
 struct PrefillConnectorStats {
   uint64_t handshakes = 0;
   uint64_t bytes_written = 0;
+  uint64_t sessions_refused = 0;  // handshakes, prefills and cancels with a wrong secret
   size_t peers = 0;
   size_t active = 0;
 };
@@ -124,10 +125,19 @@ class PrefillConnector {
   const LayoutDescriptor& local_layout() const { return local_; }
   transport::Transport& transport() { return *transport_; }
 
-  // Checks compatibility (kFailedPrecondition naming the field) and connects. A new handshake
-  // of the same decode instance replaces its link; requests in flight keep the old one.
-  Status AcceptPeer(const std::string& decode_id, const LayoutDescriptor& peer_layout,
-                    const transport::PeerDescriptor& peer, int peer_pool_blocks);
+  // Checks compatibility (kFailedPrecondition naming the field) and connects. The first
+  // accepted handshake of a decode instance binds its id to `session_secret` for the life of
+  // this connector; a later one with another secret is refused (kFailedPrecondition) and
+  // changes nothing. A new handshake with the same secret replaces the link; requests in
+  // flight keep the old one. kInvalidArgument: a secret shorter than kSessionSecretBytes.
+  Status AcceptPeer(const std::string& decode_id, const std::string& session_secret,
+                    const LayoutDescriptor& peer_layout, const transport::PeerDescriptor& peer,
+                    int peer_pool_blocks);
+
+  // Whether `secret` proves to be `decode_id` (constant-time comparison; a mismatch is counted
+  // in stats().sessions_refused). kNone: no session of that id, so nothing of it can be running.
+  enum class Session { kNone, kMatch, kMismatch };
+  Session CheckSession(const std::string& decode_id, const std::string& secret) const;
 
   // kFailedPrecondition: unknown decode instance or lost link (handshake again);
   // kInvalidArgument: block ids out of range or too few for num_tokens;
@@ -159,6 +169,8 @@ class PrefillConnector {
   std::unique_ptr<transport::Registration> registration_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<PeerLink>> peers_;
+  std::map<std::string, std::string> sessions_;  // decode id -> its session secret
+  mutable uint64_t sessions_refused_ = 0;
   std::map<Key, std::shared_ptr<SaveRequest>> active_;
   std::map<Key, Clock::time_point> tombstones_;  // cancelled before they started; expire
   uint64_t handshakes_ = 0;

@@ -102,7 +102,17 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   peer.address = req->transport_address();
   for (const auto& r : req->regions())
     peer.regions.push_back(transport::RemoteRegion{r.addr(), r.length(), r.key()});
-  Status s = connector_->AcceptPeer(req->decode_instance_id(), *peer_layout, peer, req->pool_blocks());
+  if (connector_->CheckSession(req->decode_instance_id(), req->session_secret()) ==
+      connector::PrefillConnector::Session::kMismatch) {
+    KV_LOG_WARN << "handshake under decode instance " << req->decode_instance_id()
+                << " refused: its session has another secret";
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "handshake refused: decode instance '" + req->decode_instance_id() +
+                            "' belongs to another session");
+  }
+  // AcceptPeer checks the secret again as it binds (two first handshakes may race).
+  Status s = connector_->AcceptPeer(req->decode_instance_id(), req->session_secret(), *peer_layout,
+                                    peer, req->pool_blocks());
   if (!s.ok()) {
     KV_LOG_WARN << "handshake from " << req->decode_instance_id() << " refused: " << s.ToString();
     return ToGrpc(s);
@@ -117,6 +127,15 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
 
 grpc::Status PrefillServer::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                                     grpc::ServerWriter<v1::PrefillProgress>* writer) {
+  if (connector_->CheckSession(req->decode_instance_id(), req->session_secret()) ==
+      connector::PrefillConnector::Session::kMismatch) {
+    KV_LOG_WARN << "[req " << req->request_id() << "] prefill call under decode instance "
+                << req->decode_instance_id() << " refused: wrong session secret";
+    ctx->AddTrailingMetadata(connector::kQuiescedTrailer, "1");  // nothing was posted
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "prefill refused: not the session of decode instance '" +
+                            req->decode_instance_id() + "'");
+  }
   ++total_;
   ++in_flight_;
   const auto t0 = Clock::now();
@@ -250,6 +269,22 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
 
 grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* req,
                                    v1::CancelResponse* resp) {
+  switch (connector_->CheckSession(req->decode_instance_id(), req->session_secret())) {
+    case connector::PrefillConnector::Session::kMismatch:
+      KV_LOG_WARN << "[req " << req->request_id() << "] cancel under decode instance "
+                  << req->decode_instance_id() << " refused: wrong session secret";
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "cancel refused: not the session of decode instance '" +
+                              req->decode_instance_id() + "'");
+    case connector::PrefillConnector::Session::kNone:
+      // No handshake, no link: nothing of this instance can be running (and a foreign caller
+      // leaves no tombstone that would refuse the instance's later requests).
+      resp->set_known(false);
+      resp->set_stopped(true);
+      return grpc::Status::OK;
+    case connector::PrefillConnector::Session::kMatch:
+      break;
+  }
   Deadline d = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.cancel_timeout_ms));
   auto r = connector_->Cancel(req->decode_instance_id(), req->request_id(), d);
   resp->set_known(r.known);

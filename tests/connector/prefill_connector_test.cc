@@ -21,6 +21,13 @@ constexpr int kDecodeBlocks = 32;
 
 model::KvLayout TestLayout() { return model::KvLayout{3, 2, 8, 4, DType::kF16}; }
 
+// A decode instance's session secret (a fixed one per name, kSessionSecretBytes long).
+std::string Secret(const std::string& who) {
+  std::string s(kSessionSecretBytes, 'x');
+  s.replace(0, who.size(), who);
+  return s;
+}
+
 LayoutDescriptor Descriptor() {
   LayoutDescriptor d;
   d.layout = TestLayout();
@@ -93,7 +100,7 @@ class PrefillConnectorTest : public ::testing::Test {
 };
 
 TEST_F(PrefillConnectorTest, SaveLayerLandsEveryBlockThenNotifies) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   const std::vector<int32_t> local = {2, 3, 9}, remote = {20, 21, 5};
   auto save = connector_->BeginSave("d1", 42, 10, local, remote);  // 10 tokens = 3 blocks of 4
   ASSERT_TRUE(save.ok()) << save.status().ToString();
@@ -118,15 +125,15 @@ TEST_F(PrefillConnectorTest, SaveLayerLandsEveryBlockThenNotifies) {
 TEST_F(PrefillConnectorTest, HandshakeMismatchIsRefusedPerField) {
   LayoutDescriptor d = Descriptor();
   d.layout.block_size = 8;
-  Status s = connector_->AcceptPeer("d1", d, Peer(), kDecodeBlocks);
+  Status s = connector_->AcceptPeer("d1", Secret("d1"), d, Peer(), kDecodeBlocks);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("block_size"), std::string::npos);
   d = Descriptor();
   d.layout.dtype = DType::kBF16;
-  EXPECT_NE(connector_->AcceptPeer("d1", d, Peer(), kDecodeBlocks).message().find("dtype"),
+  EXPECT_NE(connector_->AcceptPeer("d1", Secret("d1"), d, Peer(), kDecodeBlocks).message().find("dtype"),
             std::string::npos);
   // A pool region too small for the claimed block count is refused too.
-  EXPECT_EQ(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks * 2).code(),
+  EXPECT_EQ(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks * 2).code(),
             StatusCode::kInvalidArgument);
   // Without a handshake, requests are refused naming it.
   auto save = connector_->BeginSave("d1", 1, 4, {0}, {0});
@@ -135,7 +142,7 @@ TEST_F(PrefillConnectorTest, HandshakeMismatchIsRefusedPerField) {
 }
 
 TEST_F(PrefillConnectorTest, BadBlockIdsAreRefused) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   EXPECT_EQ(connector_->BeginSave("d1", 1, 8, {0, 1}, {0, kDecodeBlocks}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(connector_->BeginSave("d1", 1, 8, {0, 1}, {0}).status().code(),
@@ -147,7 +154,7 @@ TEST_F(PrefillConnectorTest, BadBlockIdsAreRefused) {
 }
 
 TEST_F(PrefillConnectorTest, WriteFailureSurfacesInWaitForSave) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   auto save = connector_->BeginSave("d1", 7, 4, {1}, {1});
   ASSERT_TRUE(save.ok());
   writer_->FailNthWrite(2, DataLoss("injected"));
@@ -162,7 +169,7 @@ TEST_F(PrefillConnectorTest, WriteFailureSurfacesInWaitForSave) {
 }
 
 TEST_F(PrefillConnectorTest, CancelStopsWritesForGood) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   auto save = connector_->BeginSave("d1", 9, 4, {4}, {6});
   ASSERT_TRUE(save.ok());
   writer_->SetWriteDelay(std::chrono::milliseconds(300));
@@ -183,18 +190,18 @@ TEST_F(PrefillConnectorTest, CancelStopsWritesForGood) {
 }
 
 TEST_F(PrefillConnectorTest, CancelBeforeStartRefusesTheLateRequest) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   auto r = connector_->Cancel("d1", 77, DeadlineAfterMs(100));
   EXPECT_FALSE(r.known);
   EXPECT_TRUE(r.stopped);
   EXPECT_EQ(connector_->BeginSave("d1", 77, 4, {0}, {0}).status().code(), StatusCode::kCanceled);
   // Another decode instance's request with the same id is unaffected.
-  ASSERT_TRUE(connector_->AcceptPeer("d2", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d2", Secret("d2"), Descriptor(), Peer(), kDecodeBlocks).ok());
   EXPECT_TRUE(connector_->BeginSave("d2", 77, 4, {0}, {0}).ok());
 }
 
 TEST_F(PrefillConnectorTest, LostPeerIsRefusedUntilHandshakeAgain) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   reader_->Disconnect();
   auto save = connector_->BeginSave("d1", 3, 4, {0}, {0});
   EXPECT_EQ(save.status().code(), StatusCode::kFailedPrecondition);
@@ -202,7 +209,7 @@ TEST_F(PrefillConnectorTest, LostPeerIsRefusedUntilHandshakeAgain) {
 }
 
 TEST_F(PrefillConnectorTest, SignalsOfFinishedRequestsAreIgnored) {
-  ASSERT_TRUE(connector_->AcceptPeer("d1", Descriptor(), Peer(), kDecodeBlocks).ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   auto save = connector_->BeginSave("d1", 5, 4, {0}, {0});
   ASSERT_TRUE(save.ok());
   ASSERT_TRUE(tracker_.Begin(5, 3).ok());
@@ -217,6 +224,66 @@ TEST_F(PrefillConnectorTest, SignalsOfFinishedRequestsAreIgnored) {
   EXPECT_EQ(tracker_.ignored_signals(), 3u);
   EXPECT_FALSE(tracker_.IsLanded(5, 0));
   EXPECT_EQ(tracker_.active(), 0u);
+}
+
+// Sessions: the first handshake binds the id to its secret; a second one under the same id
+// with another secret (another address) is refused and leaves the link alone; the real
+// session still writes. Failed before sessions existed: the hijack replaced the link.
+TEST_F(PrefillConnectorTest, SessionBindsTheIdToItsSecretAndRefusesAHijack) {
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("d1")), PrefillConnector::Session::kNone);
+  EXPECT_EQ(connector_->AcceptPeer("d1", "short", Descriptor(), Peer(), kDecodeBlocks).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("d1")), PrefillConnector::Session::kMatch);
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("ev")), PrefillConnector::Session::kMismatch);
+  EXPECT_EQ(connector_->CheckSession("d1", ""), PrefillConnector::Session::kMismatch);
+
+  // The hijacker's own "decode": another transport and pool.
+  auto other_pool = MakePool(kDecodeBlocks);
+  std::memset(other_pool->base(), 0, other_pool->memory().size());
+  auto other = FakeTransport::Create();
+  auto other_reg = other->Register(
+      transport::MemoryRegion{other_pool->base(), other_pool->memory().size()});
+  ASSERT_TRUE(other_reg.ok());
+  transport::PeerDescriptor hijack;
+  hijack.address = other->LocalAddress();
+  hijack.regions.push_back(transport::RemoteRegion{reinterpret_cast<uint64_t>(other_pool->base()),
+                                                   other_pool->memory().size(),
+                                                   (*other_reg)->RemoteKey()});
+  Status s = connector_->AcceptPeer("d1", Secret("ev"), Descriptor(), hijack, kDecodeBlocks);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("another session"), std::string::npos) << s.ToString();
+  EXPECT_GE(connector_->stats().sessions_refused, 2u);
+
+  // The real decode's writes still go to its own pool, none to the hijacker's.
+  const std::vector<int32_t> local = {2}, remote = {7};
+  auto save = connector_->BeginSave("d1", 77, 4, local, remote);
+  ASSERT_TRUE(save.ok()) << save.status().ToString();
+  for (int l = 0; l < 3; ++l) ASSERT_TRUE((*save)->SaveLayer(l).ok());
+  ASSERT_TRUE((*save)->WaitForSave(DeadlineAfterMs(5000)).ok());
+  connector_->EndSave("d1", 77);
+  for (int l = 0; l < 3; ++l) EXPECT_TRUE(BlockEqual(l, 2, 7)) << l;
+  std::vector<std::byte> zero(other_pool->memory().size());
+  EXPECT_EQ(std::memcmp(other_pool->base(), zero.data(), zero.size()), 0);
+
+  // The same secret may handshake again (a reconnect), and a fresh id binds its own.
+  EXPECT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
+  EXPECT_TRUE(connector_->AcceptPeer("d2", Secret("d2"), Descriptor(), Peer(), kDecodeBlocks).ok());
+  EXPECT_EQ(connector_->CheckSession("d2", Secret("d1")), PrefillConnector::Session::kMismatch);
+}
+
+TEST(SessionSecretTest, RandomLongAndComparedWhole) {
+  auto a = NewSessionSecret();
+  auto b = NewSessionSecret();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->size(), kSessionSecretBytes);
+  EXPECT_NE(*a, *b);
+  EXPECT_TRUE(SecretsEqual(*a, *a));
+  EXPECT_FALSE(SecretsEqual(*a, *b));
+  EXPECT_FALSE(SecretsEqual(*a, a->substr(0, 31)));
+  EXPECT_FALSE(SecretsEqual(a->substr(0, 31), *a));
+  EXPECT_FALSE(SecretsEqual("", *a));
+  EXPECT_TRUE(SecretsEqual("", ""));
 }
 
 }  // namespace
