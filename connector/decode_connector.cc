@@ -207,6 +207,8 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
   bool call_started = false;
   bool quiesced = false;
   LoadResult info;
+  // Where the transport notifies, the prefill's word about a layer counts for nothing.
+  const bool own_notifications = transport_->capabilities().notifications;
   for (int attempt = 0; st.ok() && attempt < 2; ++attempt) {
     v1::PrefillRequest req;
     req.set_decode_instance_id(options_.instance_id);
@@ -245,7 +247,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
         info.prefill_compute_us = msg.prefill_compute_us();
         info.transfer_us = msg.transfer_us();
         info.transfer_exposed_us = msg.transfer_exposed_us();
-      } else {
+      } else if (!own_notifications) {
         tracker_.OnLanded(id, msg.layer());
       }
     }
@@ -273,11 +275,12 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     }
     break;
   }
+  if (st.ok()) st = AwaitOwnNotifications(*load);
   if (st.ok()) {
-    // The prefill confirmed every write complete: no layer of it needs a GPU wait any more (and
-    // a wait must not fail because the writer's connection has closed since).
+    // Every layer notified and the prefill confirmed every write complete: no layer of it needs
+    // a GPU wait any more (and a wait must not fail because the writer's connection has closed
+    // since).
     DropEarly(id);
-    tracker_.OnAllLanded(id);
   } else {
     tracker_.Fail(id, st.WithContext("loading KV of request " + std::to_string(id) + " from prefill"));
     {
@@ -327,6 +330,28 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
   finished_threads_.push_back(std::move(load->thread));
   if (load->finished) loads_.erase(id);
   cv_.notify_all();
+}
+
+Status DecodeConnector::AwaitOwnNotifications(const Load& load) {
+  const Deadline grace = std::min(load.deadline, DeadlineAfterMs(options_.cancel_timeout_ms));
+  std::string missing;
+  for (int l = 0; l < local_.layout.num_layers; ++l) {
+    Status s = tracker_.WaitForLayer(load.id, l, grace);
+    if (s.ok()) continue;
+    if (s.code() == StatusCode::kNotFound) {
+      // The engine finished with the request first (Finished() noted whether all had landed).
+      std::lock_guard<std::mutex> lock(mu_);
+      if (load.finished && load.all_landed) return OkStatus();
+      return Canceled("request " + std::to_string(load.id) + " finished before its load landed");
+    }
+    if (s.code() != StatusCode::kTimeout) return s;
+    missing += (missing.empty() ? "" : ",") + std::to_string(l);
+  }
+  if (missing.empty()) return OkStatus();
+  KV_LOG_WARN << "[req " << load.id << "] the prefill reported the load complete, but layers "
+              << missing << " were never notified here";
+  return DataLoss("the prefill reported request " + std::to_string(load.id) +
+                  " complete, but no notification of layers " + missing + " reached this decode");
 }
 
 Status DecodeConnector::WaitForLayer(uint64_t request_id, int layer, Deadline deadline) {

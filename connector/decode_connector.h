@@ -6,6 +6,12 @@
 //       handshake with the prefill happens first if needed (lazily, retried until the deadline).
 //   WaitForLayer(r, l, deadline)   wait_for_layer: OK once layer l of r is complete in the pool.
 //   WaitForLoad(r, deadline)       every layer landed and the prefill finished; returns its figures.
+//
+// Landing is confirmed by this decode alone: a layer lands on its own notification from the
+// local transport (or, where the transport delivers none, the prefill's per-layer progress
+// message). The Prefill call's OK completes nothing by itself: after it the load waits, at most
+// cancel_timeout_ms and never past its deadline, for layers not yet notified, then fails with
+// kDataLoss naming them.
 //   Finished(r)                    finished: the engine no longer needs r's load.
 //
 // Session: each connector makes its own secret (NewSessionSecret) and presents it at every
@@ -125,6 +131,8 @@ class DecodeConnector {
   struct Load;
   DecodeConnector() = default;
   void RunLoad(std::shared_ptr<Load> load);
+  // After the Prefill call returned OK: every layer's own notification (see the file comment).
+  Status AwaitOwnNotifications(const Load& load);
   Status EnsureHandshake(Deadline deadline);
   void MarkPeerLost(const std::string& why);
   void ReapLocked();

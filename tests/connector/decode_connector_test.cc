@@ -146,6 +146,38 @@ TEST_F(DecodeConnectorTest, FailedWriteFailsTheWaitAndReleasesBlocks) {
   EXPECT_EQ(prefill_model_.pool->allocator().free_count(), kBlocks);
 }
 
+// The Prefill call returns OK but layer 1's notification never reaches the decode: the load
+// fails (kDataLoss naming the layer) after a grace of cancel_timeout_ms, its blocks come back.
+// Failed before: the call's OK marked every layer landed and the load succeeded.
+TEST_F(DecodeConnectorTest, OkCallWithoutEveryLayersOwnNotificationFailsTheLoad) {
+  prefill_transport_->DropNotifications(1);
+  auto lease = Lease(20);
+  std::weak_ptr<model::BlockLease> weak = lease;
+  const auto start = Clock::now();
+  ASSERT_TRUE(decode_->StartLoad(11, Prompt(20), lease->ids(), true, DeadlineAfterMs(10000), lease).ok());
+  lease.reset();
+  EXPECT_TRUE(decode_->WaitForLayer(11, 0, DeadlineAfterMs(10000)).ok());
+  Status s = decode_->WaitForLayer(11, 1, DeadlineAfterMs(10000));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("no notification of layers 1 reached this decode"), std::string::npos)
+      << s.ToString();
+  auto info = decode_->WaitForLoad(11, DeadlineAfterMs(10000));
+  EXPECT_EQ(info.status().code(), StatusCode::kDataLoss) << info.status().ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(6000));  // the grace is 2 s
+  decode_->Finished(11);
+  EXPECT_TRUE(Released(weak, 5000));
+  EXPECT_EQ(decode_->stats().loads_failed, 1u);
+  EXPECT_EQ(decode_->stats().loads_ok, 0u);
+
+  // With every notification delivered again, the next load lands.
+  prefill_transport_->DropNotifications(FakeTransport::kNoLayer);
+  auto lease2 = Lease(20);
+  ASSERT_TRUE(decode_->StartLoad(12, Prompt(21), lease2->ids(), true, DeadlineAfterMs(10000), lease2).ok());
+  auto ok = decode_->WaitForLoad(12, DeadlineAfterMs(10000));
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  decode_->Finished(12);
+}
+
 TEST_F(DecodeConnectorTest, FinishedMidLoadHoldsBlocksUntilTheWriterStopped) {
   prefill_transport_->SetWriteDelay(std::chrono::milliseconds(300));
   auto lease = Lease(30);

@@ -35,6 +35,7 @@ struct FakeCore {
   int fail_countdown = 0;
   Status fail_status;
   std::atomic<int64_t> delay_us{0};
+  std::atomic<int> drop_notifications{FakeTransport::kNoLayer};
   std::atomic<uint64_t> started{0};
 };
 
@@ -159,7 +160,8 @@ class FakeEndpoint final : public Endpoint {
         auto* base = reinterpret_cast<uint8_t*>(dst);
         for (const Run& r : runs) std::memcpy(base + r.remote_offset, src + r.local_offset, r.length);
         (void)dst_len;
-        if (notify) sink = peer->sink;
+        const int drop = core.drop_notifications.load();
+        if (notify && drop != FakeTransport::kAnyLayer && drop != note.layer) sink = peer->sink;
       }
       if (sink) (*sink)(note);
       completion->Complete(OkStatus());
@@ -270,6 +272,7 @@ class FakeTransportImpl final : public FakeTransport {
     std::lock_guard<std::mutex> lock(core_->mu);
     core_->disconnected.store(true);
   }
+  void DropNotifications(int layer) override { core_->drop_notifications.store(layer); }
   uint64_t writes_started() const override { return core_->started.load(); }
 
  private:

@@ -30,6 +30,12 @@ class FakeTransport : public Transport {
   // from it or to it reports kRemoteDisconnect, writes queued or later fail with it, and
   // nothing more lands in its memory nor leaves it.
   virtual void Disconnect() = 0;
+  // Writes started from now on whose notification names `layer` (kAnyLayer: every layer)
+  // copy their data and complete, but deliver no notification to the peer (a notification
+  // lost or never sent); kNoLayer ends it.
+  static constexpr int kAnyLayer = -1;
+  static constexpr int kNoLayer = -2;
+  virtual void DropNotifications(int layer) = 0;
   // Writes started over this transport's endpoints so far; for assertions.
   virtual uint64_t writes_started() const = 0;
 };
