@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <string>
 
 namespace kvstream {
 namespace {
@@ -23,6 +24,32 @@ LogLevel LevelFromEnv() {
 std::atomic<int>& Level() {
   static std::atomic<int> level{static_cast<int>(LevelFromEnv())};
   return level;
+}
+
+// One record, one line: control characters (a newline in a client's request tag, say) are
+// written as \n, \r, \t or \xNN, and a backslash as \\, so no field can forge a record.
+std::string EscapeControl(const std::string& m) {
+  bool clean = true;
+  for (unsigned char c : m)
+    if (c < 0x20 || c == 0x7f || c == '\\') clean = false;
+  if (clean) return m;
+  std::string out;
+  out.reserve(m.size() + 8);
+  for (unsigned char c : m) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\\') out += "\\\\";
+    else if (c < 0x20 || c == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -45,7 +72,7 @@ void LogLine(LogLevel level, const char* file, int line, const std::string& mess
   base = base ? base + 1 : file;
   std::lock_guard<std::mutex> lock(mu);
   std::fprintf(stderr, "%s.%03dZ %c %s:%d %s\n", ts, ms, kLetters[static_cast<int>(level)], base,
-               line, message.c_str());
+               line, EscapeControl(message).c_str());
 }
 
 }  // namespace kvstream

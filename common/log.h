@@ -1,5 +1,7 @@
 // Logging to stderr: "2026-11-29T09:40:16.123Z I prefill.cc:42 [req 17] message".
 // Level from KVSTREAM_LOG_LEVEL (debug, info, warn, error; default info). Thread-safe.
+// Every record is one line: control characters in a message are escaped (\n, \xNN; a
+// backslash as \\), so a field taken from a request cannot forge a record.
 #pragma once
 
 #include <sstream>

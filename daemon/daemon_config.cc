@@ -42,6 +42,13 @@ const std::vector<Field>& Fields() {
       KV_FIELD(listen, kStr, "gRPC listen address host:port (port 0 = pick one)"),
       KV_FIELD(port_file, kStr, "write the bound port here once serving"),
       KV_FIELD(peer, kStr, "decode: prefill daemon address(es) host:port[,host:port...]"),
+      KV_FIELD(max_concurrent_streams, kInt, "gRPC calls at once on one connection"),
+      KV_FIELD(max_connection_idle_ms, kI64,
+               "close a gRPC connection this long without calls (0 = never)"),
+      KV_FIELD(connection_setup_timeout_ms, kI64,
+               "a new connection's HTTP/2 (and TLS) setup must finish within this"),
+      KV_FIELD(max_open_fds, kInt,
+               "accept connections only below this many open descriptors (0 = fd limit - 256)"),
       KV_FIELD(transport, kStr,
                "data plane: ucx | ucx_staged | cuda_ipc (GPU pools: ucx = direct or staged)"),
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
@@ -70,6 +77,8 @@ const std::vector<Field>& Fields() {
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
       KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
+      KV_FIELD(max_queue, kInt,
+               "decode: requests waiting for KV blocks, first come first served (more: refused)"),
       KV_FIELD(request_timeout_ms, kI64, "cap on every request's deadline"),
       KV_FIELD(handshake_timeout_ms, kI64, "per handshake attempt"),
       KV_FIELD(load_timeout_ms, kI64, "decode: bound on a prompt's KV load"),
@@ -156,6 +165,13 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
     return InvalidArgument("on_load_failure must be fail or recompute");
   if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");
+  if (c.max_queue < 0) return InvalidArgument("max_queue must be >= 0");
+  if (c.max_concurrent_streams <= 0) return InvalidArgument("max_concurrent_streams must be > 0");
+  if (c.max_connection_idle_ms < 0 || c.max_connection_idle_ms > INT32_MAX)
+    return InvalidArgument("max_connection_idle_ms must be in [0, 2^31)");
+  if (c.connection_setup_timeout_ms <= 0 || c.connection_setup_timeout_ms > INT32_MAX)
+    return InvalidArgument("connection_setup_timeout_ms must be in (0, 2^31)");
+  if (c.max_open_fds < 0) return InvalidArgument("max_open_fds must be >= 0");
   if (role == "decode" && c.peer.empty()) return InvalidArgument("decode needs --peer (the prefill address)");
   if (role == "decode") {
     for (const std::string& p : SplitPeers(c.peer)) {

@@ -35,6 +35,15 @@ struct DaemonConfig {
   std::string listen = "127.0.0.1:0";
   std::string port_file;        // written with the bound port once serving
   std::string peer;             // decode: the prefill daemon address(es), comma-separated
+  // Limits of the gRPC server (docs/daemons.md, "Limits"). A host name in `listen` is resolved
+  // and one address of it is bound (its first IPv4 address, else its first); a port in use is
+  // refused at start.
+  int max_concurrent_streams = 128;          // calls at once on one connection
+  int64_t max_connection_idle_ms = 300000;   // close a connection this long without calls (0 = never)
+  int64_t connection_setup_timeout_ms = 10000;  // a new connection's HTTP/2 (and TLS) setup
+  // Connections are accepted only while the daemon has fewer descriptors open than this (the
+  // rest are closed at once); 0 = the descriptor limit (raised to its hard limit) less 256.
+  int max_open_fds = 0;
   // ucx | ucx_staged | cuda_ipc. With GPU pools (backend cuda) "ucx" means the UCX path this
   // host's UCX supports: UCX direct on CUDA memory where UCX reports it, else ucx_staged.
   std::string transport = "ucx";
@@ -75,6 +84,7 @@ struct DaemonConfig {
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
   int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)
+  int max_queue = 256;          // decode: requests waiting for KV blocks, first come first served
   int64_t request_timeout_ms = 60000;    // cap on any request's deadline
   int64_t handshake_timeout_ms = 5000;
   int64_t load_timeout_ms = 30000;       // decode: whole KV load, from start_load

@@ -1,12 +1,21 @@
 #include "daemon/daemon_runtime.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include <grpcpp/health_check_service_interface.h>
 
 #include "common/log.h"
+#include "daemon/accept_guard.h"
 #include "transport/pacing.h"
 #ifdef KVSTREAM_DAEMON_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -154,13 +163,85 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
   return transport::CreateTransport(to);
 }
 
+ServerLimits ServerLimitsFromConfig(const DaemonConfig& cfg) {
+  ServerLimits l;
+  l.max_concurrent_streams = cfg.max_concurrent_streams;
+  l.max_connection_idle_ms = cfg.max_connection_idle_ms;
+  l.connection_setup_timeout_ms = cfg.connection_setup_timeout_ms;
+  return l;
+}
+
+namespace {
+// host and port of "host:port" / "[v6]:port"; false without a port.
+bool SplitHostPort(const std::string& hp, std::string* host, std::string* port) {
+  const size_t colon = hp.rfind(':');
+  if (colon == std::string::npos || colon + 1 == hp.size()) return false;
+  *host = hp.substr(0, colon);
+  *port = hp.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']')
+    *host = host->substr(1, host->size() - 2);
+  return port->find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Why `address` (numeric, as ResolveListenAddress returns) cannot be bound now, e.g. "Address
+// already in use"; empty when a socket binds it.
+std::string BindError(const std::string& address) {
+  std::string host, port;
+  if (!SplitHostPort(address, &host, &port)) return "";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res) != 0 || !res)
+    return "";
+  std::string why;
+  const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    if (bind(fd, res->ai_addr, res->ai_addrlen) != 0) why = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return why;
+}
+}  // namespace
+
+Result<std::string> ResolveListenAddress(const std::string& listen) {
+  // A URI with a scheme is gRPC's to interpret; "[v6]:port" and "host:port" are ours.
+  for (const char* scheme : {"unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"})
+    if (listen.rfind(scheme, 0) == 0) return listen;
+  std::string host, port;
+  if (!SplitHostPort(listen, &host, &port))
+    return InvalidArgument("listen: '" + listen + "' is not host:port");
+  if (host.empty() || host == "0.0.0.0" || host == "::") return listen;  // gRPC: one socket
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0 || !res)
+    return InvalidArgument("listen: cannot resolve '" + host + "': " + gai_strerror(rc));
+  const addrinfo* pick = res;
+  for (const addrinfo* a = res; a; a = a->ai_next)
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* in = pick->ai_family == AF_INET
+                       ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(pick->ai_addr)->sin_addr)
+                       : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(pick->ai_addr)->sin6_addr);
+  inet_ntop(pick->ai_family, in, buf, sizeof(buf));
+  const bool v6 = pick->ai_family == AF_INET6;
+  freeaddrinfo(res);
+  return (v6 ? "[" + std::string(buf) + "]" : std::string(buf)) + ":" + port;
+}
+
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
                                                       const std::vector<grpc::Service*>& services,
-                                                      int* port) {
+                                                      int* port, const ServerLimits& limits) {
+  KV_ASSIGN_OR_RETURN(const std::string address, ResolveListenAddress(listen));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
   for (grpc::Service* s : services) builder.RegisterService(s);
   // Many concurrent streaming calls each hold a handler thread.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
@@ -169,8 +250,24 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 100);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // A port some other socket holds is an error, never shared (SO_REUSEPORT would split the
+  // connections between the two processes).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (limits.max_concurrent_streams > 0)
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams);
+  if (limits.max_connection_idle_ms > 0)
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(limits.max_connection_idle_ms));
+  if (limits.connection_setup_timeout_ms > 0)
+    builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                               static_cast<int>(limits.connection_setup_timeout_ms));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || bound == 0) return Unavailable("cannot listen on " + listen);
+  if (!server || bound == 0) {
+    const std::string why = BindError(address);
+    return Unavailable("cannot listen on " + address +
+                       (address != listen ? " (" + listen + ")" : "") +
+                       (why.empty() ? "" : ": " + why));
+  }
   if (server->GetHealthCheckService()) server->GetHealthCheckService()->SetServingStatus(true);
   *port = bound;
   return server;
@@ -208,6 +305,7 @@ std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string
   else if (level == "warn") SetLogLevel(LogLevel::kWarn);
   else if (level == "error") SetLogLevel(LogLevel::kError);
   KV_LOG_INFO << "kvstream-" << role << " starting: " << cfg->ToJson();
+  InstallAcceptGuard(cfg->max_open_fds);
   return std::move(cfg).value();
 }
 

@@ -53,11 +53,28 @@ std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string
 // (2 for kInvalidArgument, else 1).
 int DaemonFailure(const std::string& role, const Status& status);
 
-// Builds and starts a server with the standard gRPC health service enabled. *port gets the
-// bound port (the listen address may ask for port 0).
+// Limits of a gRPC server (the DaemonConfig keys of the same names; 0 = gRPC's default).
+struct ServerLimits {
+  int max_concurrent_streams = 0;           // calls at once on one connection
+  int64_t max_connection_idle_ms = 0;       // a connection without calls is closed after this
+  int64_t connection_setup_timeout_ms = 0;  // a new connection's HTTP/2 (and TLS) setup
+};
+ServerLimits ServerLimitsFromConfig(const DaemonConfig& cfg);
+
+// `listen` as the one address to bind: "host:port" with a host name becomes its first IPv4
+// address (else its first address), so exactly one listener opens; numeric addresses, wildcards
+// and URIs with a scheme ("unix:...") are returned unchanged. kInvalidArgument when the name
+// does not resolve or the port is missing.
+Result<std::string> ResolveListenAddress(const std::string& listen);
+
+// Builds and starts a server with the standard gRPC health service enabled, listening on
+// ResolveListenAddress(listen) only, without SO_REUSEPORT: a port another socket holds is
+// refused (kUnavailable naming the address and the bind error). *port gets the bound port (the
+// listen address may ask for port 0).
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
                                                       const std::vector<grpc::Service*>& services,
-                                                      int* port);
+                                                      int* port,
+                                                      const ServerLimits& limits = ServerLimits());
 // Written atomically (temp file + rename) so a reader never sees a partial port.
 Status WritePortFile(const std::string& path, int port);
 

@@ -61,6 +61,7 @@ DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBacke
       backend_(backend),
       pool_(pool),
       connectors_(std::move(connectors)),
+      admission_(&pool->allocator(), config.max_queue),
       join_budget_(config.itl_target_ms * 1e-3,
                    double(backend->config().decode_step_weight_bytes())) {
   if (shared_via_mps_ && config_.first_step_after_load == "auto") {
@@ -141,12 +142,13 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     if (t < 0 || t >= vocab)
       return reject(InvalidArgument("token id " + std::to_string(t) +
                                     " outside the vocabulary [0, " + std::to_string(vocab) + ")"));
-  const int total_tokens = n + r->max_tokens;
+  // In 64 bits: max_tokens near 2^31 must not wrap into a small (or negative) total.
+  const int64_t total_tokens = int64_t(n) + int64_t(r->max_tokens);
   if (total_tokens > backend_->config().max_position)
     return reject(InvalidArgument("prompt + max_tokens = " + std::to_string(total_tokens) +
                                   " exceeds the model's max_position " +
                                   std::to_string(backend_->config().max_position)));
-  const int need = model::BlocksForTokens(total_tokens, pool_->layout().block_size);
+  const int need = model::BlocksForTokens(static_cast<int>(total_tokens), pool_->layout().block_size);
   if (need > pool_->num_blocks())
     return reject(InvalidArgument("request needs " + std::to_string(need) +
                                   " KV blocks, the pool has " + std::to_string(pool_->num_blocks())));
@@ -162,29 +164,18 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return reject(Unavailable("decode daemon shutting down"));
   }
-  // A full pool queues the request (bounded by queue_timeout_ms and its deadline) rather than
-  // failing a burst outright.
+  // A full pool queues the request, first come first served (decode/admission.h), bounded by
+  // max_queue, queue_timeout_ms and its deadline, rather than failing a burst outright.
   const Deadline queue_deadline =
       std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
-  auto ids = pool_->allocator().Allocate(need);
-  while (!ids.ok() && Clock::now() < queue_deadline && !ctx->IsCancelled()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return reject(Unavailable("decode daemon shutting down"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    ids = pool_->allocator().Allocate(need);
-  }
-  if (!ids.ok())
-    return reject(ResourceExhausted("KV pool full: need " + std::to_string(need) + " blocks, " +
-                                    std::to_string(pool_->allocator().free_count()) + " free after waiting " +
-                                    std::to_string(config_.queue_timeout_ms) + " ms"));
+  auto ids = admission_.Acquire(need, queue_deadline, [ctx] { return ctx->IsCancelled(); });
+  if (!ids.ok()) return reject(ids.status());
   r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
 
   KV_LOG_INFO << "[req " << r->id << "] generate: prompt " << n << " tokens, max_tokens "
               << r->max_tokens << ", "
               << (r->remote ? (r->pipelined ? "pipelined load" : "non-pipelined load") : "local")
-              << (r->tag.empty() ? "" : ", tag " + r->tag);
+              << (r->tag.empty() ? "" : ", tag " + r->tag.substr(0, 128));
   if (r->remote) {
     r->load_deadline = std::min(r->deadline, DeadlineAfterMs(config_.load_timeout_ms));
     std::vector<int32_t> prefix(r->prompt.begin(), r->prompt.end() - 1);
@@ -583,6 +574,7 @@ void DecodeServer::BeginShutdown() {
     stopping_ = true;
     ids.assign(active_ids_.begin(), active_ids_.end());
   }
+  admission_.Close("decode daemon shutting down");
   // Wake first steps blocked in wait_for_layer.
   for (connector::DecodeConnector* c : connectors_) {
     for (uint64_t id : ids) c->tracker().Fail(id, Unavailable("decode daemon shutting down"));

@@ -34,6 +34,7 @@
 
 #include "daemon/daemon_config.h"
 #include "connector/decode_connector.h"
+#include "decode/admission.h"
 #include "decode/join_budget.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
@@ -95,6 +96,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   model::KvPool* pool_;
   std::vector<connector::DecodeConnector*> connectors_;
   std::atomic<uint64_t> next_connector_{0};
+  Admission admission_;  // FIFO wait for KV blocks (max_queue)
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
 
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   int port = 0;
-  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port);
+  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
+                                             daemon::ServerLimitsFromConfig(*cfg));
   if (!server.ok()) return Fail(server.status());
   if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-decode " << conns.front()->instance_id() << " serving on port " << port

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
 
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
   int port = 0;
-  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port);
+  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
+                                             daemon::ServerLimitsFromConfig(*cfg));
   if (!server.ok()) return Fail(server.status());
   if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-prefill " << service.instance_id() << " serving on port " << port

@@ -167,6 +167,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
       connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
   const int n = req.tokens_size();
   if (n == 0) return InvalidArgument("prefill: no tokens");
+  if (n > backend_->config().max_position)
+    return InvalidArgument("prefill: " + std::to_string(n) + " tokens exceed the model's max_position " +
+                           std::to_string(backend_->config().max_position));
   const int vocab = backend_->config().vocab_size;
   for (int32_t t : req.tokens())
     if (t < 0 || t >= vocab)
