@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/grpc_status.h"
+#include "decode/generate_request.h"
 
 namespace kvstream::decode {
 
@@ -135,23 +136,10 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     return ToGrpc(s);
   };
   const int n = static_cast<int>(r->prompt.size());
-  const int vocab = backend_->config().vocab_size;
-  if (n == 0) return reject(InvalidArgument("prompt_tokens is empty"));
-  if (r->max_tokens < 1) return reject(InvalidArgument("max_tokens must be >= 1"));
-  for (int32_t t : r->prompt)
-    if (t < 0 || t >= vocab)
-      return reject(InvalidArgument("token id " + std::to_string(t) +
-                                    " outside the vocabulary [0, " + std::to_string(vocab) + ")"));
-  // In 64 bits: max_tokens near 2^31 must not wrap into a small (or negative) total.
-  const int64_t total_tokens = int64_t(n) + int64_t(r->max_tokens);
-  if (total_tokens > backend_->config().max_position)
-    return reject(InvalidArgument("prompt + max_tokens = " + std::to_string(total_tokens) +
-                                  " exceeds the model's max_position " +
-                                  std::to_string(backend_->config().max_position)));
-  const int need = model::BlocksForTokens(static_cast<int>(total_tokens), pool_->layout().block_size);
-  if (need > pool_->num_blocks())
-    return reject(InvalidArgument("request needs " + std::to_string(need) +
-                                  " KV blocks, the pool has " + std::to_string(pool_->num_blocks())));
+  const GenerateLimits limits{backend_->config().vocab_size, backend_->config().max_position,
+                              pool_->layout().block_size, pool_->num_blocks()};
+  int need = 0;
+  if (Status s = CheckGenerateRequest(*req, limits, &need); !s.ok()) return reject(s);
 
   switch (req->load_mode()) {
     case v1::LOAD_MODE_PIPELINED: r->pipelined = true; break;

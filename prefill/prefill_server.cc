@@ -8,6 +8,7 @@
 #include "connector/grpc_status.h"
 #include "connector/handshake.h"  // kQuiescedTrailer
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
+#include "prefill/prefill_request.h"
 
 namespace kvstream::prefill {
 
@@ -165,16 +166,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (stopping_) return Unavailable("prefill daemon shutting down");
   const Deadline deadline =
       connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
+  KV_RETURN_IF_ERROR(
+      CheckPrefillRequest(req, backend_->config().vocab_size, backend_->config().max_position));
   const int n = req.tokens_size();
-  if (n == 0) return InvalidArgument("prefill: no tokens");
-  if (n > backend_->config().max_position)
-    return InvalidArgument("prefill: " + std::to_string(n) + " tokens exceed the model's max_position " +
-                           std::to_string(backend_->config().max_position));
-  const int vocab = backend_->config().vocab_size;
-  for (int32_t t : req.tokens())
-    if (t < 0 || t >= vocab)
-      return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary [0, " +
-                             std::to_string(vocab) + ")");
   std::vector<int32_t> tokens(req.tokens().begin(), req.tokens().end());
   std::unique_lock<std::timed_mutex> forward_lock(forward_mu_, std::defer_lock);
   // Declared before `save`: the local blocks outlive every write that reads them.

@@ -1,0 +1,24 @@
+// The checks a Generate request passes before it takes any resource: pure (no I/O, no server
+// state), so they are unit-tested and fuzzed on their own (tests/decode, tests/fuzz).
+#pragma once
+
+#include "common/status.h"
+#include "proto/kvstream.pb.h"
+
+namespace kvstream::decode {
+
+struct GenerateLimits {
+  int vocab_size = 0;
+  int max_position = 0;  // prompt + generated tokens, at most
+  int block_size = 1;    // tokens per KV block
+  int pool_blocks = 0;   // KV blocks of the whole pool
+};
+
+// OK when the request can be served within `limits`, with *blocks_needed (when given) the KV
+// blocks its prompt and max_tokens take. Else kInvalidArgument whose message names what is wrong:
+// an empty prompt, max_tokens < 1, a token outside [0, vocab_size), prompt + max_tokens over
+// max_position, or more blocks than the pool has.
+Status CheckGenerateRequest(const kvstream::v1::GenerateRequest& req, const GenerateLimits& limits,
+                            int* blocks_needed = nullptr);
+
+}  // namespace kvstream::decode
