@@ -45,5 +45,12 @@ TEST(GenerateRequest, RefusesWhatCannotBeServed) {
   EXPECT_EQ("request needs 2 KV blocks, the pool has 1", s.message());
 }
 
+TEST(GenerateRequest, RefusesAMaxTokensThatWouldOverflowTheTotal) {
+  // prompt + max_tokens past 2^31: refused as over max_position, not wrapped to a negative size.
+  ExpectRefused(Request({1, 2}, 2147483647),
+                "prompt + max_tokens = 2147483649 exceeds the model's max_position 64");
+  ExpectRefused(Request({1}, 2147483647 - 10), "exceeds the model's max_position 64");
+}
+
 }  // namespace
 }  // namespace kvstream::decode
