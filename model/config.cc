@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <bit>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -130,6 +131,10 @@ Status ModelConfig::Validate() const {
   if (!(rope_theta > 0.f) || !std::isfinite(rope_theta)) return bad("rope_theta must be > 0");
   if (!(rms_eps > 0.f) || !std::isfinite(rms_eps)) return bad("rms_eps must be > 0");
   if (max_position <= 0) return bad("max_position must be > 0");
+  // q_dim() and kv_dim() (at most q_dim) are ints.
+  if (int64_t{num_heads} * head_dim > INT32_MAX)
+    return bad("num_heads * head_dim = " + std::to_string(int64_t{num_heads} * head_dim) +
+               " is too large");
   return OkStatus();
 }
 
@@ -142,6 +147,8 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string())
     arch = j["architectures"][0].get<std::string>();
+  if (j.contains("model_type") && !j["model_type"].is_string())
+    return InvalidArgument("config.json: 'model_type' must be a string");
   std::string model_type = j.value("model_type", std::string());
   if (arch == "LlamaForCausalLM" || (arch.empty() && model_type == "llama")) {
     c.family = "llama";
@@ -184,10 +191,21 @@ Result<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   c.qkv_bias = c.family == "qwen2";
+  auto flag = [&](const char* key, bool* out) -> Status {
+    *out = false;
+    if (!j.contains(key) || j[key].is_null()) return OkStatus();
+    if (!j[key].is_boolean())
+      return InvalidArgument(std::string("config.json: '") + key + "' must be true or false");
+    *out = j[key].get<bool>();
+    return OkStatus();
+  };
+  bool attention_bias = false, mlp_bias = false;
+  KV_RETURN_IF_ERROR(flag("attention_bias", &attention_bias));
+  KV_RETURN_IF_ERROR(flag("mlp_bias", &mlp_bias));
   if (c.family == "llama") {
-    if (j.value("attention_bias", false))
+    if (attention_bias)
       return NotSupported("config.json: attention_bias=true (o_proj bias) is not supported");
-    if (j.value("mlp_bias", false)) return NotSupported("config.json: mlp_bias=true is not supported");
+    if (mlp_bias) return NotSupported("config.json: mlp_bias=true is not supported");
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     return NotSupported("config.json: rope_scaling is not supported");

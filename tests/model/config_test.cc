@@ -131,6 +131,27 @@ TEST(Config, HfJsonLlamaAndQwen) {
             StatusCode::kNotSupported);
 }
 
+// Found by tests/fuzz/fuzz_model_config (its corpus keeps each input): a field of the wrong JSON
+// type threw out of ConfigFromHfJson (the daemon aborted), and shapes whose q_dim() overflows an
+// int were accepted.
+TEST(Config, HfJsonRefusesFieldsOfTheWrongTypeAndOverflowingShapes) {
+  auto refused = [](const std::string& json, const std::string& words) {
+    auto c = ConfigFromHfJson(json);
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << json;
+    EXPECT_NE(c.status().message().find(words), std::string::npos) << c.status().message();
+  };
+  refused(R"({"model_type": 5})", "'model_type' must be a string");
+  const std::string shape = R"("architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 10)";
+  refused("{" + shape + R"(, "attention_bias": "no"})", "'attention_bias' must be true or false");
+  refused("{" + shape + R"(, "mlp_bias": 0})", "'mlp_bias' must be true or false");
+  EXPECT_TRUE(ConfigFromHfJson("{" + shape + R"(, "attention_bias": null})").ok());
+  refused(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 1073741824, "num_key_value_heads": 1073741824,
+    "head_dim": 1073741824, "num_hidden_layers": 1, "vocab_size": 10})",
+          "num_heads * head_dim = 1152921504606846976 is too large");
+}
+
 TEST(Weights, BigPresetResolvesWithoutMaterialising) {
   ModelSpec spec;
   spec.model = "llama-3-8b";
