@@ -14,6 +14,7 @@
 namespace kvstream::transport::ucx {
 
 UcxRegionState::~UcxRegionState() {
+  if (gated) worker->gate()->Remove(this);
   if (memh != nullptr) {
     ucp_context_h ctx = worker->context();
     ucp_mem_h m = memh;
@@ -34,7 +35,6 @@ Result<std::unique_ptr<Registration>> RegisterMemory(std::shared_ptr<UcxWorker> 
   auto state = std::make_shared<UcxRegionState>();
   state->worker = worker;
   state->region = region;
-  MemfdDescriptor shared;
   if (allocate && worker->cma_allowed()) {
     // Back it with a memfd that a writer on this host can map and copy into directly.
     int fd = memfd_create("kvstream-region", MFD_CLOEXEC);
@@ -49,13 +49,10 @@ Result<std::unique_ptr<Registration>> RegisterMemory(std::shared_ptr<UcxWorker> 
     if (p == MAP_FAILED) return ResourceExhausted(std::string("ucx: mmap: ") + std::strerror(errno));
     state->region.addr = p;
     state->mapped_length = region.length;
-    shared = MemfdDescriptor{fd, 0, static_cast<uint64_t>(st.st_ino),
-                             static_cast<uint64_t>(st.st_dev), reinterpret_cast<uint64_t>(p),
-                             region.length};
     allocate = false;  // registered with UCX like caller memory
   }
   ucp_context_h ctx = worker->context();
-  Status s = worker->RunSync([ctx, state, allocate, shared]() -> Status {
+  Status s = worker->RunSync([ctx, state, allocate]() -> Status {
     ucp_mem_map_params_t p{};
     p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     p.address = state->region.addr;
@@ -84,11 +81,17 @@ Result<std::unique_ptr<Registration>> RegisterMemory(std::shared_ptr<UcxWorker> 
     size_t packed_len = 0;
     st = ucp_rkey_pack(ctx, memh, &packed, &packed_len);
     if (st != UCS_OK) return FromUcs(st, "ucx: ucp_rkey_pack");
-    state->key = EncodeKey(shared, packed, packed_len);
+    state->key = EncodeKey(packed, packed_len);
     ucp_rkey_buffer_release(packed);
     return OkStatus();
   });
   KV_RETURN_IF_ERROR(s);
+  // Host memory is what a same-host writer may copy into (a memfd: by mapping it).
+  if (worker->gate() != nullptr && state->region.kind == MemoryKind::kHost) {
+    worker->gate()->Add(state.get(), reinterpret_cast<uint64_t>(state->region.addr),
+                        state->region.length, state->memfd);
+    state->gated = true;
+  }
   return std::unique_ptr<Registration>(new UcxRegistration(std::move(state)));
 }
 

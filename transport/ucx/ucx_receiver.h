@@ -22,6 +22,7 @@ struct UcxRegionState {
   std::string key;
   int memfd = -1;            // Allocate(): the memory is this memfd, mapped at region.addr
   size_t mapped_length = 0;
+  bool gated = false;        // offered to same-host writers through the worker's gate
 
   ~UcxRegionState();
 };

@@ -1,5 +1,6 @@
 #include "transport/ucx/ucx_transport.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "common/log.h"
 #include "transport/core/peer_process.h"
 #include "transport/ucx/ucx_receiver.h"
+#include "transport/ucx/ucx_same_host.h"
 #include "transport/ucx/ucx_wire.h"
 #include "transport/ucx/ucx_worker.h"
 #include "transport/ucx/ucx_writer.h"
@@ -79,19 +81,19 @@ class UcxTransport final : public Transport {
       }
     }
     std::vector<std::string_view> keys;
-    std::vector<MemfdDescriptor> memfds;
     for (size_t i = 0; i < peer.regions.size(); ++i) {
       KV_ASSIGN_OR_RETURN(UcxKey key, DecodeKey(peer.regions[i].key,
                                                 "memory key of region " + std::to_string(i)));
-      memfds.push_back(key.memfd);
       keys.push_back(key.rkey);
     }
     auto ep = std::make_shared<UcxEndpointState>();
-    ep->memfds = std::move(memfds);
     ep->maps.resize(peer.regions.size());
+    ep->host_copy.assign(peer.regions.size(), false);
     ep->worker = worker_.get();
     ep->regions = peer.regions;
     for (auto& r : ep->regions) r.key.clear();
+    // Before any UCX connection: a same-host peer proves itself and what it registered.
+    KV_RETURN_IF_ERROR(SetUpSameHost(*ep, address.identity));
     UcxWorker* w = worker_.get();
     auto create = [ep, w, worker_address = address.worker_address, &keys]() -> Status {
       ucp_ep_params_t p{};
@@ -124,46 +126,70 @@ class UcxTransport final : public Transport {
       created = worker_->RunSync(create);
     }
     KV_RETURN_IF_ERROR(created);
-    SetUpCma(*ep, address.identity);
     return std::unique_ptr<Endpoint>(new UcxEndpoint(worker_, std::move(ep)));
   }
 
  private:
-  // Same host and allowed by UCX_TLS: copy with process_vm_writev instead of UCX puts (UCX
-  // 1.13 cannot use its shared-memory transports on endpoints with peer-failure handling).
-  // The pid must still name the process that published the address (start time), and a
-  // one-byte read of the first region proves the kernel lets us reach it.
-  void SetUpCma(UcxEndpointState& ep, const HostIdentity& peer) {
-    if (!worker_->cma_allowed() || ep.regions.empty() || peer.pid == 0 ||
+  // Same host and allowed by UCX_TLS: copy directly instead of UCX puts (UCX 1.13 cannot use
+  // its shared-memory transports on endpoints with peer-failure handling), but only into the
+  // process proven by its gate (ucx_same_host.h) and only inside the ranges it granted: a
+  // region of the peer that its gate does not cover is refused (kInvalidArgument). No gate, or
+  // a gate that grants nothing: UCX puts.
+  Status SetUpSameHost(UcxEndpointState& ep, const HostIdentity& peer) {
+    if (!worker_->cma_allowed() || ep.regions.empty() || peer.gate_path[0] == 0 ||
         !SameHost(worker_->identity(), peer)) {
-      return;
+      return OkStatus();
     }
-    const auto pid = static_cast<pid_t>(peer.pid);
-    internal::PeerProcess process(pid);
-    if (!process.valid()) return;
-    uint8_t byte;
-    iovec l{&byte, 1}, r{reinterpret_cast<void*>(ep.regions[0].addr), 1};
-    if (internal::ProcessStartTime(pid) != peer.start_time ||
-        process_vm_readv(pid, &l, 1, &r, 1, 0) != 1) {
-      return;
+    GateToken token;
+    std::memcpy(token.data(), peer.gate_token, token.size());
+    auto grant = JoinGate(peer.gate_path, token);
+    if (!grant.ok()) {
+      KV_LOG_INFO << "ucx: no same-host shortcut to the peer (" << grant.status().ToString()
+                  << "): writes go through UCX";
+      return OkStatus();
     }
-    ep.peer_process = std::move(process);
-    ep.cma_pid = pid;
-    int mapped = 0;
-    for (size_t i = 0; i < ep.regions.size(); ++i) mapped += MapPeerFile(ep, peer.pid, i);
-    KV_LOG_INFO << "ucx: peer pid " << peer.pid << " is on this host: writes copy directly ("
-                << mapped << " of " << ep.regions.size() << " regions mapped, the others with "
-                << "process_vm_writev)";
-  }
-
-  // Maps the peer's memfd behind region i, when it published one and it is the same file
-  // (inode and device) covering the region; true when mapped.
-  static bool MapPeerFile(UcxEndpointState& ep, uint32_t pid, size_t i) {
-    void* p = MapPeerMemfd(static_cast<pid_t>(pid), ep.memfds[i], ep.regions[i]);
-    if (p == MAP_FAILED) return false;
-    ep.maps[i] = UcxEndpointState::PeerMap{static_cast<uint8_t*>(p), ep.memfds[i].length,
-                                           ep.memfds[i].base};
-    return true;
+    int mapped = 0, copied = 0;
+    for (size_t i = 0; i < ep.regions.size(); ++i) {
+      const RemoteRegion& r = ep.regions[i];
+      const GrantedRange* g = grant->Covering(r.addr, r.length);
+      if (g == nullptr) {
+        return InvalidArgument("ucx: region " + std::to_string(i) +
+                               " is not memory the peer registered (its same-host gate, pid " +
+                               std::to_string(grant->pid) + ", grants no such range)");
+      }
+      if (g->fd < 0) continue;
+      void* p = mmap(nullptr, g->length, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
+      int fd = p == MAP_FAILED ? -1 : fcntl(g->fd, F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) {
+        if (p != MAP_FAILED) munmap(p, g->length);
+        continue;
+      }
+      ep.maps[i] = UcxEndpointState::PeerMap{static_cast<uint8_t*>(p), g->length, g->addr, fd};
+      ep.host_copy[i] = true;
+      ++mapped;
+    }
+    // Registered memory (no memfd) is written with process_vm_writev: only where the kernel
+    // lets this process reach the peer (ptrace access), tried on the first such region.
+    for (size_t i = 0; i < ep.regions.size(); ++i) {
+      if (ep.maps[i].ptr != nullptr) continue;
+      uint8_t byte;
+      iovec l{&byte, 1}, rv{reinterpret_cast<void*>(ep.regions[i].addr), 1};
+      if (process_vm_readv(grant->pid, &l, 1, &rv, 1, 0) != 1) break;
+      for (size_t j = i; j < ep.regions.size(); ++j) {
+        if (ep.maps[j].ptr != nullptr) continue;
+        ep.host_copy[j] = true;
+        ++copied;
+      }
+      break;
+    }
+    if (mapped + copied == 0) return OkStatus();
+    ep.cma_pid = grant->pid;
+    ep.peer_process = std::move(grant->process);
+    KV_LOG_INFO << "ucx: peer pid " << ep.cma_pid << " proved itself on this host: writes copy "
+                << "directly (" << mapped << " regions mapped, " << copied
+                << " with process_vm_writev, " << ep.regions.size() - mapped - copied
+                << " through UCX)";
+    return OkStatus();
   }
 
   std::shared_ptr<UcxWorker> worker_;
@@ -193,20 +219,20 @@ Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int
                            " out of range (peer has " + std::to_string(st.regions.size()) + ")");
   }
   const size_t i = static_cast<size_t>(region);
-  // The endpoint's own mapping proves the checks of SetUpCma passed (same host, the pid still
-  // the publisher, a memfd covering the region); map the file once more for the caller.
-  if (st.cma_pid == 0 || st.maps[i].ptr == nullptr) {
+  // The endpoint's own mapping of the memfd the peer's gate granted: map it once more.
+  const UcxEndpointState::PeerMap& m = st.maps[i];
+  if (st.cma_pid == 0 || m.ptr == nullptr || m.fd < 0) {
     return NotSupported("ucx: region " + std::to_string(region) +
                         " is not reachable as a same-host mapping (peer on another host, memory "
                         "the peer registered rather than allocated, or shared memory off)");
   }
-  void* p = MapPeerMemfd(st.cma_pid, st.memfds[i], st.regions[i]);
+  void* p = mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
   if (p == MAP_FAILED) {
     return Unavailable("ucx: mapping the peer's memfd again failed: " +
                        std::string(std::strerror(errno)));
   }
-  return std::make_unique<PeerMapping>(p, st.memfds[i].length,
-                                       st.regions[i].addr - st.memfds[i].base, st.regions[i].length);
+  return std::make_unique<PeerMapping>(p, m.length, st.regions[i].addr - m.base,
+                                       st.regions[i].length);
 }
 
 }  // namespace kvstream::transport::ucx

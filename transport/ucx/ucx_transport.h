@@ -17,13 +17,17 @@
 // the failure marks the endpoint kRemoteDisconnect and fails pending and later writes.
 //
 // Same host: UCX 1.13 cannot use its shared-memory transports on endpoints with peer-failure
-// handling, so when the peer runs on this host (same boot id and pid namespace, its pid still
-// the process that published the address) and UCX_TLS admits shared memory (empty, "sm",
-// "shm", "cma", "all"; UcxOptions::same_host_copy = false turns it off), the data is copied by a copier
-// thread: memcpy into the peer's Allocate()d memory (a memfd mapped here) or process_vm_writev
-// into memory the peer registered. The copy is complete when it returns, so no flush is needed;
-// the notification then goes over the UCX endpoint as above. A pidfd on the peer process and
-// the UCX endpoint both report its death. Allocate() backs memory with a memfd for this.
+// handling, so when the peer runs on this host (same boot id and pid namespace) and UCX_TLS
+// admits shared memory (empty, "sm", "shm", "cma", "all"; UcxOptions::same_host_copy = false
+// turns it off), the data is copied by a copier thread instead, but only into a peer proven by
+// its same-host gate (ucx_same_host.h: a 0600 Unix socket in a private directory, SO_PEERCRED,
+// the token from the address; the peer's pid comes from the kernel, never from a message) and
+// only inside the ranges that peer registered, as it grants them: memcpy into Allocate()d
+// memory (the memfd the gate passed, mapped here) or process_vm_writev into memory it
+// registered. A peer region the gate does not cover is refused by Connect() (kInvalidArgument);
+// no gate (or a wrong token, another uid): UCX puts. The copy is complete when it returns, so
+// no flush is needed; the notification then goes over the UCX endpoint as above. A pidfd on the
+// peer process and the UCX endpoint both report its death.
 //
 // Wire (ucx_wire.h): the address, memory keys and notifications are envelopes of
 // transport/core/envelope.h around UCX's blobs, so a truncated or foreign blob is refused with

@@ -1,8 +1,5 @@
 #include "transport/ucx/ucx_wire.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -19,9 +16,9 @@ namespace {
 using internal::PayloadReader;
 using internal::PayloadWriter;
 
-// Version 4: the envelope of transport/core (was the backend's own). A mismatch is refused,
-// never misread.
-constexpr internal::WireTag kTag = {{'K', 'V', 'U', 'X'}, 4};
+// Version 5: the address names a same-host gate instead of a pid, keys carry no memfd. A
+// mismatch is refused, never misread.
+constexpr internal::WireTag kTag = {{'K', 'V', 'U', 'X'}, 5};
 enum Message : uint16_t { kAddress = 1, kKey = 2, kNotify = 3 };
 
 }  // namespace
@@ -37,32 +34,12 @@ HostIdentity LocalHostIdentity() {
     const char* open = std::strchr(link, '[');
     if (open) id.pid_ns = std::strtoull(open + 1, nullptr, 10);
   }
-  id.pid = static_cast<uint32_t>(getpid());
-  id.start_time = internal::ProcessStartTime(getpid());
   return id;
 }
 
 bool SameHost(const HostIdentity& a, const HostIdentity& b) {
   return a.boot_id[0] != 0 && std::strncmp(a.boot_id, b.boot_id, sizeof(a.boot_id)) == 0 &&
          a.pid_ns == b.pid_ns;
-}
-
-void* MapPeerMemfd(pid_t pid, const MemfdDescriptor& f, const RemoteRegion& r) {
-  if (f.fd < 0 || f.length == 0 || r.addr < f.base || r.length > f.length ||
-      r.addr - f.base > f.length - r.length) {
-    return MAP_FAILED;
-  }
-  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(f.fd);
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return MAP_FAILED;
-  struct stat st {};
-  void* p = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && st.st_ino == f.ino && st.st_dev == f.dev &&
-      static_cast<uint64_t>(st.st_size) >= f.length) {
-    p = mmap(nullptr, f.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  close(fd);
-  return p;
 }
 
 std::string EncodeAddress(const HostIdentity& identity, const void* worker_address, size_t length) {
@@ -77,16 +54,17 @@ Result<UcxAddress> DecodeAddress(const std::string& blob) {
   UcxAddress out;
   PayloadReader in(e.payload);
   if (e.type != kAddress || !in.Record(&out.identity) || !in.Bytes(&out.worker_address) ||
-      !in.done() || out.worker_address.empty()) {
+      !in.done() || out.worker_address.empty() ||
+      std::memchr(out.identity.boot_id, 0, sizeof(out.identity.boot_id)) == nullptr ||
+      std::memchr(out.identity.gate_path, 0, sizeof(out.identity.gate_path)) == nullptr) {
     return InvalidArgument("peer address is not a UCX worker address");
   }
   KV_RETURN_IF_ERROR(CheckWorkerAddress(out.worker_address, "peer address"));
   return out;
 }
 
-std::string EncodeKey(const MemfdDescriptor& memfd, const void* rkey, size_t length) {
+std::string EncodeKey(const void* rkey, size_t length) {
   return PayloadWriter()
-      .Record(memfd)
       .Bytes(std::string_view(static_cast<const char*>(rkey), length))
       .Seal(kTag, kKey);
 }
@@ -95,7 +73,7 @@ Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what) {
   KV_ASSIGN_OR_RETURN(internal::Envelope e, internal::OpenEnvelope(kTag, blob, what));
   UcxKey out;
   PayloadReader in(e.payload);
-  if (e.type != kKey || !in.Record(&out.memfd) || !in.Bytes(&out.rkey) || !in.done() ||
+  if (e.type != kKey || !in.Bytes(&out.rkey) || !in.done() ||
       out.rkey.empty()) {
     return InvalidArgument(what + " is not a UCX memory key");
   }

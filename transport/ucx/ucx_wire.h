@@ -1,10 +1,8 @@
 // What the UCX backend publishes and sends besides the data (transport/core/envelope.h with the
-// tag "KVUX"): its address (who and where the worker runs, then UCX's worker address), its
-// memory keys (the memfd a same-host writer can map, then UCX's packed rkey) and the
+// tag "KVUX"): its address (where the worker runs and how a same-host writer reaches its
+// same-host gate, then UCX's worker address), its memory keys (UCX's packed rkey) and the
 // notification that follows a write (an active message's header).
 #pragma once
-
-#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -18,35 +16,22 @@ namespace kvstream::transport::ucx {
 // The active-message id of notifications.
 inline constexpr unsigned kNotifyAmId = 17;
 
-// Who and where a worker runs, carried in front of the ucp address so that a writer on the
-// same host (same boot, same pid namespace) can copy with process_vm_writev (CMA) directly.
+// Where a worker runs and how a writer on the same host (same boot, same pid namespace) reaches
+// its same-host gate (ucx_same_host.h), carried in front of the ucp address. No pid: a writer
+// learns the receiver's pid from the kernel (SO_PEERCRED on the gate's socket), never from this.
 struct HostIdentity {
   char boot_id[40] = {};
   uint64_t pid_ns = 0;
-  uint32_t pid = 0;
-  uint64_t start_time = 0;  // /proc/<pid>/stat field 22: tells a reused pid apart
+  char gate_path[108] = {};    // the receiver's gate socket; empty = no same-host shortcut
+  uint8_t gate_token[16] = {};  // what a writer presents there (travels with the handshake)
+  uint32_t reserved = 0;
 };
-static_assert(sizeof(HostIdentity) == 64);
+static_assert(sizeof(HostIdentity) == 176);
 
+// This host's boot id and pid namespace (no gate).
 HostIdentity LocalHostIdentity();
 // Same boot and pid namespace (and a boot id known at all).
 bool SameHost(const HostIdentity& a, const HostIdentity& b);
-
-// In front of the packed UCX rkey: where a same-host writer can map the region's memory
-// (Allocate() backs it with a memfd; fd = -1 for memory the caller registered).
-struct MemfdDescriptor {
-  int32_t fd = -1;
-  uint32_t reserved = 0;
-  uint64_t ino = 0;
-  uint64_t dev = 0;
-  uint64_t base = 0;    // the owner's address of byte 0 of the file
-  uint64_t length = 0;
-};
-static_assert(sizeof(MemfdDescriptor) == 40);
-
-// Maps the whole memfd `f` of process `pid` (shared, read-write) when it is still the file the
-// key names (inode and device) and covers region `r`; MAP_FAILED otherwise.
-void* MapPeerMemfd(pid_t pid, const MemfdDescriptor& f, const RemoteRegion& r);
 
 struct UcxAddress {
   HostIdentity identity;
@@ -56,10 +41,9 @@ std::string EncodeAddress(const HostIdentity& identity, const void* worker_addre
 Result<UcxAddress> DecodeAddress(const std::string& blob);  // kInvalidArgument when not one
 
 struct UcxKey {
-  MemfdDescriptor memfd;
   std::string_view rkey;  // into the blob decoded
 };
-std::string EncodeKey(const MemfdDescriptor& memfd, const void* rkey, size_t length);
+std::string EncodeKey(const void* rkey, size_t length);
 Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what);
 
 // The notification's active-message header (its landed_seq is not carried: always 0).

@@ -123,6 +123,19 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address").WithContext("ucx");
   w->identity_ = LocalHostIdentity();
   w->cma_allowed_ = options.same_host_copy && TlsAllowsCma(options.tls);
+  if (w->cma_allowed_) {
+    auto gate = SameHostGate::Create();
+    if (gate.ok()) {
+      w->gate_ = std::move(gate).value();
+      const std::string& path = w->gate_->path();
+      std::memcpy(w->identity_.gate_path, path.c_str(),
+                  std::min(path.size() + 1, sizeof(w->identity_.gate_path)));
+      std::memcpy(w->identity_.gate_token, w->gate_->token().data(), sizeof(w->identity_.gate_token));
+    } else {
+      KV_LOG_WARN << "ucx: no same-host shortcut for writers to this process: "
+                  << gate.status().ToString();
+    }
+  }
   w->address_ = EncodeAddress(w->identity_, addr, addr_len);
   ucp_worker_release_address(w->worker_, addr);
 
@@ -163,6 +176,7 @@ UcxWorker::~UcxWorker() {
   // drained no lane has work left.
   copier_.reset();
   lanes_.clear();
+  gate_.reset();
   if (wake_fd_ >= 0) close(wake_fd_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);

@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "transport/task_thread.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_same_host.h"
 #include "transport/ucx/ucx_wire.h"
 
 namespace kvstream::transport::ucx {
@@ -41,6 +42,9 @@ class UcxWorker {
   bool cuda_memory() const { return cuda_memory_; }
   const HostIdentity& identity() const { return identity_; }
   bool cma_allowed() const { return cma_allowed_; }
+  // The same-host gate writers on this host join (nullptr where same-host copies are off or it
+  // could not be made).
+  SameHostGate* gate() const { return gate_.get(); }
   TaskThread& copier() { return *copier_; }
   // Same-host copies run on up to max_copy_lanes() threads: the copier is lane 0, lanes 1.. are
   // extra threads made on first use (a daemon that never copies on its host never starts them).
@@ -78,6 +82,7 @@ class UcxWorker {
   bool cuda_memory_ = false;
   HostIdentity identity_;
   bool cma_allowed_ = false;
+  std::unique_ptr<SameHostGate> gate_;
   std::unique_ptr<TaskThread> copier_;
   int max_copy_lanes_ = 1;
   std::mutex lanes_mu_;

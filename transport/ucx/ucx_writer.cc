@@ -88,7 +88,7 @@ void StartWrite(UcxWriteOp* op) {
   if (op->completion->cancel_requested()) return FinishWrite(op, Canceled("ucx: write canceled"));
   if (ep->failed.load()) return FinishWrite(op, ep->Error());
   if (op->runs.empty() && !op->notify) return FinishWrite(op, OkStatus());
-  if (ep->cma_pid != 0 && !op->runs.empty()) {
+  if (op->host_copy && !op->runs.empty()) {
     // The copier owns the op until it posts it back; the progress thread need not spin.
     --ep->worker->busy;
     ep->worker->copier().Post([op] { CopyOnHost(op); });
@@ -230,6 +230,7 @@ Result<std::unique_ptr<WriteHandle>> UcxEndpoint::Write(const WriteRequest& requ
   op->reg = local->state();
   op->remote_base = remote.addr;
   op->rkey = state_->rkeys[request.remote_region];
+  op->host_copy = state_->cma_pid != 0 && state_->host_copy[request.remote_region];
   if (const UcxEndpointState::PeerMap& m = state_->maps[request.remote_region]; m.ptr != nullptr) {
     op->mapped_dst = m.ptr + (remote.addr - m.base);
   }

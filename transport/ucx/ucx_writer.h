@@ -13,6 +13,7 @@
 
 #include <sys/mman.h>
 #include <sys/types.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 
 #include <atomic>
@@ -41,17 +42,22 @@ struct UcxEndpointState {
   std::vector<ucp_rkey_h> rkeys;
   std::vector<RemoteRegion> regions;  // keys cleared; addr and length kept
 
-  // Same-host peer reachable with process_vm_writev (0 = use UCX puts). Set before use.
+  // Same-host peer proven by its gate (ucx_same_host.h): its pid from the kernel (0 = none, use
+  // UCX puts). Set before use.
   pid_t cma_pid = 0;
   internal::PeerProcess peer_process;  // tells when that process exits
-  // Per remote region: the peer's memfd mapped here (nullptr = none); writes then memcpy.
+  // Per remote region: copied on this host (inside a range the peer's gate granted), else by
+  // UCX puts.
+  std::vector<bool> host_copy;
+  // Per remote region: the peer's memfd (granted over the gate) mapped here (nullptr = none);
+  // writes then memcpy. `fd` is this endpoint's own descriptor of it (-1 = none).
   struct PeerMap {
     uint8_t* ptr = nullptr;
     size_t length = 0;
     uint64_t base = 0;
+    int fd = -1;
   };
   std::vector<PeerMap> maps;
-  std::vector<MemfdDescriptor> memfds;  // from the keys, per region
 
   // Progress-thread only.
   int inflight = 0;
@@ -69,6 +75,7 @@ struct UcxEndpointState {
   ~UcxEndpointState() {
     for (PeerMap& m : maps) {
       if (m.ptr != nullptr) munmap(m.ptr, m.length);
+      if (m.fd >= 0) close(m.fd);
     }
   }
   Status Error() const {
@@ -91,6 +98,7 @@ struct UcxWriteOp {
   std::shared_ptr<UcxRegionState> reg;
   uint64_t remote_base = 0;
   ucp_rkey_h rkey = nullptr;
+  bool host_copy = false;         // copied on this host (ucx_host_copy.cc), not put by UCX
   uint8_t* mapped_dst = nullptr;  // the remote region mapped here (same host, memfd)
   std::vector<internal::Run> runs;
   bool notify = false;

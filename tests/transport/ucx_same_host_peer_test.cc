@@ -1,0 +1,208 @@
+// The UCX backend's same-host shortcut writes only into the process proven to be the other end
+// and only into memory that process registered (issue 15, item 3). A handshake forged from a
+// genuine receiver's address, naming a bystander process (its pid and start time where the
+// address carried them) and a buffer in it, must write nothing into the bystander: the test
+// owns the bystander (a child process) and checks its buffer byte by byte. (Before the fix the
+// prefill copied 64 KiB into it with process_vm_writev.)
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "tests/transport/process_fixture.h"
+#include "transport/core/envelope.h"
+#include "transport/core/peer_process.h"
+#include "transport/ucx/ucx_transport.h"
+#include "transport/ucx/ucx_wire.h"
+
+namespace kvstream::transport {
+namespace {
+
+constexpr size_t kBytes = 64 << 10;
+constexpr uint8_t kFill = 0xAB;
+
+// A child that holds kBytes of kFill and, on each byte received, answers how many of them
+// changed. Forked before anything here needs memory from the child's side: it only reads,
+// writes and counts.
+class Bystander {
+ public:
+  Bystander() {
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(to[1]);
+      close(from[0]);
+      void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) _exit(1);
+      auto* b = static_cast<volatile uint8_t*>(p);
+      for (size_t i = 0; i < kBytes; ++i) b[i] = kFill;
+      uint64_t addr = reinterpret_cast<uint64_t>(p);
+      if (write(from[1], &addr, sizeof(addr)) != sizeof(addr)) _exit(1);
+      char c;
+      while (read(to[0], &c, 1) == 1) {
+        uint64_t changed = 0;
+        for (size_t i = 0; i < kBytes; ++i) changed += b[i] != kFill;
+        if (write(from[1], &changed, sizeof(changed)) != sizeof(changed)) _exit(1);
+      }
+      _exit(0);
+    }
+    close(to[0]);
+    close(from[1]);
+    to_ = to[1];
+    from_ = from[0];
+    if (read(from_, &addr_, sizeof(addr_)) != sizeof(addr_)) addr_ = 0;
+  }
+  ~Bystander() {
+    if (to_ >= 0) close(to_);
+    if (from_ >= 0) close(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+  uint64_t addr() const { return addr_; }
+  // How many bytes of its buffer are no longer kFill (UINT64_MAX if it cannot tell).
+  uint64_t Changed() {
+    char c = 'c';
+    uint64_t n = UINT64_MAX;
+    if (write(to_, &c, 1) != 1 || read(from_, &n, sizeof(n)) != sizeof(n)) return UINT64_MAX;
+    return n;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  uint64_t addr_ = 0;
+};
+
+template <class T>
+void ReplaceAll(std::string& s, T from, T to) {
+  if (from == T{}) return;
+  for (size_t o = 0; o + sizeof(T) <= s.size(); ++o) {
+    if (std::memcmp(s.data() + o, &from, sizeof(T)) == 0) std::memcpy(s.data() + o, &to, sizeof(T));
+  }
+}
+
+// The receiver's address with every copy of its pid (as 32 bits) and process start time (64
+// bits) replaced by the bystander's, sealed again: what an attacker makes of a genuine address.
+std::string NamingBystander(const std::string& address, pid_t receiver, pid_t bystander) {
+  internal::WireTag tag{};
+  std::memcpy(tag.magic, address.data(), 4);
+  std::memcpy(&tag.version, address.data() + 4, 2);
+  auto e = internal::OpenEnvelope(tag, address, "address");
+  EXPECT_TRUE(e.ok());
+  std::string payload(e->payload);
+  ReplaceAll<uint64_t>(payload, internal::ProcessStartTime(receiver),
+                       internal::ProcessStartTime(bystander));
+  ReplaceAll<uint32_t>(payload, static_cast<uint32_t>(receiver), static_cast<uint32_t>(bystander));
+  return internal::SealEnvelope(tag, e->type, payload);
+}
+
+class SameHostPeer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SameHostPeer, HandshakeNamingABystanderWritesNothingIntoIt) {
+  Bystander bystander;
+  ASSERT_GT(bystander.pid(), 0);
+  ASSERT_NE(bystander.addr(), 0u);
+  ASSERT_EQ(bystander.Changed(), 0u);
+  auto receiver = test::StartPeer(GetParam(), kBytes, kBytes);
+  ASSERT_NE(receiver, nullptr);
+
+  auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<uint8_t> src(kBytes);
+  test::FillPattern(src.data(), kBytes, 5);
+  auto reg = (*t)->Register(MemoryRegion{src.data(), kBytes});
+  ASSERT_TRUE(reg.ok());
+
+  PeerDescriptor forged = receiver->descriptor;
+  forged.address = NamingBystander(forged.address, receiver->process.pid(), bystander.pid());
+  forged.regions[0].addr = bystander.addr();
+  auto ep = (*t)->Connect(forged);
+  if (ep.ok()) {
+    WriteRequest r;
+    r.local = reg->get();
+    r.ops.push_back(CopyOp{0, 0, kBytes});
+    auto h = (*ep)->Write(r);
+    if (h.ok()) (*h)->Wait(DeadlineAfterMs(10000)).IgnoreError();
+    ep->reset();
+  } else {
+    std::printf("forged handshake refused: %s\n", ep.status().ToString().c_str());
+  }
+  EXPECT_EQ(bystander.Changed(), 0u) << "bytes of the bystander's buffer were overwritten";
+
+  // The genuine receiver is still reached and its layer lands.
+  auto good = (*t)->Connect(receiver->descriptor);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  WriteRequest r;
+  r.local = reg->get();
+  r.ops.push_back(CopyOp{0, 0, kBytes});
+  r.notify = true;
+  r.notification = Notification{5, 0, 0};
+  auto h = (*good)->Write(r);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
+  std::string line;
+  ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
+  EXPECT_EQ(line, "NOTE 5 0 OK");
+}
+
+// The gate is a filesystem socket (never abstract) of mode 0600 in a directory of mode 0700, and
+// a writer that presents another token gets no shortcut: its writes go through UCX and land.
+TEST_P(SameHostPeer, GateIsPrivateAndWantsTheToken) {
+  auto receiver = test::StartPeer(GetParam(), kBytes, kBytes);
+  ASSERT_NE(receiver, nullptr);
+  auto a = ucx::DecodeAddress(receiver->descriptor.address);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const std::string path = a->identity.gate_path;
+  ASSERT_FALSE(path.empty());
+  ASSERT_EQ(path[0], '/');
+  struct stat sock {}, dir {};
+  ASSERT_EQ(stat(path.c_str(), &sock), 0);
+  EXPECT_TRUE(S_ISSOCK(sock.st_mode));
+  EXPECT_EQ(sock.st_mode & 07777, 0600u);
+  ASSERT_EQ(stat(path.substr(0, path.rfind('/')).c_str(), &dir), 0);
+  EXPECT_EQ(dir.st_mode & 07777, 0700u);
+
+  ucx::HostIdentity wrong = a->identity;
+  wrong.gate_token[0] ^= 1;
+  PeerDescriptor d = receiver->descriptor;
+  d.address = ucx::EncodeAddress(wrong, a->worker_address.data(), a->worker_address.size());
+  auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<uint8_t> src(kBytes);
+  test::FillPattern(src.data(), kBytes, 6);
+  auto reg = (*t)->Register(MemoryRegion{src.data(), kBytes});
+  ASSERT_TRUE(reg.ok());
+  auto ep = (*t)->Connect(d);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  WriteRequest r;
+  r.local = reg->get();
+  r.ops.push_back(CopyOp{0, 0, kBytes});
+  r.notify = true;
+  r.notification = Notification{6, 0, 0};
+  auto h = (*ep)->Write(r);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
+  std::string line;
+  ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
+  EXPECT_EQ(line, "NOTE 6 0 OK");
+  if (GetParam().find("alloc") != std::string::npos) {
+    EXPECT_EQ(ucx::MapPeerRegion(**ep, 0).status().code(), StatusCode::kNotSupported)
+        << "a writer without the token mapped the peer's memory";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, SameHostPeer, ::testing::Values("sm,tcp", "sm,tcp+alloc", ""),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? std::string("default")
+                                  : info.param == "sm,tcp" ? std::string("sm_tcp")
+                                                           : std::string("sm_tcp_alloc");
+                         });
+
+}  // namespace
+}  // namespace kvstream::transport
