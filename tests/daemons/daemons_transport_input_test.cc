@@ -1,14 +1,13 @@
 // A real prefill daemon given a Handshake whose transport blobs are malformed inside a valid
 // envelope (a bogus UCX worker address or memory key, truncated, garbage, oversized) answers
 // INVALID_ARGUMENT naming the field and keeps serving (issue 15, item 5). Before the blobs were
-// checked, the first of these aborted the prefill inside ucp_address_unpack, 4 of 4.
-#include <cstring>
+// checked, the first of these aborted the prefill (UCX assertion in ucp_address_unpack).
 #include <random>
 
 #include "connector/handshake.h"
 #include "daemon/daemon_runtime.h"
 #include "tests/daemons/disagg_fixture.h"
-#include "transport/core/envelope.h"
+#include "tests/transport/ucx_blob_util.h"
 #include "transport/transport.h"
 
 namespace kvstream::testing {
@@ -16,27 +15,7 @@ namespace {
 
 namespace v1 = kvstream::v1;
 
-// Replaces the UCX part (the last length-prefixed string of the payload) of a "KVUX" blob and
-// seals it again, as an attacker would.
-std::string WithUcxPart(const std::string& blob, const std::string& ucx) {
-  transport::internal::WireTag tag{};
-  std::memcpy(tag.magic, blob.data(), 4);
-  std::memcpy(&tag.version, blob.data() + 4, 2);
-  auto e = transport::internal::OpenEnvelope(tag, blob, "blob");
-  if (!e.ok()) return blob;
-  const std::string payload(e->payload);
-  for (size_t o = 0; o + 4 <= payload.size(); o += 4) {
-    uint32_t n;
-    std::memcpy(&n, payload.data() + o, 4);
-    if (n != 0 && o + 4 + n == payload.size()) {
-      std::string out = payload.substr(0, o);
-      const uint32_t len = static_cast<uint32_t>(ucx.size());
-      out.append(reinterpret_cast<const char*>(&len), 4);
-      return transport::internal::SealEnvelope(tag, e->type, out + ucx);
-    }
-  }
-  return blob;
-}
+using transport::test::WithUcxPart;
 
 TEST_F(DisaggTest, BogusTransportBlobsInAHandshakeAreRefusedAndThePrefillKeepsServing) {
   DaemonPair pair;

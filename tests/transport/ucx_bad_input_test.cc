@@ -13,56 +13,16 @@
 #include <vector>
 
 #include "tests/transport/test_util.h"
-#include "transport/core/envelope.h"
+#include "tests/transport/ucx_blob_util.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport {
 namespace {
 
-using internal::WireTag;
-
 constexpr size_t kBytes = 64 << 10;
 
-// The blob's own tag (magic and version), whatever version this build speaks.
-WireTag TagOf(const std::string& blob) {
-  WireTag tag{};
-  std::memcpy(tag.magic, blob.data(), 4);
-  std::memcpy(&tag.version, blob.data() + 4, 2);
-  return tag;
-}
-
-// Replaces the last length-prefixed byte string of the blob's payload (UCX's own blob: the
-// worker address or the packed rkey) with `ucx`, and seals it again as a peer would.
-std::string WithUcxPart(const std::string& blob, const std::string& ucx) {
-  const WireTag tag = TagOf(blob);
-  auto e = internal::OpenEnvelope(tag, blob, "test blob");
-  EXPECT_TRUE(e.ok());
-  const std::string payload(e->payload);
-  for (size_t o = 0; o + 4 <= payload.size(); o += 4) {
-    uint32_t n;
-    std::memcpy(&n, payload.data() + o, 4);
-    if (n != 0 && o + 4 + n == payload.size()) {
-      std::string out = payload.substr(0, o);
-      const uint32_t len = static_cast<uint32_t>(ucx.size());
-      out.append(reinterpret_cast<const char*>(&len), 4);
-      out += ucx;
-      return internal::SealEnvelope(tag, e->type, out);
-    }
-  }
-  ADD_FAILURE() << "no UCX blob at the end of the payload";
-  return blob;
-}
-
-std::string UcxPart(const std::string& blob) {
-  auto e = internal::OpenEnvelope(TagOf(blob), blob, "test blob");
-  const std::string payload(e->payload);
-  for (size_t o = 0; o + 4 <= payload.size(); o += 4) {
-    uint32_t n;
-    std::memcpy(&n, payload.data() + o, 4);
-    if (n != 0 && o + 4 + n == payload.size()) return payload.substr(o + 4);
-  }
-  return "";
-}
+using test::UcxPart;
+using test::WithUcxPart;
 
 struct Peers {
   std::unique_ptr<Transport> rx, tx;

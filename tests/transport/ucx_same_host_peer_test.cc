@@ -15,6 +15,7 @@
 #include <string>
 
 #include "tests/transport/process_fixture.h"
+#include "tests/transport/ucx_blob_util.h"
 #include "transport/core/envelope.h"
 #include "transport/core/peer_process.h"
 #include "transport/ucx/ucx_transport.h"
@@ -90,9 +91,7 @@ void ReplaceAll(std::string& s, T from, T to) {
 // The receiver's address with every copy of its pid (as 32 bits) and process start time (64
 // bits) replaced by the bystander's, sealed again: what an attacker makes of a genuine address.
 std::string NamingBystander(const std::string& address, pid_t receiver, pid_t bystander) {
-  internal::WireTag tag{};
-  std::memcpy(tag.magic, address.data(), 4);
-  std::memcpy(&tag.version, address.data() + 4, 2);
+  const internal::WireTag tag = test::TagOf(address);
   auto e = internal::OpenEnvelope(tag, address, "address");
   EXPECT_TRUE(e.ok());
   std::string payload(e->payload);
