@@ -44,11 +44,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 1: {
-      if (mode & 0x80) blob = SealLike(ucx::EncodeKey(ucx::MemfdDescriptor{}, &one, 1), blob);
+      if (mode & 0x80) blob = SealLike(ucx::EncodeKey(&one, 1), blob);
       auto k = ucx::DecodeKey(blob, "fuzz key");
       if (!k.ok()) break;
       if (k->rkey.empty()) Fail("empty rkey accepted");
-      if (ucx::EncodeKey(k->memfd, k->rkey.data(), k->rkey.size()) != blob)
+      if (ucx::EncodeKey(k->rkey.data(), k->rkey.size()) != blob)
         Fail("key does not encode back to its blob");
       break;
     }
