@@ -5,13 +5,18 @@
 // owns the bystander (a child process) and checks its buffer byte by byte. (Before the fix the
 // prefill copied 64 KiB into it with process_vm_writev.)
 #include <sys/mman.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 #include "tests/transport/process_fixture.h"
@@ -194,6 +199,74 @@ TEST_P(SameHostPeer, GateIsPrivateAndWantsTheToken) {
     EXPECT_EQ(ucx::MapPeerRegion(**ep, 0).status().code(), StatusCode::kNotSupported)
         << "a writer without the token mapped the peer's memory";
   }
+}
+
+// A gate socket at `dir`/gate that nobody listens on (bound, then closed), its time set
+// `age_s` seconds back.
+void DeadGate(const std::string& dir, int age_s) {
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  const std::string path = dir + "/gate";
+  std::strcpy(sa.sun_path, path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  close(fd);
+  timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= age_s;
+  t[1] = t[0];
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), t, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// A gate left behind by a process that died (SIGKILL) is removed by the next transport made
+// in that directory; a young one (perhaps being set up) and a live one stay.
+TEST(SameHostGate, StaleGatesAreRemovedLiveAndYoungOnesKept) {
+  char tmpl[] = "/tmp/kvs-gate-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string base = tmpl;
+  const char* old_tmp = std::getenv("TMPDIR");
+  const std::string saved = old_tmp ? old_tmp : "";
+  setenv("TMPDIR", base.c_str(), 1);
+  {
+    auto live = CreateTransport(test::Options("ucx", "sm,tcp"));
+    ASSERT_TRUE(live.ok()) << live.status().ToString();
+    auto a = ucx::DecodeAddress((*live)->LocalAddress());
+    ASSERT_TRUE(a.ok());
+    const std::string live_gate = a->identity.gate_path;
+    ASSERT_EQ(live_gate.rfind(base, 0), 0u) << live_gate;
+    timespec t[2];
+    clock_gettime(CLOCK_REALTIME, &t[0]);
+    t[0].tv_sec -= 600;
+    t[1] = t[0];
+    ASSERT_EQ(utimensat(AT_FDCWD, live_gate.c_str(), t, AT_SYMLINK_NOFOLLOW), 0);
+    ASSERT_NO_FATAL_FAILURE(DeadGate(base + "/kvstream-ucx-stale1", 600));
+    ASSERT_NO_FATAL_FAILURE(DeadGate(base + "/kvstream-ucx-young1", 5));
+    ASSERT_NO_FATAL_FAILURE(DeadGate(base + "/other-stale", 600));
+
+    auto next = CreateTransport(test::Options("ucx", "sm,tcp"));
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    EXPECT_FALSE(Exists(base + "/kvstream-ucx-stale1")) << "a dead gate was kept";
+    EXPECT_TRUE(Exists(base + "/kvstream-ucx-young1/gate")) << "a young gate was removed";
+    EXPECT_TRUE(Exists(base + "/other-stale/gate")) << "something not a gate was removed";
+    EXPECT_TRUE(Exists(live_gate)) << "a live gate was removed";
+  }
+  if (saved.empty()) {
+    unsetenv("TMPDIR");
+  } else {
+    setenv("TMPDIR", saved.c_str(), 1);
+  }
+  for (const char* d : {"/kvstream-ucx-young1", "/other-stale"}) {
+    unlink((base + d + "/gate").c_str());
+    rmdir((base + d).c_str());
+  }
+  EXPECT_EQ(rmdir(base.c_str()), 0) << "the transports left something behind in " << base;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, SameHostPeer, ::testing::Values("sm,tcp", "sm,tcp+alloc", ""),

@@ -1,5 +1,6 @@
 #include "transport/ucx/ucx_same_host.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "common/log.h"
 #include "transport/core/envelope.h"
@@ -118,6 +120,40 @@ bool SameToken(const uint8_t* a, const uint8_t* b) {
   return diff == 0;
 }
 
+// Gates of processes that died without cleaning up (SIGKILL) leave their directory behind.
+// One is removed when it is ours (uid, mode 0700), its socket is older than a minute (so never
+// one being set up) and nothing listens on it any more (ECONNREFUSED).
+int RemoveStaleGates(const std::string& base) {
+  constexpr int kMaxRemovals = 64;
+  constexpr time_t kMinAgeS = 60;
+  DIR* d = opendir(base.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  const time_t now = time(nullptr);
+  while (dirent* e = readdir(d)) {
+    if (removed == kMaxRemovals) break;
+    if (std::strncmp(e->d_name, "kvstream-ucx-", 13) != 0) continue;
+    const std::string dir = base + "/" + e->d_name, sock = dir + "/gate";
+    struct stat ds {}, ss {};
+    if (lstat(dir.c_str(), &ds) != 0 || !S_ISDIR(ds.st_mode) || ds.st_uid != geteuid() ||
+        (ds.st_mode & 07777) != 0700 || lstat(sock.c_str(), &ss) != 0 || !S_ISSOCK(ss.st_mode) ||
+        now - ss.st_mtime < kMinAgeS || sock.size() >= sizeof(sockaddr_un::sun_path)) {
+      continue;
+    }
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, sock.c_str(), sock.size() + 1);
+    const bool dead = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 &&
+                      errno == ECONNREFUSED;
+    close(fd);
+    if (dead && unlink(sock.c_str()) == 0 && rmdir(dir.c_str()) == 0) ++removed;
+  }
+  closedir(d);
+  return removed;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SameHostGate>> SameHostGate::Create() {
@@ -128,7 +164,13 @@ Result<std::unique_ptr<SameHostGate>> SameHostGate::Create() {
   const char* tmp = std::getenv("TMPDIR");
   std::string base = tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp";
   std::string templ = base + "/kvstream-ucx-XXXXXX";
-  if (templ.size() + 6 >= sizeof(sockaddr_un::sun_path)) templ = "/tmp/kvstream-ucx-XXXXXX";
+  if (templ.size() + 6 >= sizeof(sockaddr_un::sun_path)) {
+    base = "/tmp";
+    templ = "/tmp/kvstream-ucx-XXXXXX";
+  }
+  if (int n = RemoveStaleGates(base); n > 0) {
+    KV_LOG_INFO << "ucx same-host gate: removed " << n << " stale gate directories in " << base;
+  }
   if (mkdtemp(templ.data()) == nullptr) return Internal(Errno("ucx same-host gate: mkdtemp"));
   g->dir_ = templ;  // mode 0700 (mkdtemp)
   g->path_ = g->dir_ + "/gate";

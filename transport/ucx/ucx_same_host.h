@@ -39,6 +39,8 @@ using GateToken = std::array<uint8_t, 16>;
 class SameHostGate {
  public:
   // Creates the private directory and socket under $TMPDIR (else /tmp) and starts serving.
+  // Removes first the gate directories there of this uid's processes that died without removing
+  // theirs (socket over a minute old, nothing listening).
   static Result<std::unique_ptr<SameHostGate>> Create();
   ~SameHostGate();  // stops serving, removes the socket and its directory
   SameHostGate(const SameHostGate&) = delete;
