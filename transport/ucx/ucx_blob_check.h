@@ -7,7 +7,8 @@
 // version UCX does not speak, more resources or memory domains than UCX handles, endpoint
 // addresses inside a worker address. A blob that passes is well-formed, not trusted: its
 // content (which interfaces, which keys) is still the peer's word. The worker-address layout is
-// the non-unified one (the worker is created with UNIFIED_MODE=n for this).
+// the non-unified one (the worker is created with UNIFIED_MODE=n for this), of UCX 1.13 (same
+// constants and order up to 1.18): both ends should run the same UCX release.
 #pragma once
 
 #include <string>
