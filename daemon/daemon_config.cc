@@ -49,6 +49,13 @@ const std::vector<Field>& Fields() {
                "a new connection's HTTP/2 (and TLS) setup must finish within this"),
       KV_FIELD(max_open_fds, kInt,
                "accept connections only below this many open descriptors (0 = fd limit - 256)"),
+      KV_FIELD(health_listen, kStr,
+               "plaintext listener serving only grpc.health.v1, host:port (empty = none)"),
+      KV_FIELD(health_port_file, kStr, "write the health listener's port here once serving"),
+      KV_FIELD(drain_delay_ms, kI64,
+               "SIGTERM: NOT_SERVING at once, keep admitting this long, then refuse new requests"),
+      KV_FIELD(drain_grace_ms, kI64,
+               "SIGTERM: then let requests in flight finish this long before cancelling them"),
       KV_FIELD(transport, kStr,
                "data plane: ucx | ucx_staged | cuda_ipc (GPU pools: ucx = direct or staged)"),
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
@@ -172,6 +179,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.connection_setup_timeout_ms <= 0 || c.connection_setup_timeout_ms > INT32_MAX)
     return InvalidArgument("connection_setup_timeout_ms must be in (0, 2^31)");
   if (c.max_open_fds < 0) return InvalidArgument("max_open_fds must be >= 0");
+  if (c.drain_delay_ms < 0) return InvalidArgument("drain_delay_ms must be >= 0");
+  if (c.drain_grace_ms < 0) return InvalidArgument("drain_grace_ms must be >= 0");
   if (role == "decode" && c.peer.empty()) return InvalidArgument("decode needs --peer (the prefill address)");
   if (role == "decode") {
     for (const std::string& p : SplitPeers(c.peer)) {

@@ -44,6 +44,14 @@ struct DaemonConfig {
   // Connections are accepted only while the daemon has fewer descriptors open than this (the
   // rest are closed at once); 0 = the descriptor limit (raised to its hard limit) less 256.
   int max_open_fds = 0;
+  // A plaintext listener serving only grpc.health.v1 (daemon/health.h), for probes that cannot
+  // present credentials; empty = none. Its port goes to health_port_file.
+  std::string health_listen;
+  std::string health_port_file;
+  // SIGTERM: readiness NOT_SERVING at once, new requests still admitted for drain_delay_ms, then
+  // refused; requests in flight get drain_grace_ms to finish before they are cancelled.
+  int64_t drain_delay_ms = 3000;
+  int64_t drain_grace_ms = 25000;
   // ucx | ucx_staged | cuda_ipc. With GPU pools (backend cuda) "ucx" means the UCX path this
   // host's UCX supports: UCX direct on CUDA memory where UCX reports it, else ucx_staged.
   std::string transport = "ucx";

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "common/log.h"
@@ -243,6 +244,10 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
   int bound = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
   for (grpc::Service* s : services) builder.RegisterService(s);
+  // No service of its own (the health-only listener): gRPC needs one to poll for calls; the
+  // generic one answers every call but health's with UNIMPLEMENTED.
+  static grpc::CallbackGenericService unimplemented;
+  if (services.empty()) builder.RegisterCallbackGenericService(&unimplemented);
   // Many concurrent streaming calls each hold a handler thread.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
   // Peers notice a lost daemon through sub-second keepalive pings (docs/daemons.md, faults):

@@ -70,7 +70,7 @@ Result<std::string> ResolveListenAddress(const std::string& listen);
 // Builds and starts a server with the standard gRPC health service enabled, listening on
 // ResolveListenAddress(listen) only, without SO_REUSEPORT: a port another socket holds is
 // refused (kUnavailable naming the address and the bind error). *port gets the bound port (the
-// listen address may ask for port 0).
+// listen address may ask for port 0). With no `services` the server serves health alone.
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
                                                       const std::vector<grpc::Service*>& services,
                                                       int* port,

@@ -70,24 +70,46 @@ DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBacke
                    "first step even with the prefill on this GPU";
   }
   scheduler_ = std::thread([this] { SchedulerLoop(); });
-  if (connectors_.size() > 1) {
-    prober_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!stopping_) {
-        cv_.wait_for(lock, std::chrono::seconds(1), [this] { return stopping_; });
-        if (stopping_) break;
-        lock.unlock();
-        for (connector::DecodeConnector* c : connectors_) {
-          if (c->peer_ready()) continue;
-          Status s = c->Handshake(DeadlineAfterMs(std::min<int64_t>(config_.handshake_timeout_ms, 1000)));
-          if (s.ok()) {
-            KV_LOG_INFO << "prefill back: handshake done, taking loads again";
-          }
+  prober_ = std::thread([this] { ProbeLoop(); });
+}
+
+bool DecodeServer::Ready() const {
+  if (config_.on_load_failure == "recompute") return true;  // can serve without a prefill
+  for (connector::DecodeConnector* c : connectors_)
+    if (c->peer_ready()) return true;
+  return false;
+}
+
+void DecodeServer::ProbeLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  Deadline next_probe = Clock::now() + std::chrono::seconds(1);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    if (Clock::now() >= next_probe) {
+      next_probe = Clock::now() + std::chrono::seconds(1);
+      for (connector::DecodeConnector* c : connectors_) {
+        if (c->peer_ready()) continue;
+        Status s = c->Handshake(DeadlineAfterMs(std::min<int64_t>(config_.handshake_timeout_ms, 1000)));
+        if (s.ok()) {
+          KV_LOG_INFO << "prefill back: handshake done, taking loads again";
         }
-        lock.lock();
       }
-    });
+    }
+    if (daemon::Health* h = health_.load()) h->SetReady(Ready());
+    lock.lock();
   }
+}
+
+void DecodeServer::SetHealth(daemon::Health* health) {
+  health->SetReady(Ready());
+  health_ = health;
+}
+
+void DecodeServer::StopAdmitting() {
+  admitting_ = false;
+  admission_.Close("decode daemon draining: not admitting new requests");
 }
 
 bool DecodeServer::FirstStepAfterLoad(const Request& r) const {
@@ -129,12 +151,18 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
   r->max_tokens = req->max_tokens();
   r->stop.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   ++total_;
+  struct Counted {
+    std::atomic<int>& n;
+    explicit Counted(std::atomic<int>& c) : n(c) { ++n; }
+    ~Counted() { --n; }
+  } counted(handlers_);
 
   auto reject = [&](Status s) {
     ++failed_;
     KV_LOG_WARN << "[req " << r->id << "] rejected: " << s.ToString();
     return ToGrpc(s);
   };
+  if (!admitting_) return reject(Unavailable("decode daemon draining: not admitting new requests"));
   const int n = static_cast<int>(r->prompt.size());
   const GenerateLimits limits{backend_->config().vocab_size, backend_->config().max_position,
                               pool_->layout().block_size, pool_->num_blocks()};

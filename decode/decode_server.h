@@ -20,7 +20,7 @@
 //    lost is skipped until a handshake with it succeeds again; with none valid, round robin).
 //    A prober thread retries the handshake with every prefill that is not ready, once a second
 //    (each attempt bounded by min(handshake_timeout_ms, 1 s)), so a prefill that comes back or
-//    starts late takes traffic again.
+//    starts late takes traffic again; it also keeps the readiness (SetHealth) up to date.
 #pragma once
 
 #include <atomic>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "daemon/daemon_config.h"
+#include "daemon/health.h"
 #include "connector/decode_connector.h"
 #include "decode/admission.h"
 #include "decode/join_budget.h"
@@ -53,6 +54,14 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
                      kvstream::v1::StatsResponse* resp) override;
 
+  // Readiness from now on goes to `health` (SetReady): SERVING while some prefill is usable
+  // (its handshake valid; the prober retries the others once a second) or on_load_failure is
+  // recompute. `health` must outlive the server.
+  void SetHealth(daemon::Health* health);
+  // Drain: new requests (and those waiting for KV blocks) get kUnavailable; those in flight go on.
+  void StopAdmitting();
+  // Generate calls not yet returned.
+  int in_flight() const { return handlers_.load(); }
   // Refuses new requests and ends every request in flight with kUnavailable.
   void BeginShutdown();
   // Joins the scheduler (after BeginShutdown and the gRPC server's shutdown).
@@ -61,6 +70,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
  private:
   struct Request;
   void SchedulerLoop();
+  void ProbeLoop();
+  bool Ready() const;
   void FirstStep(const std::shared_ptr<Request>& r);
   // One token for every request of `batch`, plus the first token of every request of `joining`
   // (their prompts' KV has landed: the first step is one more sequence of the batch).
@@ -104,7 +115,10 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   std::deque<std::shared_ptr<Request>> pending_;  // admitted, not yet seen by the scheduler
   std::set<uint64_t> active_ids_;
   std::thread scheduler_;
-  std::thread prober_;  // only with several prefills
+  std::thread prober_;
+  std::atomic<daemon::Health*> health_{nullptr};
+  std::atomic<bool> admitting_{true};
+  std::atomic<int> handlers_{0};
   // Scheduler-thread state.
   std::deque<std::shared_ptr<Request>> waiting_;   // first step not done
   std::vector<std::shared_ptr<Request>> running_;  // decoding

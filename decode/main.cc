@@ -3,6 +3,7 @@
 
 #include "common/log.h"
 #include "daemon/daemon_runtime.h"
+#include "daemon/health.h"
 #include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
@@ -49,11 +50,14 @@ int main(int argc, char** argv) {
   std::vector<connector::DecodeConnector*> raw;
   for (auto& c : conns) raw.push_back(c.get());
 
+  daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   int port = 0;
   auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
                                              daemon::ServerLimitsFromConfig(*cfg));
   if (!server.ok()) return Fail(server.status());
+  if (Status s = daemon::StartHealth(*cfg, server->get(), &health); !s.ok()) return Fail(s);
+  service.SetHealth(&health);
   if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-decode " << conns.front()->instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
@@ -62,8 +66,13 @@ int main(int argc, char** argv) {
               << cfg->peer << ", pipelining " << (cfg->pipelining ? "on" : "off") << ")";
 
   int sig = daemon::WaitForTerminationSignal();
-  KV_LOG_INFO << "signal " << sig << ": shutting down";
+  KV_LOG_INFO << "signal " << sig << ": draining";
+  daemon::Drain("decode", &health, {cfg->drain_delay_ms, cfg->drain_grace_ms,
+                                  [&] { service.StopAdmitting(); },
+                                  [&] { return service.in_flight(); }});
+  KV_LOG_INFO << "shutting down";
   service.BeginShutdown();
+  health.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();
   service.Stop();

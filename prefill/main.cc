@@ -3,6 +3,7 @@
 
 #include "common/log.h"
 #include "daemon/daemon_runtime.h"
+#include "daemon/health.h"
 #include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "prefill/prefill_server.h"
@@ -28,11 +29,14 @@ int main(int argc, char** argv) {
       connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));
   if (!conn.ok()) return Fail(conn.status().WithContext("creating the connector"));
 
+  daemon::Health health("kvstream.v1.Prefill");
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
   int port = 0;
   auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
                                              daemon::ServerLimitsFromConfig(*cfg));
   if (!server.ok()) return Fail(server.status());
+  if (Status s = daemon::StartHealth(*cfg, server->get(), &health); !s.ok()) return Fail(s);
+  health.SetReady(true);
   if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-prefill " << service.instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
@@ -41,8 +45,13 @@ int main(int argc, char** argv) {
               << (*conn)->transport().name() << ")";
 
   int sig = daemon::WaitForTerminationSignal();
-  KV_LOG_INFO << "signal " << sig << ": shutting down";
+  KV_LOG_INFO << "signal " << sig << ": draining";
+  daemon::Drain("prefill", &health, {cfg->drain_delay_ms, cfg->drain_grace_ms,
+                                   [&] { service.StopAdmitting(); },
+                                   [&] { return service.in_flight(); }});
+  KV_LOG_INFO << "shutting down";
   service.BeginShutdown();
+  health.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();
   conn->reset();

@@ -164,6 +164,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
                                  grpc::ServerWriter<v1::PrefillProgress>* writer) {
   const uint64_t id = req.request_id();
   if (stopping_) return Unavailable("prefill daemon shutting down");
+  if (!admitting_) return Unavailable("prefill daemon draining: not taking new prefills");
   const Deadline deadline =
       connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
   KV_RETURN_IF_ERROR(

@@ -38,6 +38,10 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
                      kvstream::v1::StatsResponse* resp) override;
 
+  // Drain: new Prefill calls are refused with kUnavailable; running ones go on.
+  void StopAdmitting() { admitting_ = false; }
+  // Prefill calls not yet returned.
+  int in_flight() const { return in_flight_.load(); }
   // New Prefill calls are refused; running ones are cancelled (their writes quiesced).
   void BeginShutdown();
   const std::string& instance_id() const { return instance_id_; }
@@ -55,6 +59,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   PromptCache cache_;
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> admitting_{true};
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0};
 };

@@ -82,7 +82,8 @@ TEST_F(DisaggTest, PrefillKilledMidRequestFailsClearlyThenDecodeRecovers) {
 TEST_F(DisaggTest, PrefillStoppedMidRequestIsRecomputedWhenConfigured) {
   DaemonPair pair;
   pair.common = kTiny;
-  pair.prefill = {"--fault_layer_delay_ms=400"};
+  // No drain grace: the SIGTERM cancels the prefill's request (a drain would finish it).
+  pair.prefill = {"--fault_layer_delay_ms=400", "--drain_grace_ms=0"};
   pair.decode = {"--on_load_failure=recompute"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   auto prompt = MakePrompt(50, 512, 4);
@@ -105,6 +106,8 @@ TEST_F(DisaggTest, DecodeSigtermEndsRequestsInFlightAndFreesEveryBlock) {
   pair.common = kTiny;
   pair.common.push_back("--pool_blocks=64");
   pair.prefill = {"--fault_layer_delay_ms=300"};
+  // No drain grace: what is in flight at the SIGTERM is cancelled (daemons_drain_test: with it).
+  pair.decode = {"--drain_grace_ms=0"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   std::vector<std::future<GenerateResult>> futs;
   for (int i = 0; i < 4; ++i)

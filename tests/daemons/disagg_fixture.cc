@@ -37,7 +37,9 @@ std::string RunCapture(const std::string& cmd, int* rc, bool with_stderr) {
 std::vector<std::string> DefaultDaemonFlags() {
   const char* tls = std::getenv("KVSTREAM_TEST_UCX_TLS");
   std::vector<std::string> flags = {"--ucx_tls=" + std::string(tls ? tls : "tcp"), "--threads=1",
-                                    "--quarantine_ms=300", "--cancel_timeout_ms=2000"};
+                                    "--quarantine_ms=300", "--cancel_timeout_ms=2000",
+                                    // nothing routes around a test's daemons: no drain delay
+                                    "--drain_delay_ms=0"};
   // Pinned to loopback: unpinned, UCX puts every interface of the host into the address, and
   // its TCP lanes may run over one that another test made (daemons_netns_test's veth, also
   // from another checkout's ctest on the same host). When that test deletes it, the segments

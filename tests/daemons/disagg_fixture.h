@@ -29,7 +29,7 @@ std::string DecodeBin();
 
 // Flags every test daemon gets: UCX over TCP (KVSTREAM_TEST_UCX_TLS overrides) on the loopback
 // device only (KVSTREAM_TEST_UCX_NET_DEVICES overrides; empty = every device UCX finds), one
-// compute thread each (two daemons share CI's two cores).
+// compute thread each (two daemons share CI's two cores), no drain delay after SIGTERM.
 std::vector<std::string> DefaultDaemonFlags();
 
 // Runs `cmd` through the shell and returns its standard output (and its standard error too when
