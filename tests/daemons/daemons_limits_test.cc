@@ -114,6 +114,28 @@ TEST(DaemonLimits, BusyPortIsRefusedAtStart) {
   EXPECT_TRUE(first.Running());
 }
 
+TEST(DaemonLimits, IdleConnectionsAreClosed) {
+  TempDir dir;
+  DaemonProcess prefill("prefill", PrefillBin(), Flags({"--max_connection_idle_ms=300"}),
+                        dir.path());
+  ASSERT_TRUE(prefill.Start(DeadlineAfterMs(60000)).ok()) << prefill.Log();
+  auto channel = grpc::CreateChannel(prefill.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Prefill::NewStub(channel);
+  ASSERT_TRUE(CallStats(*stub).ok());
+  EXPECT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+  // No call for a while: the daemon closes the connection (GOAWAY), the channel goes idle.
+  const auto idle_from = Clock::now();
+  bool closed = false;
+  for (auto d = DeadlineAfterMs(10000); Clock::now() < d && !closed;) {
+    closed = channel->GetState(false) == GRPC_CHANNEL_IDLE;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(closed) << "state " << channel->GetState(false);
+  // gRPC 1.51 closes an idle connection after max(max_connection_idle_ms, ~5 s).
+  EXPECT_LT(SecondsSince(idle_from), 8.0);
+  EXPECT_TRUE(CallStats(*stub).ok());  // and a client simply connects again
+}
+
 TEST_F(DisaggTest, ConnectionFloodThenServesWithinSeconds) {
   DaemonPair pair;
   pair.common = kTiny;
