@@ -165,6 +165,34 @@ TEST_F(DisaggTest, ConnectionFloodThenServesWithinSeconds) {
   EXPECT_TRUE(decode_->Running());
 }
 
+TEST_F(DisaggTest, ConcurrentCallsPerConnectionAreBounded) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.prefill = {"--fault_layer_delay_ms=1000"};
+  pair.decode = {"--max_concurrent_streams=1"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  // One stream in flight on stub_'s connection: a second call on it waits for a stream slot.
+  auto stream = std::async(std::launch::async, [&] {
+    return CallGenerate(*stub_, MakePrompt(20, 512, 3), 2, v1::LOAD_MODE_PIPELINED, 20000);
+  });
+  // A connection of its own (channels to one address otherwise share theirs).
+  grpc::ChannelArguments own;
+  own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto other = v1::Decode::NewStub(
+      grpc::CreateCustomChannel(decode_address(), grpc::InsecureChannelCredentials(), own));
+  for (auto d = DeadlineAfterMs(10000); Clock::now() < d;) {
+    auto st = CallStats(*other, 1000);
+    if (st.ok() && st->requests_in_flight() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto blocked = CallStats(*stub_, 500);
+  EXPECT_FALSE(blocked.ok()) << "a second call ran beside the stream on one connection";
+  EXPECT_TRUE(CallStats(*other, 500).ok());  // another connection is not held up
+  GenerateResult r = stream.get();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_TRUE(CallStats(*stub_, 2000).ok());
+}
+
 TEST_F(DisaggTest, ImpossibleMaxTokensIsInvalidArgumentAtOnce) {
   DaemonPair pair;
   pair.common = kTiny;
