@@ -201,6 +201,15 @@ Status WaitForAllBlocksFree(const std::string& address, bool decode, Deadline de
   return Timeout(std::string(decode ? "decode" : "prefill") + " pool not fully free: " + last);
 }
 
+int BlocksNotFree(const std::string& address, bool decode, Deadline deadline) {
+  if (WaitForAllBlocksFree(address, decode, deadline).ok()) return 0;
+  auto dstub = DecodeStub(address);
+  auto pstub = PrefillStub(address);
+  auto st = decode ? CallStats(*dstub) : CallStats(*pstub);
+  if (!st.ok()) return -1;
+  return st->pool().num_blocks() - st->pool().free_blocks();
+}
+
 std::vector<int32_t> MakePrompt(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<int32_t> p(n);

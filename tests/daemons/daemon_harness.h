@@ -90,6 +90,9 @@ std::unique_ptr<kvstream::v1::Prefill::Stub> PrefillStub(const std::string& addr
 
 // Polls Stats until every block of the pool is free (and nothing is in flight).
 Status WaitForAllBlocksFree(const std::string& address, bool decode, Deadline deadline);
+// WaitForAllBlocksFree, then the pool's blocks still not free (0 when all came back; -1 when
+// the daemon did not answer Stats).
+int BlocksNotFree(const std::string& address, bool decode, Deadline deadline);
 
 // Deterministic prompt of n token ids in [0, vocab).
 std::vector<int32_t> MakePrompt(int n, int vocab, uint64_t seed);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/fault_record.h"
 
 namespace kvstream::testing {
 namespace {
@@ -127,7 +128,17 @@ TEST_F(DrainTest, HealthPerServiceOnTheHealthListenerFollowsThePrefill) {
   // It comes back: ready again once the prober's handshake succeeds.
   pair_.prefill = {};
   ASSERT_NO_FATAL_FAILURE(StartPrefill());
-  EXPECT_TRUE(WaitHealth(dh, "kvstream.v1.Decode", kServing, 5000));
+  const bool back = WaitHealth(dh, "kvstream.v1.Decode", kServing, 5000);
+  EXPECT_TRUE(back);
+  FaultOutcome o;
+  o.requests = 1;
+  o.lost = 0;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = decode_->Running() ? 0 : 1;
+  o.outcome = std::string("decode readiness NOT_SERVING while the prefill was gone, liveness "
+                          "SERVING; ") + (back ? "SERVING again" : "not SERVING") +
+              " once the prefill came back";
+  RecordFault("health.prefill_lost", "the decode's only prefill SIGKILLed (on_load_failure=fail)", o);
 }
 
 TEST_F(DrainTest, SigtermLetsTheStreamInFlightFinishAndRefusesNewRequestsAfterTheDelay) {
@@ -160,8 +171,18 @@ TEST_F(DrainTest, SigtermLetsTheStreamInFlightFinishAndRefusesNewRequestsAfterTh
   GenerateResult r = stream.get();
   ASSERT_TRUE(r.status.ok()) << r.status.error_message() << "\n" << decode_->Log();
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 400));
-  EXPECT_EQ(decode_->Wait(DeadlineAfterMs(10000)), 0) << decode_->Log();
+  const int rc = decode_->Wait(DeadlineAfterMs(10000));
+  EXPECT_EQ(rc, 0) << decode_->Log();
   EXPECT_NE(decode_->Log().find("drained: nothing in flight"), std::string::npos);
+  FaultOutcome o;
+  o.requests = 3;
+  o.lost = (r.status.ok() ? 0 : 1) + (early.status.ok() ? 0 : 1) +
+           (late.status.error_code() == grpc::StatusCode::UNAVAILABLE ? 0 : 1);
+  o.wrong_tokens = r.tokens == Colocated(kTiny, prompt, 400) ? 0 : 1;
+  o.aborts = rc == 0 ? 0 : 1;
+  o.outcome = "readiness NOT_SERVING at once; a request within drain_delay_ms served, one after "
+              "it UNAVAILABLE; the 400-token stream in flight completed; exit 0";
+  RecordFault("drain.decode_sigterm_long_stream", "decode SIGTERMed with a 400-token stream in flight", o);
 }
 
 TEST_F(DrainTest, PrefillDrainFinishesItsWritesThenStops) {
@@ -185,8 +206,18 @@ TEST_F(DrainTest, PrefillDrainFinishesItsWritesThenStops) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 8));
   EXPECT_TRUE(r.messages.front().load().loaded_remotely());
-  EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(10000)), 0) << prefill_->Log();
+  const int rc = prefill_->Wait(DeadlineAfterMs(10000));
+  EXPECT_EQ(rc, 0) << prefill_->Log();
   EXPECT_NE(prefill_->Log().find("blocks free"), std::string::npos);
+  FaultOutcome o;
+  o.requests = 1;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.wrong_tokens = r.tokens == Colocated(kTiny, prompt, 8) ? 0 : 1;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = rc == 0 && decode_->Running() ? 0 : 1;
+  o.outcome = "the prefill finished the load it was computing (loaded remotely, right tokens), "
+              "then exited 0";
+  RecordFault("drain.prefill_sigterm_mid_load", "prefill SIGTERMed while it computes a load", o);
 }
 
 TEST_F(DrainTest, SecondSigtermStopsAtOnce) {
@@ -205,8 +236,19 @@ TEST_F(DrainTest, SecondSigtermStopsAtOnce) {
   decode_->Signal(SIGTERM);
   EXPECT_EQ(decode_->Wait(DeadlineAfterMs(8000)), 0) << decode_->Log();
   EXPECT_LT(SecondsSince(t0), 5.0);  // the cancellation's bound (cancel_timeout_ms), not the grace
+  const double stopped_in = SecondsSince(t0);
   GenerateResult r = stream.get();
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  FaultOutcome o;
+  o.tries = 2;
+  o.requests = 1;
+  o.lost = r.status.error_code() == grpc::StatusCode::UNAVAILABLE ? 0 : 1;
+  o.aborts = 0;
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "the first SIGTERM drained, the second stopped the decode in "
+                "%.2f s (exit 0), the stream ended UNAVAILABLE", stopped_in);
+  o.outcome = buf;
+  RecordFault("drain.second_sigterm", "a second SIGTERM during a drain with 25 s of grace", o);
 }
 
 }  // namespace

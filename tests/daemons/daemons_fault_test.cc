@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/fault_record.h"
 
 namespace kvstream::testing {
 namespace {
@@ -77,6 +78,15 @@ TEST_F(DisaggTest, PrefillKilledMidRequestFailsClearlyThenDecodeRecovers) {
   auto stats = CallStats(*stub_);
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->counters().handshakes(), 2u);
+  FaultOutcome o;
+  o.requests = 2;
+  o.lost = (r.status.ok() || r.status.error_message().empty()) ? 1 : 0;
+  o.wrong_tokens = ok.tokens == Colocated(kTiny, prompt, 4) ? 0 : 1;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = decode_->Running() ? 0 : 1;
+  o.outcome = "the request in flight failed in " + std::to_string(elapsed).substr(0, 4) +
+              " s (\"did not land\"), its blocks came back; the restarted prefill served the next";
+  RecordFault("prefill.sigkill_mid_request", "prefill SIGKILLed while it computes a request", o);
 }
 
 TEST_F(DisaggTest, PrefillStoppedMidRequestIsRecomputedWhenConfigured) {
@@ -99,6 +109,15 @@ TEST_F(DisaggTest, PrefillStoppedMidRequestIsRecomputedWhenConfigured) {
   EXPECT_NE(prefill_->Log().find("blocks free"), std::string::npos);
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
+  FaultOutcome o;
+  o.requests = 1;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.wrong_tokens = r.status.ok() && r.tokens == Colocated(kTiny, prompt, 5) ? 0 : 1;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = decode_->Running() ? 0 : 1;
+  o.outcome = "on_load_failure=recompute: the decode computed the prompt itself, right tokens";
+  RecordFault("prefill.sigterm_mid_request_recompute",
+              "prefill stopped (SIGTERM, no grace) while it computes a request", o);
 }
 
 TEST_F(DisaggTest, DecodeSigtermEndsRequestsInFlightAndFreesEveryBlock) {
@@ -116,10 +135,12 @@ TEST_F(DisaggTest, DecodeSigtermEndsRequestsInFlightAndFreesEveryBlock) {
   ASSERT_NO_FATAL_FAILURE(WaitForPrefillBusy(prefill_address()));
   ASSERT_NO_FATAL_FAILURE(WaitForDecodeInFlight(decode_address(), 4));
   decode_->Signal(SIGTERM);
+  int unclear = 0;
   for (auto& f : futs) {
     GenerateResult r = f.get();
     EXPECT_FALSE(r.status.ok());
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+    if (r.status.error_code() != grpc::StatusCode::UNAVAILABLE) ++unclear;
   }
   EXPECT_EQ(decode_->Wait(DeadlineAfterMs(15000)), 0) << decode_->Log();
   std::string log = decode_->Log();
@@ -127,6 +148,15 @@ TEST_F(DisaggTest, DecodeSigtermEndsRequestsInFlightAndFreesEveryBlock) {
   // The prefill was told to stop (or finished); its pool is whole again.
   Status freed = WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(10000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
+  FaultOutcome o;
+  o.requests = 4;
+  o.lost = unclear;
+  o.blocks_leaked = (log.find("stopped; 64/64 blocks free") == std::string::npos ? 1 : 0) +
+                    BlocksNotFree(prefill_address(), false, DeadlineAfterMs(5000));
+  o.aborts = 0;
+  o.outcome = "no drain grace: every request in flight ended UNAVAILABLE, the decode exited 0 "
+              "with 64/64 blocks free, the prefill's pool whole";
+  RecordFault("decode.sigterm_in_flight", "decode SIGTERMed (drain_grace_ms=0) with 4 requests in flight", o);
 }
 
 TEST_F(DisaggTest, ClientCancelAndDeadlineFreeBlocks) {
@@ -146,6 +176,14 @@ TEST_F(DisaggTest, ClientCancelAndDeadlineFreeBlocks) {
   r = CallGenerate(*stub_, prompt, 4, v1::LOAD_MODE_PIPELINED, 20000);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 4));
+  FaultOutcome o;
+  o.requests = 2;
+  o.lost = 0;
+  o.wrong_tokens = r.tokens == Colocated(kTiny, prompt, 4) ? 0 : 1;
+  o.blocks_leaked = (d.ok() ? 0 : 1) + (p.ok() ? 0 : 1);
+  o.aborts = decode_->Running() && prefill_->Running() ? 0 : 1;
+  o.outcome = "DEADLINE_EXCEEDED; both pools whole again; the next request served right";
+  RecordFault("client.deadline_during_load", "client deadline (250 ms) shorter than the prefill", o);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/fault_record.h"
 
 namespace kvstream::testing {
 namespace {
@@ -91,9 +92,14 @@ TEST(DaemonLimits, HostNameListensOnOneAddressOnly) {
   DaemonProcess prefill("prefill", PrefillBin(),
                         Flags({"--listen=localhost:0", "--ucx_tls=sm,self"}), dir.path());
   ASSERT_TRUE(prefill.Start(DeadlineAfterMs(60000)).ok()) << prefill.Log();
-  EXPECT_EQ(ListeningSockets(prefill.pid()), 1) << prefill.Log();
+  const int listening = ListeningSockets(prefill.pid());
+  EXPECT_EQ(listening, 1) << prefill.Log();
   auto stats = CallStats(*PrefillStub(prefill.address()));
   EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  FaultOutcome o;
+  o.aborts = prefill.Running() ? 0 : 1;
+  o.outcome = std::to_string(listening) + " listening socket (gRPC alone opened 2)";
+  RecordFault("limits.one_listener", "--listen localhost:0 (a host name and port 0)", o);
 }
 
 TEST(DaemonLimits, BusyPortIsRefusedAtStart) {
@@ -112,6 +118,11 @@ TEST(DaemonLimits, BusyPortIsRefusedAtStart) {
       << log;
   EXPECT_NE(log.find("Address already in use"), std::string::npos) << log;
   EXPECT_TRUE(first.Running());
+  FaultOutcome o;
+  o.aborts = first.Running() ? 0 : 1;
+  o.outcome = "the second daemon exited " + std::to_string(rc) +
+              " with 'Address already in use'; the first kept its port";
+  RecordFault("limits.busy_port", "a second prefill started on the port a first one serves", o);
 }
 
 TEST(DaemonLimits, IdleConnectionsAreClosed) {
@@ -160,9 +171,23 @@ TEST_F(DisaggTest, ConnectionFloodThenServesWithinSeconds) {
   GenerateResult r = CallGenerate(*DecodeStub(decode_address()), prompt, 4,
                                   v1::LOAD_MODE_PIPELINED, 5000);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message() << "\n" << decode_->Log();
-  EXPECT_LT(SecondsSince(start), 5.0);
+  const double served_after = SecondsSince(start);
+  EXPECT_LT(served_after, 5.0);
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 4));
   EXPECT_TRUE(decode_->Running());
+  FaultOutcome o;
+  o.tries = 3000;
+  o.requests = 1;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.wrong_tokens = r.tokens == Colocated(kTiny, prompt, 4) ? 0 : 1;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = decode_->Running() ? 0 : 1;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "after the flood closed, the next request was served in %.2f s",
+                served_after);
+  o.outcome = buf;
+  RecordFault("limits.connection_flood",
+              "3000 idle TCP connections to a decode limited to 1024 descriptors, then closed", o);
 }
 
 TEST_F(DisaggTest, ConcurrentCallsPerConnectionAreBounded) {
@@ -203,9 +228,19 @@ TEST_F(DisaggTest, ImpossibleMaxTokensIsInvalidArgumentAtOnce) {
   EXPECT_NE(r.status.error_message().find("max_position"), std::string::npos)
       << r.status.error_message();
   EXPECT_LT(r.total_s, 1.0);
+  const double refused_in = r.total_s;
   // The daemon still serves.
   r = CallGenerate(*stub_, MakePrompt(10, 512, 1), 2, v1::LOAD_MODE_PIPELINED, 20000);
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  FaultOutcome o;
+  o.requests = 2;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = decode_->Running() ? 0 : 1;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "INVALID_ARGUMENT in %.3f s; the next request served", refused_in);
+  o.outcome = buf;
+  RecordFault("limits.max_tokens_overflow", "Generate with max_tokens = 2^31-1", o);
 }
 
 TEST_F(DisaggTest, NewlineInRequestTagCannotForgeALogRecord) {
@@ -219,6 +254,14 @@ TEST_F(DisaggTest, NewlineInRequestTagCannotForgeALogRecord) {
   const std::string log = decode_->Log();
   EXPECT_EQ(log.find("\n" + forged), std::string::npos) << log;
   EXPECT_NE(log.find("tag tag-a\\n" + forged), std::string::npos) << log;
+  FaultOutcome o;
+  o.requests = 1;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.aborts = decode_->Running() ? 0 : 1;
+  o.outcome = log.find("\n" + forged) == std::string::npos
+                  ? "the newline logged escaped (\\n): no forged record"
+                  : "a forged record appeared in the log";
+  RecordFault("limits.newline_in_request_tag", "a newline and a fake log record in client_request_tag", o);
 }
 
 TEST_F(DisaggTest, AdmissionIsFirstComeFirstServed) {
@@ -258,12 +301,22 @@ TEST_F(DisaggTest, AdmissionIsFirstComeFirstServed) {
   ASSERT_TRUE(ra.status.ok()) << ra.status.error_message();
   ASSERT_TRUE(rl.status.ok()) << rl.status.error_message();
   const int64_t large_last = rl.messages.back().server_time_us();
+  int overtook = 0;
   for (auto& f : small) {
     GenerateResult rs = f.get();
     ASSERT_TRUE(rs.status.ok()) << rs.status.error_message();
     EXPECT_GT(rs.messages.front().server_time_us(), large_last)
         << "a small request that arrived after the large one took blocks before it";
+    if (rs.messages.front().server_time_us() <= large_last) ++overtook;
   }
+  FaultOutcome o;
+  o.requests = 5;
+  o.lost = 0;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = decode_->Running() ? 0 : 1;
+  o.outcome = std::to_string(overtook) + " of 3 later small requests overtook the queued large one";
+  RecordFault("limits.fifo_admission",
+              "a large prompt queued for KV blocks, then small ones that would fit at once", o);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/fault_record.h"
 
 namespace kvstream::testing {
 namespace {
@@ -94,6 +95,18 @@ TEST_F(SecurityTest, ForeignPrefillWithoutTheSessionSecretIsRefused) {
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.tokens, want);
   EXPECT_EQ(prefill_->Log().find(wrong), std::string::npos);
+  FaultOutcome o;
+  o.tries = 16;  // 6 Prefill calls without the secret, 6 with a wrong one, 4 Cancel calls
+  o.requests = 2;
+  o.lost = 0;
+  o.wrong_tokens = (r.tokens == want ? 0 : 1) + (again.tokens == want ? 0 : 1);
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = prefill_->Running() && decode_->Running() ? 0 : 1;
+  o.outcome = "every foreign call PERMISSION_DENIED; the real request decoding beside them got "
+              "colocated tokens; the secret never in the log";
+  RecordFault("control.foreign_prefill_and_cancel",
+              "a foreign client calls Prefill/Cancel with a decode's public instance id and valid "
+              "block ids, without or with a wrong session secret", o);
 }
 
 // Failed before sessions: the second handshake replaced the decode's link, so its KV would go
@@ -150,6 +163,16 @@ TEST_F(SecurityTest, HijackingHandshakeUnderTheDecodeIdIsRefused) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
   EXPECT_TRUE(r.messages.front().load().loaded_remotely());
+  FaultOutcome o;
+  o.tries = 3;
+  o.requests = 1;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.wrong_tokens = r.tokens == Colocated(kTiny, prompt, 6) ? 0 : 1;
+  o.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(5000));
+  o.aborts = prefill_->Running() && decode_->Running() ? 0 : 1;
+  o.outcome = "PERMISSION_DENIED, no handshake counted, the decode's link untouched";
+  RecordFault("control.hijacking_handshake",
+              "a second Handshake under a live decode's id, naming another address and key", o);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "daemon/daemon_runtime.h"
 #include "tests/daemons/disagg_fixture.h"
 #include "tests/transport/ucx_blob_util.h"
+#include "tests/fault_record.h"
 #include "transport/transport.h"
 
 namespace kvstream::testing {
@@ -93,6 +94,15 @@ TEST_F(DisaggTest, BogusTransportBlobsInAHandshakeAreRefusedAndThePrefillKeepsSe
   auto r = CallGenerate(*stub_, MakePrompt(40, 256, 1), 4, v1::LOAD_MODE_PIPELINED, 30000);
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens.size(), 4u);
+  FaultOutcome o;
+  o.tries = static_cast<int>(cases.size());
+  o.requests = 1;
+  o.lost = r.status.ok() ? 0 : 1;
+  o.aborts = prefill_->Running() ? 0 : 1;
+  o.outcome = "INVALID_ARGUMENT naming the field each time; the prefill kept serving";
+  RecordFault("data.bogus_ucx_blobs_in_handshake",
+              "handshakes whose UCX address or memory key has a valid envelope and a bogus, "
+              "truncated, oversized or garbage payload", o);
 }
 
 }  // namespace

@@ -14,10 +14,14 @@
 
 #include "tests/transport/test_util.h"
 #include "tests/transport/ucx_blob_util.h"
+#include "tests/fault_record.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport {
 namespace {
+
+using kvstream::testing::FaultOutcome;
+using kvstream::testing::RecordFault;
 
 constexpr size_t kBytes = 64 << 10;
 
@@ -109,6 +113,13 @@ TEST(UcxBadInput, MalformedWorkerAddressesAreRefusedNotFatal) {
     ExpectRefused(*p.tx, d, "address", what);
   }
   ExpectStillServing(p, 1);
+  FaultOutcome o;
+  o.tries = static_cast<int>(bad.size());
+  o.aborts = 0;  // an abort would have ended this test process
+  o.outcome = "Connect() refused each with INVALID_ARGUMENT naming the address; a genuine peer "
+              "served afterwards";
+  RecordFault("data.malformed_ucx_address", "malformed UCX worker addresses (wrong version, "
+              "truncated, oversized, all 0xff, garbage) inside a valid envelope", o);
 }
 
 TEST(UcxBadInput, MalformedMemoryKeysAreRefusedNotFatal) {
@@ -133,6 +144,11 @@ TEST(UcxBadInput, MalformedMemoryKeysAreRefusedNotFatal) {
     ExpectRefused(*p.tx, d, "memory key", what);
   }
   ExpectStillServing(p, 2);
+  FaultOutcome o;
+  o.tries = static_cast<int>(bad.size());
+  o.aborts = 0;
+  o.outcome = "refused with INVALID_ARGUMENT naming the memory key; a genuine peer served afterwards";
+  RecordFault("data.malformed_ucx_key", "malformed UCX memory keys inside a valid envelope", o);
 }
 
 TEST(UcxBadInput, RegionsOutsideTheAddressSpaceAreRefused) {
@@ -177,6 +193,13 @@ TEST(UcxBadInput, AlteredBlobsNeverAbort) {
   }
   std::printf("altered blobs: %d of %d refused by Connect, none aborted\n", refused, rounds);
   ExpectStillServing(p, 4);
+  FaultOutcome o;
+  o.tries = rounds;
+  o.aborts = 0;
+  o.outcome = std::to_string(refused) + " of " + std::to_string(rounds) +
+              " refused by Connect(), none aborted; a genuine peer served afterwards";
+  RecordFault("data.altered_ucx_blobs", "1-3 random bytes altered in genuine UCX addresses and keys "
+              "(sealed again, as an attacker would)", o);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 
 #include "tests/transport/process_fixture.h"
 #include "tests/transport/ucx_blob_util.h"
+#include "tests/fault_record.h"
 #include "transport/core/envelope.h"
 #include "transport/core/peer_process.h"
 #include "transport/ucx/ucx_transport.h"
@@ -28,6 +29,9 @@
 
 namespace kvstream::transport {
 namespace {
+
+using kvstream::testing::FaultOutcome;
+using kvstream::testing::RecordFault;
 
 constexpr size_t kBytes = 64 << 10;
 constexpr uint8_t kFill = 0xAB;
@@ -137,7 +141,21 @@ TEST_P(SameHostPeer, HandshakeNamingABystanderWritesNothingIntoIt) {
   } else {
     std::printf("forged handshake refused: %s\n", ep.status().ToString().c_str());
   }
-  EXPECT_EQ(bystander.Changed(), 0u) << "bytes of the bystander's buffer were overwritten";
+  const uint64_t changed = bystander.Changed();
+  EXPECT_EQ(changed, 0u) << "bytes of the bystander's buffer were overwritten";
+  {
+    FaultOutcome o;
+    o.bytes_outside = static_cast<long>(changed);
+    o.aborts = 0;
+    const std::string tls = GetParam().empty() ? "default" : GetParam();
+    o.outcome = "UCX_TLS " + tls + ": " +
+                (ep.ok() ? "connected, but nothing landed in the bystander"
+                         : "Connect() refused the forged handshake");
+    RecordFault("data.forged_peer_pid",
+                "a handshake forged from a genuine same-host address naming a bystander "
+                "process's pid and a buffer in it",
+                o);
+  }
 
   // The genuine receiver is still reached and its layer lands.
   auto good = (*t)->Connect(receiver->descriptor);
