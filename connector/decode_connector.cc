@@ -84,11 +84,18 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  // A prefill that dies or hangs is noticed within keepalive time + timeout, also while no
+  // call is open (the prefill's server permits it: daemon::StartGrpcServer).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_time_ms));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(options.keepalive_timeout_ms));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
+              static_cast<int>(options.keepalive_time_ms));
   c->channel_ = grpc::CreateCustomChannel(options.prefill_address,
                                           grpc::InsecureChannelCredentials(), args);
   c->stub_ = v1::Prefill::NewStub(c->channel_);
+  c->watcher_ = std::thread([self] { self->WatchChannel(); });
   return c;
 }
 
@@ -129,6 +136,7 @@ Status DecodeConnector::Handshake(Deadline deadline) {
     ++stats_.handshakes;
   }
   handshake_epoch_.fetch_add(1);
+  was_ready_.store(true);
   KV_LOG_INFO << "handshake with prefill " << resp.prefill_instance_id() << " at "
               << options_.prefill_address << " done (" << transport_->name()
               << (!resp.device_id().empty() && resp.device_id() == options_.device_id
@@ -145,8 +153,10 @@ std::string DecodeConnector::peer_device_id() const {
 
 Status DecodeConnector::EnsureHandshake(Deadline deadline) {
   if (handshake_epoch_.load() != 0) return OkStatus();
+  const Clock::time_point asked = Clock::now();
   std::lock_guard<std::mutex> lock(handshake_mu_);
   if (handshake_epoch_.load() != 0) return OkStatus();
+  if (was_ready_.load()) return HandshakeAfterLoss(asked, deadline);
   auto backoff = std::chrono::milliseconds(50);
   Status last;
   while (true) {
@@ -167,10 +177,60 @@ Status DecodeConnector::EnsureHandshake(Deadline deadline) {
   }
 }
 
+Status DecodeConnector::HandshakeAfterLoss(Clock::time_point asked, Deadline deadline) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // An attempt ended while this load queued for it: its answer is this load's too.
+    if (lost_attempt_end_ >= asked) return lost_attempt_status_;
+    why = lost_why_;
+  }
+  // Connect now, not when gRPC's reconnect backoff would.
+  grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+  Status s;
+  const Deadline connect_by = std::min(deadline, DeadlineAfterMs(options_.reconnect_wait_ms));
+  if (!channel_->WaitForConnected(ToGrpcDeadline(connect_by))) {
+    s = Unavailable("prefill " + options_.prefill_address + " lost (" + why +
+                    ") and not connectable again within " +
+                    std::to_string(options_.reconnect_wait_ms) + " ms");
+  } else {
+    s = Handshake(std::min(deadline, DeadlineAfterMs(options_.handshake_timeout_ms)));
+    if (s.code() == StatusCode::kTimeout) s = Unavailable(s.message());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_attempt_end_ = Clock::now();
+  lost_attempt_status_ = s;
+  last_handshake_error_ = s;
+  return s;
+}
+
 void DecodeConnector::MarkPeerLost(const std::string& why) {
   // Only a valid handshake is invalidated; the next load handshakes again.
+  if (handshake_epoch_.load() == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lost_why_ = why;  // before the epoch: a load that sees none valid finds the reason
+  }
   if (handshake_epoch_.exchange(0) != 0) {
     KV_LOG_WARN << "prefill peer lost: " << why;
+  }
+}
+
+void DecodeConnector::WatchChannel() {
+  grpc_connectivity_state last = channel_->GetState(false);
+  while (!stop_watching_.load()) {
+    const auto until = std::chrono::system_clock::now() + std::chrono::milliseconds(100);
+    if (!channel_->WaitForStateChange(last, until)) continue;
+    if (last == GRPC_CHANNEL_READY && channel_->GetState(false) != GRPC_CHANNEL_READY) {
+      // Killed, stopped (keepalive), cut, or only closed while idle by the server: the last
+      // connects again at once.
+      const Deadline reconnect_by = DeadlineAfterMs(options_.reconnect_wait_ms);
+      if (!channel_->WaitForConnected(ToGrpcDeadline(reconnect_by)))
+        MarkPeerLost("connection to " + options_.prefill_address +
+                     " closed or unanswered, and not connectable again within " +
+                     std::to_string(options_.reconnect_wait_ms) + " ms");
+    }
+    last = channel_->GetState(false);
   }
 }
 
@@ -477,6 +537,8 @@ void DecodeConnector::ReapLocked() {
 }
 
 void DecodeConnector::Shutdown() {
+  stop_watching_.store(true);
+  if (watcher_.joinable()) watcher_.join();
   std::unique_lock<std::mutex> lock(mu_);
   shutting_down_ = true;
   for (auto& [id, load] : loads_) {

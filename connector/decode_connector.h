@@ -3,7 +3,15 @@
 //   StartLoad(r, tokens, dest_blocks, pipelined, deadline, keepalive)   start_load
 //       Asks the prefill daemon (Prefill RPC, asynchronous) to compute the KV of `tokens` and
 //       write it into `dest_blocks` of the local pool. Returns once the load is posted; the
-//       handshake with the prefill happens first if needed (lazily, retried until the deadline).
+//       handshake with the prefill happens first if needed (lazily; retried until the deadline
+//       while the prefill was never reached, but see "Lost prefill").
+//
+// Lost prefill: the channel to the prefill pings it every keepalive_time_ms; a connection that
+// closes or stops answering (keepalive_timeout_ms) fails the calls on it (which marks the peer
+// lost) and, when it cannot be made again within reconnect_wait_ms, marks the peer lost. While it is lost, a load makes no Prefill call
+// until a handshake succeeds again, and gives the prefill reconnect_wait_ms to be connectable
+// (one attempt at a time; the loads queued behind an attempt share its result); otherwise it
+// fails at once with kUnavailable instead of retrying until its deadline.
 //   WaitForLayer(r, l, deadline)   wait_for_layer: OK once layer l of r is complete in the pool.
 //   WaitForLoad(r, deadline)       every layer landed and the prefill finished; returns its figures.
 //
@@ -56,6 +64,9 @@ struct DecodeConnectorOptions {
   int64_t handshake_timeout_ms = 5000;
   int64_t cancel_timeout_ms = 3000;   // Cancel RPC to confirm a stopped writer
   int64_t quarantine_ms = 2000;       // hold blocks this long after the writer was lost
+  int64_t keepalive_time_ms = 300;    // gRPC keepalive ping interval on the channel to the prefill
+  int64_t keepalive_timeout_ms = 500; // unanswered this long: the connection is lost
+  int64_t reconnect_wait_ms = 300;    // a lost prefill: how long a load waits for it to connect
   std::string device_id;              // this daemon's compute device (ComputeDeviceId), sent at handshake
 };
 
@@ -134,7 +145,13 @@ class DecodeConnector {
   // After the Prefill call returned OK: every layer's own notification (see the file comment).
   Status AwaitOwnNotifications(const Load& load);
   Status EnsureHandshake(Deadline deadline);
+  // EnsureHandshake while the peer is lost (see "Lost prefill"); under handshake_mu_.
+  Status HandshakeAfterLoss(Clock::time_point asked, Deadline deadline);
   void MarkPeerLost(const std::string& why);
+  // Marks the peer lost when the channel's connection goes and does not come back within
+  // reconnect_wait_ms (a server closing an idle connection looks the same until then); runs
+  // until Shutdown().
+  void WatchChannel();
   void ReapLocked();
   // Forgets request_id's early notifications; true if it had any.
   bool DropEarly(uint64_t request_id);
@@ -157,6 +174,13 @@ class DecodeConnector {
 
   std::mutex handshake_mu_;           // serialises handshakes
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
+  // A handshake succeeded once: from then on, no valid handshake means the peer was lost.
+  std::atomic<bool> was_ready_{false};
+  std::string lost_why_;                 // guarded by mu_
+  Clock::time_point lost_attempt_end_{};  // guarded by mu_: the last attempt after a loss ended
+  Status lost_attempt_status_;            // guarded by mu_: and its result
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
   std::string prefill_instance_id_;
   std::string peer_device_id_;  // guarded by mu_
   Status last_handshake_error_;  // guarded by mu_: of the last handshake attempt of a load
