@@ -88,6 +88,25 @@ class LostPrefillTest : public DisaggTest {
     return out;
   }
 
+  // Every request ended OK before the loss (with the colocated tokens) or failed UNAVAILABLE
+  // within `bound` seconds of the loss (of its own start, if later). Returns how many failed.
+  int CheckFailedWithin(const std::vector<Outcome>& all, Clock::time_point lost_at, double bound) {
+    int failed = 0;
+    for (const Outcome& o : all) {
+      if (o.result.status.ok()) {
+        EXPECT_FALSE(o.after_loss) << o.index;
+        EXPECT_EQ(o.result.tokens,
+                  Colocated(kTiny, MakePrompt(kPromptTokens, 512, 1000 + o.index), kMaxTokens));
+        continue;
+      }
+      ++failed;
+      EXPECT_EQ(o.result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+          << o.index << ": " << o.result.status.error_message();
+      EXPECT_LT(EndAfterLoss(o, lost_at), bound) << o.index << ": " << o.result.status.error_message();
+    }
+    return failed;
+  }
+
   // One line per request: when it ended, relative to the loss or to its own start if later.
   static double EndAfterLoss(const Outcome& o, Clock::time_point lost_at) {
     const auto from = std::max(o.start, lost_at);
@@ -116,20 +135,7 @@ TEST_F(LostPrefillTest, KilledUnderLoadEveryAffectedRequestFailsWithinASecond) {
   auto all = RunUnderLoad({}, SIGKILL, 32, 8, &lost_at);
   ASSERT_FALSE(HasFatalFailure());
   Print(all, lost_at);
-  int failed = 0;
-  for (const Outcome& o : all) {
-    if (o.result.status.ok()) {
-      EXPECT_FALSE(o.after_loss) << o.index;
-      EXPECT_EQ(o.result.tokens,
-                Colocated(kTiny, MakePrompt(kPromptTokens, 512, 1000 + o.index), kMaxTokens));
-      continue;
-    }
-    ++failed;
-    EXPECT_EQ(o.result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
-        << o.index << ": " << o.result.status.error_message();
-    EXPECT_LT(EndAfterLoss(o, lost_at), 1.0) << o.index << ": " << o.result.status.error_message();
-  }
-  EXPECT_GE(failed, 8 + 16);
+  EXPECT_GE(CheckFailedWithin(all, lost_at, 1.0), 8 + 16);
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
 }
@@ -163,18 +169,7 @@ TEST_F(LostPrefillTest, StoppedUnderLoadEveryAffectedRequestFailsWithinTwoSecond
   auto all = RunUnderLoad({}, SIGSTOP, 16, 4, &lost_at);
   ASSERT_FALSE(HasFatalFailure());
   Print(all, lost_at);
-  int failed = 0;
-  for (const Outcome& o : all) {
-    if (o.result.status.ok()) {
-      EXPECT_FALSE(o.after_loss) << o.index;
-      continue;
-    }
-    ++failed;
-    EXPECT_EQ(o.result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
-        << o.index << ": " << o.result.status.error_message();
-    EXPECT_LT(EndAfterLoss(o, lost_at), 2.0) << o.index << ": " << o.result.status.error_message();
-  }
-  EXPECT_GE(failed, 4 + 8);
+  EXPECT_GE(CheckFailedWithin(all, lost_at, 2.0), 4 + 8);
   // Blocks come back once the writer is given up on (cancel timeout, then quarantine).
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(8000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
