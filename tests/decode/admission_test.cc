@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <future>
 #include <thread>
 
@@ -22,30 +21,24 @@ TEST(Admission, TakesFreeBlocksAtOnce) {
 TEST(Admission, FirstInLineGetsBlocksBeforeSmallerLaterOnes) {
   model::BlockAllocator alloc(8);
   Admission a(&alloc, 4);
-  auto held = a.Acquire(6, DeadlineAfterMs(0), nullptr);  // 2 left
-  ASSERT_TRUE(held.ok());
-  std::atomic<int> order{0};
-  int large_at = -1, small_at = -1;
-  auto large = std::async(std::launch::async, [&] {
-    auto ids = a.Acquire(5, DeadlineAfterMs(5000), nullptr);
-    large_at = order++;
-    return ids;
-  });
+  auto h1 = a.Acquire(3, DeadlineAfterMs(0), nullptr);
+  auto h2 = a.Acquire(3, DeadlineAfterMs(0), nullptr);  // 2 left
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  auto large = std::async(std::launch::async, [&] { return a.Acquire(5, DeadlineAfterMs(5000), nullptr); });
   while (a.waiting() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  auto small = std::async(std::launch::async, [&] {
-    auto ids = a.Acquire(1, DeadlineAfterMs(5000), nullptr);  // would fit now; waits behind
-    small_at = order++;
-    return ids;
-  });
+  // Would fit in the 2 free blocks at once; it came second, so it waits.
+  auto small = std::async(std::launch::async, [&] { return a.Acquire(1, DeadlineAfterMs(5000), nullptr); });
   while (a.waiting() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_EQ(order.load(), 0);
-  ASSERT_TRUE(alloc.Release(*held).ok());
+  EXPECT_EQ(small.wait_for(std::chrono::milliseconds(30)), std::future_status::timeout);
+  EXPECT_EQ(alloc.free_count(), 2);
+  // 5 free: exactly the large one's; the small one still waits.
+  ASSERT_TRUE(alloc.Release(*h1).ok());
   auto l = large.get();
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(small.wait_for(std::chrono::milliseconds(30)), std::future_status::timeout);
+  ASSERT_TRUE(alloc.Release(*h2).ok());
   auto s = small.get();
-  ASSERT_TRUE(l.ok() && s.ok());
-  EXPECT_EQ(large_at, 0);
-  EXPECT_EQ(small_at, 1);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
 }
 
 TEST(Admission, FullQueueDeadlineCancelAndClose) {
