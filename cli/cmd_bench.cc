@@ -137,6 +137,7 @@ int RunBenchTtft(std::span<const std::string> args) {
   specs.push_back({"deadline-ms", true, "deadline per request", "120000"});
   specs.push_back({"json-out", true, "write the JSON lines here instead of stdout", ""});
   specs.push_back({"per-request", false, "also emit one JSON line per request", ""});
+  for (auto& s : AuthFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError("bench ttft", flags.status(), true);
   if (flags->help()) {
@@ -167,15 +168,17 @@ int RunBenchTtft(std::span<const std::string> args) {
     }
   }
 
-  auto channel = grpc::CreateChannel(flags->Get("decode"), grpc::InsecureChannelCredentials());
-  auto stub = v1::Decode::NewStub(channel);
+  auto channel = RemoteChannel(*flags, flags->Get("decode"));
+  if (!channel.ok()) return ReportError("bench ttft", channel.status(), true);
+  auto stub = v1::Decode::NewStub(*channel);
   auto dstats_or = FetchStats(*stub, 10000, "decode Stats");
   if (!dstats_or.ok()) return ReportError("bench ttft", dstats_or.status(), false);
   const v1::StatsResponse& dstats = *dstats_or;
   std::string prefill_transport = "?";
   if (flags->Has("prefill")) {
-    auto pstub = v1::Prefill::NewStub(
-        grpc::CreateChannel(flags->Get("prefill"), grpc::InsecureChannelCredentials()));
+    auto pchannel = RemoteChannel(*flags, flags->Get("prefill"));
+    if (!pchannel.ok()) return ReportError("bench ttft", pchannel.status(), true);
+    auto pstub = v1::Prefill::NewStub(*pchannel);
     auto ps = FetchStats(*pstub, 10000, "prefill Stats");
     if (!ps.ok()) return ReportError("bench ttft", ps.status(), false);
     if (ps->model_hash() != dstats.model_hash())

@@ -253,6 +253,7 @@ int RunBenchItl(std::span<const std::string> args) {
       {"label", true, "free text copied into the JSON lines (e.g. pacing=on)", ""},
       {"json-out", true, "write the JSON lines here instead of stdout", ""},
   };
+  for (auto& s : AuthFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError(kCmd, flags.status(), true);
   if (flags->help()) {
@@ -299,15 +300,18 @@ int RunBenchItl(std::span<const std::string> args) {
   if (wants_landing && *lclients == 0)
     return ReportError(kCmd, InvalidArgument("a landing phase needs --landing-clients >= 1"), true);
 
-  auto channel = grpc::CreateChannel(flags->Get("decode"), grpc::InsecureChannelCredentials());
+  auto channel_or = RemoteChannel(*flags, flags->Get("decode"));
+  if (!channel_or.ok()) return ReportError(kCmd, channel_or.status(), true);
+  std::shared_ptr<grpc::Channel> channel = *channel_or;
   auto dstub = v1::Decode::NewStub(channel);
   auto dstats = FetchStats(*dstub, 10000, "Stats");
   if (!dstats.ok()) return ReportError(kCmd, dstats.status().WithContext("decode"), false);
   std::unique_ptr<v1::Prefill::Stub> pstub;
   std::string prefill_transport;
   if (flags->Has("prefill")) {
-    pstub = v1::Prefill::NewStub(
-        grpc::CreateChannel(flags->Get("prefill"), grpc::InsecureChannelCredentials()));
+    auto pchannel = RemoteChannel(*flags, flags->Get("prefill"));
+    if (!pchannel.ok()) return ReportError(kCmd, pchannel.status(), true);
+    pstub = v1::Prefill::NewStub(*pchannel);
     auto ps = FetchStats(*pstub, 10000, "Stats");
     if (!ps.ok()) return ReportError(kCmd, ps.status().WithContext("prefill"), false);
     if (ps->model_hash() != dstats->model_hash())

@@ -44,6 +44,7 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   specs.push_back({"seed", true, "seed of --prompt-len prompts", "0"});
   specs.push_back({"deadline-ms", true, "deadline of the whole call", "60000"});
   specs.push_back({"json", false, "print one JSON object instead of text", ""});
+  for (auto& s : AuthFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError("generate", flags.status(), true);
   if (flags->help()) {
@@ -59,8 +60,9 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   auto mode = ParseLoadMode(flags->Get("mode"));
   if (!mode.ok()) return ReportError("generate", mode.status(), true);
 
-  auto channel = grpc::CreateChannel(flags->Get("decode"), grpc::InsecureChannelCredentials());
-  auto stub = v1::Decode::NewStub(channel);
+  auto channel = RemoteChannel(*flags, flags->Get("decode"));
+  if (!channel.ok()) return ReportError("generate", channel.status(), true);
+  auto stub = v1::Decode::NewStub(*channel);
   // The vocabulary bounds --prompt-len ids; Stats also proves the daemon is there.
   v1::StatsResponse stats;
   {

@@ -29,8 +29,10 @@ namespace {
 namespace v1 = kvstream::v1;
 
 template <typename Service>
-Result<v1::StatsResponse> StatsAt(const std::string& address, int64_t deadline_ms) {
-  auto stub = Service::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+Result<v1::StatsResponse> StatsAt(const Flags& flags, const std::string& address,
+                                  int64_t deadline_ms) {
+  KV_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, RemoteChannel(flags, address));
+  auto stub = Service::NewStub(channel);
   return FetchStats(*stub, deadline_ms, "Stats of " + address);
 }
 
@@ -64,6 +66,7 @@ int RunStats(std::span<const std::string> args) {
       {"json", false, "one JSON object per daemon (the StatsResponse) instead of a line", ""},
       {"deadline-ms", true, "deadline of each Stats call", "5000"},
   };
+  for (auto& s : AuthFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError("stats", flags.status(), true);
   if (flags->help()) {
@@ -86,8 +89,8 @@ int RunStats(std::span<const std::string> args) {
   }
   int rc = kExitOk;
   for (const auto& [address, is_decode] : targets) {
-    auto r = is_decode ? StatsAt<v1::Decode>(address, *deadline_ms)
-                       : StatsAt<v1::Prefill>(address, *deadline_ms);
+    auto r = is_decode ? StatsAt<v1::Decode>(*flags, address, *deadline_ms)
+                       : StatsAt<v1::Prefill>(*flags, address, *deadline_ms);
     if (!r.ok()) {
       std::cerr << "kvstream stats: " << r.status().ToString() << "\n";
       rc = kExitFailed;

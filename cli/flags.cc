@@ -31,6 +31,8 @@ Result<Flags> Flags::Parse(std::span<const std::string> args, const std::vector<
       name = name.substr(0, eq);
       inline_value = true;
     }
+    for (char& c : name)
+      if (c == '_') c = '-';  // --tls_ca == --tls-ca, as the daemons read their flags
     auto it = by_name.find(name);
     if (it == by_name.end()) return InvalidArgument("unknown flag --" + name);
     if (f.values_.count(name)) return InvalidArgument("flag --" + name + " given twice");

@@ -5,6 +5,9 @@
 
 #include <span>
 #include <string>
+#include <vector>
+
+#include "cli/flags.h"
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
 #include <chrono>
@@ -19,11 +22,18 @@
 
 namespace kvstream::cli {
 
+// --tls-ca, --tls-cert, --tls-key, --token-file: how a remote command authenticates.
+std::vector<FlagSpec> AuthFlagSpecs();
+
 // True when args ask for remote generation (a --decode flag).
 bool WantsRemoteGenerate(std::span<const std::string> args);
 int RunRemoteGenerate(std::span<const std::string> args);
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
+// A channel to `address` with the credentials AuthFlagSpecs' flags name (plaintext and no token
+// when none is given); unreadable files are kInvalidArgument naming the flag.
+Result<std::shared_ptr<grpc::Channel>> RemoteChannel(const Flags& flags, const std::string& address);
+
 // A daemon's Stats through `stub` (Decode or Prefill), bounded by deadline_ms; a failed call is
 // its gRPC status as a Status, with `context` in front.
 template <typename Stub>

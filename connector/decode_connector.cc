@@ -92,8 +92,7 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
               static_cast<int>(options.keepalive_time_ms));
-  c->channel_ = grpc::CreateCustomChannel(options.prefill_address,
-                                          grpc::InsecureChannelCredentials(), args);
+  c->channel_ = CreateAuthChannel(options.prefill_address, options.auth, args);
   c->stub_ = v1::Prefill::NewStub(c->channel_);
   c->watcher_ = std::thread([self] { self->WatchChannel(); });
   return c;

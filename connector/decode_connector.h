@@ -50,6 +50,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "connector/client_auth.h"
 #include "connector/handshake.h"
 #include "connector/layer_tracker.h"
 #include "model/kv_cache.h"
@@ -68,6 +69,7 @@ struct DecodeConnectorOptions {
   int64_t keepalive_timeout_ms = 500; // unanswered this long: the connection is lost
   int64_t reconnect_wait_ms = 300;    // a lost prefill: how long a load waits for it to connect
   std::string device_id;              // this daemon's compute device (ComputeDeviceId), sent at handshake
+  ClientAuth auth;                    // credentials of the calls to the prefill (default: none)
 };
 
 struct LoadResult {

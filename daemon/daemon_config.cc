@@ -92,6 +92,18 @@ const std::vector<Field>& Fields() {
       KV_FIELD(cancel_timeout_ms, kI64, "bound on confirming a cancelled writer stopped"),
       KV_FIELD(quarantine_ms, kI64, "decode: hold blocks this long after losing their writer"),
       KV_FIELD(log_level, kStr, "debug | info | warn | error"),
+      KV_FIELD(tls_cert, kStr, "PEM certificate of this daemon (with tls_key, tls_ca: mTLS)"),
+      KV_FIELD(tls_key, kStr, "PEM private key of tls_cert"),
+      KV_FIELD(tls_ca, kStr, "PEM CA bundle that verifies peers' and clients' certificates"),
+      KV_FIELD(tls_peer_names, kStr,
+               "prefill with TLS: certificate names (CN or DNS SAN) admitted as peers, a,b,..."),
+      KV_FIELD(tls_reload_s, kInt, "re-read the certificate files every N seconds"),
+      KV_FIELD(peer_token_file, kStr,
+               "file with the peer token (prefill: admits Handshake/Prefill/Cancel; decode: "
+               "sent to the prefill)"),
+      KV_FIELD(client_token_file, kStr, "file with the client token (admits Generate and Stats)"),
+      KV_FIELD(insecure, kBool,
+               "allow a non-loopback listen/peer address without credentials (true|false)"),
       KV_FIELD(fault_layer_delay_ms, kI64, "fault injection: prefill sleeps after each layer"),
   };
   return f;
@@ -104,6 +116,12 @@ const Field* FindField(std::string name) {
   for (const Field& f : Fields())
     if (name == f.name) return &f;
   return nullptr;
+}
+
+bool IsBoolWord(const std::string& v) {
+  for (const char* w : {"true", "1", "on", "yes", "false", "0", "off", "no"})
+    if (v == w) return true;
+  return false;
 }
 
 Status SetFromString(DaemonConfig* cfg, const Field& f, const std::string& v) {
@@ -227,6 +245,13 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     return InvalidArgument("prompt_cache_blocks must be below pool_blocks (" +
                            std::to_string(c.pool_blocks) + "): requests need blocks of their own");
   if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
+  const int tls_files = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
+  if (tls_files != 0 && tls_files != 3)
+    return InvalidArgument("tls_cert, tls_key and tls_ca go together (mTLS): set all three or none");
+  if (tls_files == 3 && role == "prefill" && c.tls_peer_names.empty())
+    return InvalidArgument("TLS on the prefill needs tls_peer_names (the certificate names of "
+                           "its decode daemons)");
+  if (c.tls_reload_s <= 0) return InvalidArgument("tls_reload_s must be > 0");
 #ifndef KVSTREAM_FAULT_INJECTION
   if (c.fault_layer_delay_ms != 0)
     return InvalidArgument("fault_layer_delay_ms: this build has no fault injection");
@@ -270,8 +295,15 @@ Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string&
       value = a.substr(eq + 1);
     } else {
       key = a;
-      if (i + 1 >= argc) return InvalidArgument("--" + key + " needs a value");
-      value = argv[++i];
+      const Field* f = FindField(key);
+      const bool is_bool = f && std::holds_alternative<bool DaemonConfig::*>(f->member);
+      // A boolean flag alone ("--insecure") means true; "--pipelining false" still works.
+      if (is_bool && (i + 1 >= argc || !IsBoolWord(argv[i + 1]))) {
+        value = "true";
+      } else {
+        if (i + 1 >= argc) return InvalidArgument("--" + key + " needs a value");
+        value = argv[++i];
+      }
     }
     if (key == "config") config_path = value;
     else flags.emplace_back(key, value);

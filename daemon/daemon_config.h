@@ -99,6 +99,15 @@ struct DaemonConfig {
   int64_t cancel_timeout_ms = 3000;
   int64_t quarantine_ms = 2000;
   std::string log_level;        // debug | info | warn | error
+  // control-plane authentication (daemon/credentials.h, docs/security.md)
+  std::string tls_cert;         // PEM: this daemon's certificate (server and client side)
+  std::string tls_key;          // PEM: its private key
+  std::string tls_ca;           // PEM: the CA that signs every daemon's and client's certificate
+  std::string tls_peer_names;   // prefill: certificate CN / DNS SAN values that are peers (comma list)
+  int tls_reload_s = 60;        // re-read the certificate files this often
+  std::string peer_token_file;  // prefill: admits peers with it; decode: presents it to prefills
+  std::string client_token_file;  // admits clients (Generate, Stats) with it
+  bool insecure = false;        // allow a non-loopback address without credentials
   // Fault injection (builds with KVSTREAM_FAULT_INJECTION only; refused otherwise):
   int64_t fault_layer_delay_ms = 0;  // prefill: sleep after each layer's forward (slow prefill)
 

@@ -237,12 +237,14 @@ Result<std::string> ResolveListenAddress(const std::string& listen) {
 
 Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
                                                       const std::vector<grpc::Service*>& services,
-                                                      int* port, const ServerLimits& limits) {
+                                                      int* port, const ServerLimits& limits,
+                                                      std::shared_ptr<grpc::ServerCredentials> credentials) {
   KV_ASSIGN_OR_RETURN(const std::string address, ResolveListenAddress(listen));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
+  if (!credentials) credentials = grpc::InsecureServerCredentials();
+  builder.AddListeningPort(address, credentials, &bound);
   for (grpc::Service* s : services) builder.RegisterService(s);
   // No service of its own (the health-only listener): gRPC needs one to poll for calls; the
   // generic one answers every call but health's with UNIMPLEMENTED.

@@ -71,10 +71,12 @@ Result<std::string> ResolveListenAddress(const std::string& listen);
 // ResolveListenAddress(listen) only, without SO_REUSEPORT: a port another socket holds is
 // refused (kUnavailable naming the address and the bind error). *port gets the bound port (the
 // listen address may ask for port 0). With no `services` the server serves health alone.
-Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
-                                                      const std::vector<grpc::Service*>& services,
-                                                      int* port,
-                                                      const ServerLimits& limits = ServerLimits());
+// `credentials`: the listener's (Security::server_credentials, daemon/credentials.h); null =
+// plaintext.
+Result<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& listen, const std::vector<grpc::Service*>& services, int* port,
+    const ServerLimits& limits = ServerLimits(),
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 // Written atomically (temp file + rename) so a reader never sees a partial port.
 Status WritePortFile(const std::string& path, int port);
 

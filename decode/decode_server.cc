@@ -142,6 +142,7 @@ DecodeServer::~DecodeServer() {
 
 grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kGenerate); !a.ok()) return a;
   auto r = std::make_shared<Request>();
   r->arrival = Clock::now();
   r->deadline = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
@@ -605,6 +606,7 @@ void DecodeServer::Stop() {
 
 grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                                  v1::StatsResponse* resp) {
+  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kStats); !a.ok()) return a;
   resp->set_instance_id(connectors_.front()->instance_id());
   resp->set_role("decode");
   auto* p = resp->mutable_pool();

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/credentials.h"
 #include "daemon/daemon_config.h"
 #include "daemon/health.h"
 #include "connector/decode_connector.h"
@@ -62,6 +63,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   void StopAdmitting();
   // Generate calls not yet returned.
   int in_flight() const { return handlers_.load(); }
+  // Who may call which method (set before the server starts; default: every caller).
+  void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
   // Refuses new requests and ends every request in flight with kUnavailable.
   void BeginShutdown();
   // Joins the scheduler (after BeginShutdown and the gRPC server's shutdown).
@@ -101,6 +104,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   connector::DecodeConnector* PickConnector();
 
   daemon::DaemonConfig config_;
+  std::shared_ptr<const daemon::Authorizer> authz_ = daemon::Authorizer::Open();
   std::string device_id_;  // daemon::ComputeDeviceId(config_)
   bool shared_via_mps_;    // daemon::ComputeDeviceSharedViaMps(config_)
   model::ModelBackend* backend_;

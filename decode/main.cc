@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "common/log.h"
+#include "daemon/credentials.h"
 #include "daemon/daemon_runtime.h"
 #include "daemon/health.h"
 #include "daemon/signals.h"
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   auto cfg = daemon::StartDaemon(argc, argv, "decode", &exit_code);
   if (!cfg) return exit_code;
+  auto security = daemon::SecurityFromConfig(*cfg, "decode");
+  if (!security.ok()) return Fail(security.status());
 
   auto model = daemon::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
     dopt.cancel_timeout_ms = cfg->cancel_timeout_ms;
     dopt.quarantine_ms = cfg->quarantine_ms;
     dopt.device_id = device_id;
+    dopt.auth = {security->channel_credentials, security->peer_token};
     auto conn = connector::DecodeConnector::Create(
         dopt, std::move(transport).value(), model->pool.get(),
         connector::MakeLayoutDescriptor(model->backend->config(), cfg->block_size));
@@ -52,9 +56,11 @@ int main(int argc, char** argv) {
 
   daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
+  service.set_authorizer(security->authorizer);
   int port = 0;
   auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
-                                             daemon::ServerLimitsFromConfig(*cfg));
+                                        daemon::ServerLimitsFromConfig(*cfg),
+                                        security->server_credentials);
   if (!server.ok()) return Fail(server.status());
   if (Status s = daemon::StartHealth(*cfg, server->get(), &health); !s.ok()) return Fail(s);
   service.SetHealth(&health);

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "common/log.h"
+#include "daemon/credentials.h"
 #include "daemon/daemon_runtime.h"
 #include "daemon/health.h"
 #include "daemon/signals.h"
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   auto cfg = daemon::StartDaemon(argc, argv, "prefill", &exit_code);
   if (!cfg) return exit_code;
+  auto security = daemon::SecurityFromConfig(*cfg, "prefill");
+  if (!security.ok()) return Fail(security.status());
 
   auto model = daemon::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
@@ -31,9 +34,11 @@ int main(int argc, char** argv) {
 
   daemon::Health health("kvstream.v1.Prefill");
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
+  service.set_authorizer(security->authorizer);
   int port = 0;
   auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
-                                             daemon::ServerLimitsFromConfig(*cfg));
+                                        daemon::ServerLimitsFromConfig(*cfg),
+                                        security->server_credentials);
   if (!server.ok()) return Fail(server.status());
   if (Status s = daemon::StartHealth(*cfg, server->get(), &health); !s.ok()) return Fail(s);
   health.SetReady(true);

@@ -87,6 +87,7 @@ PrefillServer::PrefillServer(const daemon::DaemonConfig& config, model::ModelBac
 
 grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
                                       v1::HandshakeResponse* resp) {
+  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kHandshake); !a.ok()) return a;
   auto peer_layout = connector::FromProto(req->layout());
   if (!peer_layout.ok()) return ToGrpc(peer_layout.status());
   // Both ends must run the same data plane (e.g. a GPU pool over "ucx" resolves to UCX direct
@@ -128,6 +129,10 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
 
 grpc::Status PrefillServer::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                                     grpc::ServerWriter<v1::PrefillProgress>* writer) {
+  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kPrefill); !a.ok()) {
+    ctx->AddTrailingMetadata(connector::kQuiescedTrailer, "1");  // nothing was posted
+    return a;
+  }
   if (connector_->CheckSession(req->decode_instance_id(), req->session_secret()) ==
       connector::PrefillConnector::Session::kMismatch) {
     KV_LOG_WARN << "[req " << req->request_id() << "] prefill call under decode instance "
@@ -267,6 +272,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
 
 grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* req,
                                    v1::CancelResponse* resp) {
+  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kCancel); !a.ok()) return a;
   switch (connector_->CheckSession(req->decode_instance_id(), req->session_secret())) {
     case connector::PrefillConnector::Session::kMismatch:
       KV_LOG_WARN << "[req " << req->request_id() << "] cancel under decode instance "
@@ -294,6 +300,7 @@ grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelReq
 
 grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) {
+  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kStats); !a.ok()) return a;
   resp->set_instance_id(instance_id_);
   resp->set_role("prefill");
   auto* p = resp->mutable_pool();

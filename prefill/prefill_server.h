@@ -16,6 +16,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "daemon/credentials.h"
 #include "daemon/daemon_config.h"
 #include "connector/prefill_connector.h"
 #include "model/backend.h"
@@ -42,6 +43,8 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   void StopAdmitting() { admitting_ = false; }
   // Prefill calls not yet returned.
   int in_flight() const { return in_flight_.load(); }
+  // Who may call which method (set before the server starts; default: every caller).
+  void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
   // New Prefill calls are refused; running ones are cancelled (their writes quiesced).
   void BeginShutdown();
   const std::string& instance_id() const { return instance_id_; }
@@ -51,6 +54,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
                     grpc::ServerWriter<kvstream::v1::PrefillProgress>* writer);
 
   daemon::DaemonConfig config_;
+  std::shared_ptr<const daemon::Authorizer> authz_ = daemon::Authorizer::Open();
   model::ModelBackend* backend_;
   model::KvPool* pool_;
   connector::PrefillConnector* connector_;

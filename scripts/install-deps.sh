@@ -20,7 +20,7 @@ PKGS=(
   libucx-dev ucx-utils
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev
-  iproute2 procps python3
+  iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
 )
 # What building UCX from its Debian source needs (this system's packages only).

@@ -65,10 +65,11 @@ class NetnsTest : public DisaggTest {};
 TEST_F(NetnsTest, KvCrossesAVethPairAndTokensMatchColocated) {
   DaemonPair pair;
   pair.common = {"--model=tiny"};
+  // Off loopback without credentials: allowed only with --insecure (docs/security.md).
   pair.prefill_prefix = {"ip", "netns", "exec", N().ns};
   pair.prefill_host = N().ip_p();
-  pair.prefill = {"--ucx_net_devices=" + N().veth_p};
-  pair.decode = {"--ucx_net_devices=" + N().veth_d};
+  pair.prefill = {"--ucx_net_devices=" + N().veth_p, "--insecure"};
+  pair.decode = {"--ucx_net_devices=" + N().veth_d, "--insecure"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   for (int n : {2, 33, 200}) {
     auto prompt = MakePrompt(n, 512, 900 + n);

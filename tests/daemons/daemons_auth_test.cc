@@ -1,0 +1,296 @@
+// Control-plane authentication against the real daemons (docs/security.md): bearer tokens per
+// method, mTLS with certificates made here by the openssl CLI, certificate reload, and the
+// start-up rule for non-loopback addresses.
+#include <sys/stat.h>
+
+#include <fstream>
+#include <thread>
+
+#include "connector/client_auth.h"
+#include "daemon/credentials.h"
+#include "tests/daemons/disagg_fixture.h"
+
+namespace kvstream::testing {
+namespace {
+
+namespace v1 = kvstream::v1;
+
+const std::vector<std::string> kTiny = {"--model=tiny"};
+
+class AuthTest : public DisaggTest {};
+
+std::string WriteSecret(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text << "\n";
+  chmod(path.c_str(), 0600);
+  return path;
+}
+
+// The openssl CLI: a CA (ca-<ca>.pem/.key) and certificates signed by it whose CN and DNS SAN
+// are `name` (plus localhost and IP 127.0.0.1, the address the tests dial).
+void MakeCa(const std::string& dir, const std::string& ca) {
+  int rc = 0;
+  std::string out = RunCapture(
+      "cd " + dir + " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes " +
+          "-days 1 -subj /CN=" + ca + " -keyout " + ca + ".key -out " + ca + ".pem",
+      &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+}
+void MakeCert(const std::string& dir, const std::string& ca, const std::string& name,
+              const std::string& file) {
+  int rc = 0;
+  std::string out = RunCapture(
+      "cd " + dir + " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=" +
+          name + " -keyout " + file + ".key.new -out " + file + ".csr && printf " +
+          "'subjectAltName=DNS:" + name + ",DNS:localhost,IP:127.0.0.1\\n' > " + file + ".ext && " +
+          "openssl x509 -req -in " + file + ".csr -CA " + ca + ".pem -CAkey " + ca + ".key " +
+          "-CAcreateserial -days 1 -extfile " + file + ".ext -out " + file + ".pem.new && " +
+          // Replaced by rename, so a reader sees the old file or the new one, never a part.
+          "chmod 600 " + file + ".key.new && mv " + file + ".key.new " + file + ".key && mv " +
+          file + ".pem.new " + file + ".pem",
+      &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address, const std::string& token,
+                                       std::shared_ptr<grpc::ChannelCredentials> creds = nullptr) {
+  return connector::CreateAuthChannel(address, {std::move(creds), token});
+}
+std::shared_ptr<grpc::ChannelCredentials> Tls(const std::string& dir, const std::string& ca,
+                                              const std::string& cert) {
+  auto c = daemon::ClientChannelCredentials(dir + "/" + ca + ".pem",
+                                            cert.empty() ? "" : dir + "/" + cert + ".pem",
+                                            cert.empty() ? "" : dir + "/" + cert + ".key", 1);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : nullptr;
+}
+
+grpc::ClientContext* WithDeadline(grpc::ClientContext* ctx, int ms = 5000) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+  return ctx;
+}
+
+// Each Prefill-service method with an empty request: the status only.
+struct PrefillCalls {
+  grpc::Status handshake, prefill, cancel, stats;
+};
+PrefillCalls CallPrefillMethods(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::Prefill::NewStub(channel);
+  PrefillCalls r;
+  {
+    grpc::ClientContext ctx;
+    v1::HandshakeResponse resp;
+    r.handshake = stub->Handshake(WithDeadline(&ctx), v1::HandshakeRequest(), &resp);
+  }
+  {
+    grpc::ClientContext ctx;
+    auto reader = stub->Prefill(WithDeadline(&ctx), v1::PrefillRequest());
+    v1::PrefillProgress p;
+    while (reader->Read(&p)) {
+    }
+    r.prefill = reader->Finish();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CancelResponse resp;
+    r.cancel = stub->Cancel(WithDeadline(&ctx), v1::CancelRequest(), &resp);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::StatsResponse resp;
+    r.stats = stub->Stats(WithDeadline(&ctx), v1::StatsRequest(), &resp);
+  }
+  return r;
+}
+
+grpc::Status DecodeStats(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::Decode::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::StatsResponse resp;
+  return stub->Stats(WithDeadline(&ctx), v1::StatsRequest(), &resp);
+}
+
+TEST_F(AuthTest, TokensGuardEveryMethod) {
+  const std::string peer = "peer-0123456789abcdef0123456789abcdef";
+  const std::string client = "client-0123456789abcdef0123456789abcdef";
+  const std::string wrong = "wrong-0123456789abcdef0123456789abcdef";
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--peer_token_file=" + WriteSecret(dir_.path(), "peer.token", peer));
+  pair.common.push_back("--client_token_file=" + WriteSecret(dir_.path(), "client.token", client));
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+
+  // The prefill: nothing without a token or with a wrong one; a client only Stats.
+  for (const std::string& token : {std::string(), wrong}) {
+    PrefillCalls r = CallPrefillMethods(Channel(prefill_address(), token));
+    for (const grpc::Status* s : {&r.handshake, &r.prefill, &r.cancel, &r.stats}) {
+      EXPECT_EQ(s->error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << "token '" << token << "': " << s->error_message();
+      EXPECT_EQ(s->error_message().find(wrong), std::string::npos) << s->error_message();
+    }
+  }
+  PrefillCalls as_client = CallPrefillMethods(Channel(prefill_address(), client));
+  for (const grpc::Status* s : {&as_client.handshake, &as_client.prefill, &as_client.cancel}) {
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::PERMISSION_DENIED) << s->error_message();
+    EXPECT_NE(s->error_message().find("peer"), std::string::npos) << s->error_message();
+    EXPECT_EQ(s->error_message().find(client), std::string::npos) << s->error_message();
+  }
+  EXPECT_TRUE(as_client.stats.ok()) << as_client.stats.error_message();
+  // The peer token passes the authorization (the empty requests then fail their own checks).
+  PrefillCalls as_peer = CallPrefillMethods(Channel(prefill_address(), peer));
+  for (const grpc::Status* s : {&as_peer.handshake, &as_peer.prefill, &as_peer.cancel})
+    EXPECT_TRUE(s->error_code() != grpc::StatusCode::UNAUTHENTICATED &&
+                s->error_code() != grpc::StatusCode::PERMISSION_DENIED)
+        << s->error_message();
+
+  // The decode: Generate and Stats need the client token.
+  const auto prompt = MakePrompt(40, 512, 7);
+  for (const std::string& token : {std::string(), wrong}) {
+    auto stub = v1::Decode::NewStub(Channel(decode_address(), token));
+    GenerateResult g = CallGenerate(*stub, prompt, 4, v1::LOAD_MODE_PIPELINED, 10000);
+    EXPECT_EQ(g.status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << g.status.error_message();
+    EXPECT_TRUE(g.tokens.empty());
+    EXPECT_EQ(DecodeStats(Channel(decode_address(), token)).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // With it: the decode's load from the prefill (peer token between the daemons) lands.
+  auto stub = v1::Decode::NewStub(Channel(decode_address(), client));
+  GenerateResult g = CallGenerate(*stub, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, Colocated(kTiny, prompt, 4));
+  EXPECT_TRUE(g.messages.front().load().loaded_remotely());
+  EXPECT_TRUE(DecodeStats(Channel(decode_address(), client)).ok());
+  // No token of the peer leaks into the logs.
+  EXPECT_EQ(prefill_->Log().find(peer), std::string::npos);
+  EXPECT_EQ(decode_->Log().find(client), std::string::npos);
+}
+
+TEST_F(AuthTest, MutualTlsEndToEnd) {
+  const std::string d = dir_.path();
+  ASSERT_NO_FATAL_FAILURE(MakeCa(d, "ca"));
+  ASSERT_NO_FATAL_FAILURE(MakeCa(d, "rogue-ca"));
+  for (const char* n : {"prefill", "decode", "client"}) ASSERT_NO_FATAL_FAILURE(MakeCert(d, "ca", n, n));
+  // A certificate with a peer's name from a CA the daemons do not trust.
+  ASSERT_NO_FATAL_FAILURE(MakeCert(d, "rogue-ca", "decode", "rogue"));
+  auto tls_flags = [&](const std::string& n) {
+    return std::vector<std::string>{"--tls_cert=" + d + "/" + n + ".pem",
+                                    "--tls_key=" + d + "/" + n + ".key", "--tls_ca=" + d + "/ca.pem"};
+  };
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.prefill = tls_flags("prefill");
+  pair.prefill.push_back("--tls_peer_names=decode");
+  pair.decode = tls_flags("decode");
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+
+  // A client certificate: Generate end to end (the decode reached the prefill over mTLS).
+  const auto prompt = MakePrompt(40, 512, 9);
+  auto stub = v1::Decode::NewStub(Channel(decode_address(), "", Tls(d, "ca", "client")));
+  GenerateResult g = CallGenerate(*stub, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, Colocated(kTiny, prompt, 4));
+  EXPECT_TRUE(g.messages.front().load().loaded_remotely());
+
+  // No certificate, plaintext, or an untrusted CA: no connection at all.
+  EXPECT_FALSE(DecodeStats(Channel(decode_address(), "", Tls(d, "ca", ""))).ok());
+  EXPECT_FALSE(DecodeStats(Channel(decode_address(), "")).ok());
+  PrefillCalls rogue = CallPrefillMethods(Channel(prefill_address(), "", Tls(d, "ca", "rogue")));
+  EXPECT_EQ(rogue.handshake.error_code(), grpc::StatusCode::UNAVAILABLE) << rogue.handshake.error_message();
+  EXPECT_FALSE(rogue.stats.ok());
+
+  // A verified certificate not named in tls_peer_names is a client: Stats only.
+  PrefillCalls as_client = CallPrefillMethods(Channel(prefill_address(), "", Tls(d, "ca", "client")));
+  for (const grpc::Status* s : {&as_client.handshake, &as_client.prefill, &as_client.cancel})
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::PERMISSION_DENIED) << s->error_message();
+  EXPECT_TRUE(as_client.stats.ok()) << as_client.stats.error_message();
+  // The peer's certificate passes the authorization (Cancel of an unknown request is OK).
+  PrefillCalls as_peer = CallPrefillMethods(Channel(prefill_address(), "", Tls(d, "ca", "decode")));
+  EXPECT_TRUE(as_peer.cancel.ok()) << as_peer.cancel.error_message();
+}
+
+// The CN of the certificate `address` serves now (a fresh connection), or "" if none.
+std::string ServedCommonName(const std::string& address,
+                             std::shared_ptr<grpc::ChannelCredentials> creds) {
+  auto stub = v1::Prefill::NewStub(Channel(address, "", std::move(creds)));
+  grpc::ClientContext ctx;
+  v1::StatsResponse resp;
+  if (!stub->Stats(WithDeadline(&ctx, 3000), v1::StatsRequest(), &resp).ok()) return "";
+  auto names = ctx.auth_context()->FindPropertyValues("x509_common_name");
+  return names.empty() ? "" : std::string(names.front().data(), names.front().size());
+}
+
+TEST_F(AuthTest, CertificatesReloadWithoutRestart) {
+  const std::string d = dir_.path();
+  ASSERT_NO_FATAL_FAILURE(MakeCa(d, "ca"));
+  ASSERT_NO_FATAL_FAILURE(MakeCa(d, "ca2"));
+  ASSERT_NO_FATAL_FAILURE(MakeCert(d, "ca", "prefill", "prefill"));
+  ASSERT_NO_FATAL_FAILURE(MakeCert(d, "ca", "client", "client"));
+  ASSERT_NO_FATAL_FAILURE(MakeCert(d, "ca2", "client2", "client2"));
+  // tls_ca is a copy of ca.pem that the test rewrites.
+  ASSERT_EQ(std::system(("cp " + d + "/ca.pem " + d + "/trusted.pem").c_str()), 0);
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.prefill = {"--tls_cert=" + d + "/prefill.pem", "--tls_key=" + d + "/prefill.key",
+                  "--tls_ca=" + d + "/trusted.pem", "--tls_peer_names=decode", "--tls_reload_s=1"};
+  pair_ = pair;
+  ASSERT_NO_FATAL_FAILURE(StartPrefill());
+  const std::string address = prefill_address();
+  EXPECT_EQ(ServedCommonName(address, Tls(d, "ca", "client")), "prefill");
+  EXPECT_EQ(ServedCommonName(address, Tls(d, "ca2", "client2")), "");  // ca2 not trusted yet
+
+  // A new server certificate (same CA) and a CA bundle that adds ca2, replaced in place.
+  ASSERT_NO_FATAL_FAILURE(MakeCert(d, "ca", "prefill-renewed", "prefill"));
+  ASSERT_EQ(std::system(("cat " + d + "/ca.pem " + d + "/ca2.pem > " + d + "/trusted.new && mv " +
+                         d + "/trusted.new " + d + "/trusted.pem").c_str()),
+            0);
+  // The client trusts both CAs too (the renewed server certificate is from ca).
+  ASSERT_EQ(std::system(("cp " + d + "/trusted.pem " + d + "/both.pem").c_str()), 0);
+  std::string cn, cn2;
+  const auto deadline = DeadlineAfterMs(15000);
+  while (Clock::now() < deadline) {
+    cn = ServedCommonName(address, Tls(d, "ca", "client"));
+    cn2 = ServedCommonName(address, Tls(d, "both", "client2"));
+    if (cn == "prefill-renewed" && cn2 == "prefill-renewed") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(cn, "prefill-renewed");
+  EXPECT_EQ(cn2, "prefill-renewed") << "a client of the added CA is not admitted after reload";
+  EXPECT_TRUE(prefill_->Running());
+}
+
+TEST_F(AuthTest, NonLoopbackNeedsCredentialsOrInsecure) {
+  auto run = [&](const std::string& name, const std::string& bin, std::vector<std::string> args) {
+    std::vector<std::string> all = DefaultDaemonFlags();
+    all.insert(all.end(), kTiny.begin(), kTiny.end());
+    all.insert(all.end(), args.begin(), args.end());
+    return std::make_unique<DaemonProcess>(name, bin, all, dir_.path());
+  };
+  struct Case {
+    std::string name, bin;
+    std::vector<std::string> args;
+    std::string key;  // named in the message
+  };
+  const std::string empty = WriteSecret(dir_.path(), "empty.token", "");
+  const std::vector<Case> refused = {
+      {"p-any", PrefillBin(), {"--listen=0.0.0.0:0"}, "peer_token_file"},
+      {"p-v6", PrefillBin(), {"--listen=[::]:0"}, "--insecure"},
+      {"d-any", DecodeBin(), {"--listen=0.0.0.0:0", "--peer=127.0.0.1:1"}, "client_token_file"},
+      {"d-peer", DecodeBin(), {"--listen=127.0.0.1:0", "--peer=192.0.2.1:1"}, "peer_token_file"},
+      {"p-empty-token", PrefillBin(), {"--peer_token_file=" + empty}, "peer_token_file"},
+  };
+  for (const Case& c : refused) {
+    auto p = run(c.name, c.bin, c.args);
+    ASSERT_TRUE(p->Spawn().ok());
+    EXPECT_EQ(p->Wait(DeadlineAfterMs(20000)), 2) << c.name << ":\n" << p->Log();
+    EXPECT_NE(p->Log().find(c.key), std::string::npos) << c.name << ":\n" << p->Log();
+  }
+  // --insecure: it starts and serves.
+  auto p = run("p-insecure", PrefillBin(), {"--listen=0.0.0.0:0", "--insecure"});
+  Status s = p->Start(DeadlineAfterMs(60000));
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p->Log();
+  auto stats = CallStats(*PrefillStub(p->address()));
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvstream::testing
