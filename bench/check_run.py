@@ -32,6 +32,7 @@ BENCH_SOURCES = {
     "transfer_nccl": ["bench/transfer_gpu/transfer_nccl.cc", "bench/transfer_gpu/bench_common.h"],
     "ucx_notify_rtt": ["bench/transfer_gpu/ucx_notify_rtt.cc"],
     "transport_bw": ["bench/transport_bw.cc"],
+    "auth_overhead": ["bench/auth_overhead.cc"],
 }
 SKIP_PREFIXES = ("#", "[", "export ", "source ", "wait", "nvidia-cuda-mps-control")
 

@@ -170,3 +170,63 @@ for l in open('$TMP/last.jsonl'):
   mps_stop
   [[ $DRY_RUN == 1 ]] || grep -E "^(=== |ITL of|phase |idle |landing |landing / idle)" "$(logf itl_gpu)" 2> /dev/null | tail -n 30
 }
+
+# auth: what the control plane's authentication costs a request (issue 15's target: at most 2%
+# of the CPU demo's TTFT p50 on loopback). Three daemon pairs that differ only in their
+# credentials, CPU backend and the tiny preset as in the demo: plain (no credential), token
+# (peer token between the daemons, client token from the client) and mtls (certificates made
+# here by the openssl CLI, both hops). auth_overhead interleaves their requests round by round
+# and prints each mode's TTFT p50 against plain's with a 95% confidence interval.
+# Knobs: AUTH_RUNS (600), AUTH_PROMPT_LEN (64), AUTH_THREADS (1 per daemon), UCX_TLS (tcp).
+suite_auth() {
+  local runs=${AUTH_RUNS:-600} plen=${AUTH_PROMPT_LEN:-64} th=${AUTH_THREADS:-1}
+  [[ ${SMOKE:-0} == 1 ]] && runs=20
+  local d=$TMP/auth mode port pp dp modes=()
+  if [[ $DRY_RUN != 1 ]]; then
+    mkdir -p "$d" && (
+      cd "$d" || exit 1
+      openssl rand -hex 32 > peer.token && openssl rand -hex 32 > client.token && chmod 600 ./*.token
+      openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=bench-ca \
+        -keyout ca.key -out ca.pem 2> /dev/null
+      for n in prefill decode client; do
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$n" -keyout $n.key \
+          -out $n.csr 2> /dev/null
+        printf 'subjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\n' $n > $n.ext
+        openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile $n.ext \
+          -out $n.pem 2> /dev/null
+      done
+      chmod 600 ./*.key
+    ) || { say "auth: could not make the credentials (openssl)"; return; }
+  fi
+  local common=(--model tiny --backend cpu --threads "$th" --ucx_tls "${UCX_TLS:-tcp}" --log_level warn)
+  for mode in plain token mtls; do
+    local pa=() da=() ca=""
+    case $mode in
+      token) pa=(--peer_token_file "$d/peer.token")
+             da=(--peer_token_file "$d/peer.token" --client_token_file "$d/client.token")
+             ca=",token=$d/client.token" ;;
+      mtls) pa=(--tls_cert "$d/prefill.pem" --tls_key "$d/prefill.key" --tls_ca "$d/ca.pem" --tls_peer_names decode)
+            da=(--tls_cert "$d/decode.pem" --tls_key "$d/decode.key" --tls_ca "$d/ca.pem")
+            ca=",ca=$d/ca.pem,cert=$d/client.pem,key=$d/client.key" ;;
+    esac
+    next_port; port=$PORT_BASE
+    spawn "$TMP/prefill_$mode.log" "$BIN/kvstream-prefill" "${common[@]}" "${pa[@]}" \
+      --listen "127.0.0.1:$port" --port_file "$TMP/prefill_$mode.port"
+    pp=$SPAWNED
+    spawn "$TMP/decode_$mode.log" "$BIN/kvstream-decode" "${common[@]}" "${da[@]}" --listen 127.0.0.1:0 \
+      --peer "127.0.0.1:$port" --port_file "$TMP/decode_$mode.port"
+    dp=$SPAWNED
+    if ! wait_port "$TMP/prefill_$mode.port" "$pp" || ! wait_port "$TMP/decode_$mode.port" "$dp"; then
+      say "auth: the $mode daemons did not come up"
+      daemon_tails "auth $mode" "$TMP/prefill_$mode.log" "$TMP/decode_$mode.log"
+      return
+    fi
+    modes+=(--mode "$mode=127.0.0.1:$PORT_READ$ca")
+  done
+  local j; j=$(jtmp auth)
+  step "auth overhead" auth_cpu "${STEP_TIMEOUT:-280}" "$j" "$BIN/auth_overhead" "${modes[@]}" \
+    --runs "$runs" --warmup 10 --prompt-len "$plen" --max-new-tokens 1 --json-out "$j"
+  for p in "${DAEMON_PIDS[@]}"; do stop_pid "$p"; done
+  daemon_tails "auth" "$TMP"/prefill_*.log "$TMP"/decode_*.log
+  [[ $DRY_RUN == 1 ]] || grep -E "^(auth_overhead|mode|plain|token|mtls) " "$(logf auth_cpu)" 2> /dev/null
+}
