@@ -173,7 +173,8 @@ for l in open('$TMP/last.jsonl'):
 
 # auth: what the control plane's authentication costs a request (issue 15's target: at most 2%
 # of the CPU demo's TTFT p50 on loopback). Three daemon pairs that differ only in their
-# credentials, CPU backend and the tiny preset as in the demo: plain (no credential), token
+# credentials, CPU backend and the tiny preset as in the demo: plain (no credential), plain2
+# (a second identical pair: the difference between two pairs that differ in nothing), token
 # (peer token between the daemons, client token from the client) and mtls (certificates made
 # here by the openssl CLI, both hops). auth_overhead interleaves their requests round by round
 # and prints each mode's TTFT p50 against plain's with a 95% confidence interval.
@@ -198,8 +199,9 @@ suite_auth() {
       chmod 600 ./*.key
     ) || { say "auth: could not make the credentials (openssl)"; return; }
   fi
-  local common=(--model tiny --backend cpu --threads "$th" --ucx_tls "${UCX_TLS:-tcp}" --log_level warn)
-  for mode in plain token mtls; do
+  local common=(--model tiny --backend cpu --threads "$th" --ucx_tls "${UCX_TLS:-tcp}" --log_level warn
+                --drain_delay_ms 0)
+  for mode in plain plain2 token mtls; do
     local pa=() da=() ca=""
     case $mode in
       token) pa=(--peer_token_file "$d/peer.token")
@@ -228,5 +230,5 @@ suite_auth() {
     --runs "$runs" --warmup 10 --prompt-len "$plen" --max-new-tokens 1 --json-out "$j"
   for p in "${DAEMON_PIDS[@]}"; do stop_pid "$p"; done
   daemon_tails "auth" "$TMP"/prefill_*.log "$TMP"/decode_*.log
-  [[ $DRY_RUN == 1 ]] || grep -E "^(auth_overhead|mode|plain|token|mtls) " "$(logf auth_cpu)" 2> /dev/null
+  [[ $DRY_RUN == 1 ]] || grep -E "^(auth_overhead|mode|plain|plain2|token|mtls) " "$(logf auth_cpu)" 2> /dev/null
 }
