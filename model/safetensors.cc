@@ -269,7 +269,8 @@ TensorToWrite TensorFromBytes(std::string name, DType dtype, std::vector<int64_t
       return InvalidArgument("tensor bytes (" + std::to_string(bytes.size()) +
                              ") do not match its shape and dtype (" +
                              std::to_string(dst.size()) + ")");
-    std::memcpy(dst.data(), bytes.data(), bytes.size());
+    // An empty tensor may have no buffer at all: memcpy from or to null is undefined.
+    if (!bytes.empty()) std::memcpy(dst.data(), bytes.data(), bytes.size());
     return OkStatus();
   };
   return t;
