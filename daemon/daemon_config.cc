@@ -265,7 +265,9 @@ std::string DaemonConfig::ToJson() const {
   json j;
   for (const Field& f : Fields())
     std::visit([&](auto member) { j[f.name] = this->*member; }, f.member);
-  return j.dump();
+  // Values come from flags and files as given: bytes that are not UTF-8 print as U+FFFD rather
+  // than throw (the daemons log this at start).
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string DaemonUsage(const std::string& role) {

@@ -23,6 +23,16 @@ TEST(DaemonConfig, FlagsInBothSpellings) {
   EXPECT_FALSE(c->pipelining);
 }
 
+// Found by tests/fuzz/fuzz_daemon_config (its corpus keeps the input): a flag value that is not
+// UTF-8 made ToJson(), which the daemons log at start, throw nlohmann::type_error (an abort).
+TEST(DaemonConfig, ToJsonOfAValueThatIsNotUtf8) {
+  auto c = Parse({"--peer=127.0.0.1:1,\xa2host:2"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::string json;
+  ASSERT_NO_THROW(json = c->ToJson());
+  EXPECT_NE(json.find("\"peer\":\"127.0.0.1:1,\xef\xbf\xbdhost:2\""), std::string::npos) << json;
+}
+
 TEST(DaemonConfig, FileThenFlagsWin) {
   std::string path = ::testing::TempDir() + "/kvstream_cfg_test.json";
   {
