@@ -1,6 +1,7 @@
 // Fuzzes the UCX backend's blob parsers (transport/ucx/ucx_wire.h): DecodeAddress, DecodeKey
-// and DecodeNotification. data[0] picks the parser; with bit 0x80 the rest is first sealed as
-// that kind of blob (tag and type taken from an encoded one), so the payload checks are reached.
+// and DecodeNotification, and the walks of UCX's own address and rkey (ucx_blob_check.h).
+// data[0] picks the parser (bit 0x40: a walk); with bit 0x80 the rest is first sealed as that
+// kind of blob (tag and type taken from an encoded one), so the payload checks are reached.
 // What decodes must encode back to the same bytes.
 #include <cstdint>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "tests/fuzz/fuzz_util.h"
 #include "transport/core/envelope.h"
+#include "transport/ucx/ucx_blob_check.h"
 #include "transport/ucx/ucx_wire.h"
 
 namespace {
@@ -32,6 +34,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0];
   std::string blob(reinterpret_cast<const char*>(data + 1), size - 1);
   const char one = 1;
+  if (mode & 0x40) {  // UCX's own blobs, walked before UCX sees them (ucx_blob_check.h)
+    if (mode & 1)
+      (void)ucx::CheckWorkerAddress(blob, "fuzz address");
+    else
+      (void)ucx::CheckPackedRkey(blob, "fuzz rkey");
+    return 0;
+  }
   switch (mode % 3) {
     case 0: {
       if (mode & 0x80) blob = SealLike(ucx::EncodeAddress(ucx::HostIdentity{}, &one, 1), blob);
