@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs every test through CTest.
+# Installs dependencies, builds, and runs every test through CTest; then the CPU suites again
+# under AddressSanitizer + UndefinedBehaviorSanitizer with the fuzz targets (scripts/test-san.sh;
+# KVSTREAM_SANITIZE_TESTS=0 skips that part). Arguments go to both ctest runs.
 # GPU tests (label gpu) report "skipped" with the reason where no GPU is present.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+phase_start=$SECONDS
+phase() {  # phase NAME: prints how long the phase that just ended took
+  echo "test.sh: $1 took $((SECONDS - phase_start)) s"
+  phase_start=$SECONDS
+}
 "$root/scripts/install-deps.sh"
+phase "install-deps"
 "$root/scripts/build.sh"
+phase "build"
 build=${KVSTREAM_BUILD_DIR:-$root/build}
-cd "$build"
-ctest --output-on-failure -j "${KVSTREAM_TEST_JOBS:-2}" --timeout 900 "$@"
+rc=0
+(cd "$build" && ctest --output-on-failure -j "${KVSTREAM_TEST_JOBS:-2}" --timeout 900 "$@") || rc=$?
+phase "tests"
+if [[ ${KVSTREAM_SANITIZE_TESTS:-1} != 0 ]]; then
+  "$root/scripts/test-san.sh" "$@" || rc=$?
+  phase "sanitizer build and tests (fuzzing included)"
+fi
+exit $rc
