@@ -26,7 +26,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 # error text (the main build runs it); the daemon suites below are bound by wall-clock budgets
 # (per-test timeouts, sample counts in fixed phases, start-up deadlines) that the -O0
 # instrumented daemons miss on two cores, with no sanitizer report in their logs.
-exclude='^(layering_test|daemons_disagg_test|daemons_prompt_cache_test|daemons_bench_itl_test|daemons_llama_test|daemons_limits_test)$'
+exclude='^(layering_test|daemons_disagg_test|daemons_prompt_cache_test|daemons_bench_itl_test|daemons_llama_test|daemons_limits_test|daemons_lost_prefill_test|daemons_drain_test)$'
 cd "$build"
 start=$SECONDS
 rc=0
