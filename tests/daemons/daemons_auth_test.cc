@@ -9,6 +9,7 @@
 #include "connector/client_auth.h"
 #include "daemon/credentials.h"
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/fault_record.h"
 
 namespace kvstream::testing {
 namespace {
@@ -163,6 +164,19 @@ TEST_F(AuthTest, TokensGuardEveryMethod) {
   // No token of the peer leaks into the logs.
   EXPECT_EQ(prefill_->Log().find(peer), std::string::npos);
   EXPECT_EQ(decode_->Log().find(client), std::string::npos);
+  FaultOutcome o;
+  o.tries = 2 * 4 + 3 + 2 * 2;  // prefill methods without / with a wrong token, as a client; decode
+  o.requests = 3;
+  o.lost = g.status.ok() ? 0 : 1;
+  o.wrong_tokens = g.tokens == Colocated(kTiny, prompt, 4) ? 0 : 1;
+  o.aborts = prefill_->Running() && decode_->Running() ? 0 : 1;
+  o.outcome = "no or a wrong token: UNAUTHENTICATED on every method; the client token on a peer "
+              "method: PERMISSION_DENIED; no secret in a message or log; with the right tokens the "
+              "load landed and the tokens were right";
+  RecordFault("control.tokens_per_method",
+              "calls to every method of both daemons without a token, with a wrong one, and with "
+              "the client token on the prefill's peer methods",
+              o);
 }
 
 TEST_F(AuthTest, MutualTlsEndToEnd) {
@@ -206,6 +220,18 @@ TEST_F(AuthTest, MutualTlsEndToEnd) {
   // The peer's certificate passes the authorization (Cancel of an unknown request is OK).
   PrefillCalls as_peer = CallPrefillMethods(Channel(prefill_address(), "", Tls(d, "ca", "decode")));
   EXPECT_TRUE(as_peer.cancel.ok()) << as_peer.cancel.error_message();
+  FaultOutcome o;
+  o.tries = 2 + 4 + 3;  // no certificate / plaintext; a rogue CA's peer name; a client's on peer methods
+  o.requests = 1;
+  o.lost = g.status.ok() ? 0 : 1;
+  o.wrong_tokens = g.tokens == Colocated(kTiny, prompt, 4) ? 0 : 1;
+  o.aborts = prefill_->Running() && decode_->Running() ? 0 : 1;
+  o.outcome = "no certificate, plaintext, or a certificate from an untrusted CA: no connection; a "
+              "client certificate on a peer method: PERMISSION_DENIED; mTLS end to end served right";
+  RecordFault("control.mtls_untrusted_certificates",
+              "callers with no client certificate, plaintext, a peer's name from a rogue CA, and a "
+              "client certificate on the prefill's peer methods",
+              o);
 }
 
 // The CN of the certificate `address` serves now (a fresh connection), or "" if none.
@@ -278,11 +304,25 @@ TEST_F(AuthTest, NonLoopbackNeedsCredentialsOrInsecure) {
       {"d-peer", DecodeBin(), {"--listen=127.0.0.1:0", "--peer=192.0.2.1:1"}, "peer_token_file"},
       {"p-empty-token", PrefillBin(), {"--peer_token_file=" + empty}, "peer_token_file"},
   };
+  int started = 0;
   for (const Case& c : refused) {
     auto p = run(c.name, c.bin, c.args);
     ASSERT_TRUE(p->Spawn().ok());
-    EXPECT_EQ(p->Wait(DeadlineAfterMs(20000)), 2) << c.name << ":\n" << p->Log();
+    const int rc = p->Wait(DeadlineAfterMs(20000));
+    EXPECT_EQ(rc, 2) << c.name << ":\n" << p->Log();
+    if (rc != 2) ++started;
     EXPECT_NE(p->Log().find(c.key), std::string::npos) << c.name << ":\n" << p->Log();
+  }
+  {
+    FaultOutcome o;
+    o.tries = static_cast<int>(refused.size());
+    o.aborts = 0;
+    o.outcome = std::to_string(refused.size() - started) + " of " + std::to_string(refused.size()) +
+                " refused to start (exit 2, naming the key to set); with --insecure it serves";
+    RecordFault("control.non_loopback_without_credentials",
+                "daemons started on 0.0.0.0 / [::] or pointed at a non-loopback peer without "
+                "credentials, or with an empty token file",
+                o);
   }
   // --insecure: it starts and serves.
   auto p = run("p-insecure", PrefillBin(), {"--listen=0.0.0.0:0", "--insecure"});

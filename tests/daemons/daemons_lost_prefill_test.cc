@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/fault_record.h"
 
 namespace kvstream::testing {
 namespace {
@@ -112,6 +113,40 @@ class LostPrefillTest : public DisaggTest {
     const auto from = std::max(o.start, lost_at);
     return std::chrono::duration<double>(o.end - from).count();
   }
+  // The case's KVSTREAM_FAULT line (tests/fault_record.h): an affected request that ended
+  // past `bound`, or failed with another status than UNAVAILABLE, counts as lost.
+  void Record(const char* id, const char* what, const std::vector<Outcome>& all,
+              Clock::time_point lost_at, double bound) {
+    FaultOutcome f;
+    f.requests = static_cast<int>(all.size());
+    f.lost = f.wrong_tokens = 0;
+    int failed = 0, ok = 0, recomputed = 0;
+    double last = 0;
+    for (const Outcome& o : all) {
+      const double end = EndAfterLoss(o, lost_at);
+      if (o.result.status.ok()) {
+        ++ok;
+        if (!o.result.messages.empty() && o.result.messages.front().load().recomputed()) ++recomputed;
+        if (o.result.tokens !=
+            Colocated(kTiny, MakePrompt(kPromptTokens, 512, 1000 + o.index), kMaxTokens))
+          ++f.wrong_tokens;
+        if (o.after_loss || recomputed) last = std::max(last, end);
+        continue;
+      }
+      ++failed;
+      last = std::max(last, end);
+      if (o.result.status.error_code() != grpc::StatusCode::UNAVAILABLE || end >= bound) ++f.lost;
+    }
+    f.blocks_leaked = BlocksNotFree(decode_address(), true, DeadlineAfterMs(8000));
+    f.aborts = decode_->Running() ? 0 : 1;
+    char buf[200];
+    std::snprintf(buf, sizeof(buf),
+                  "%d ended OK (%d recomputed), %d UNAVAILABLE; the last affected one ended %.2f s "
+                  "after the loss (bound %.0f s)",
+                  ok, recomputed, failed, last, bound);
+    f.outcome = buf;
+    RecordFault(id, what, f);
+  }
   static void Print(const std::vector<Outcome>& all, Clock::time_point lost_at) {
     for (const Outcome& o : all) {
       const std::string what =
@@ -138,6 +173,9 @@ TEST_F(LostPrefillTest, KilledUnderLoadEveryAffectedRequestFailsWithinASecond) {
   EXPECT_GE(CheckFailedWithin(all, lost_at, 1.0), 8 + 16);
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
+  Record("prefill.sigkill_under_load_fail",
+         "prefill SIGKILLed with 32 requests in flight, 8 more sent after (on_load_failure=fail)",
+         all, lost_at, 1.0);
 }
 
 TEST_F(LostPrefillTest, KilledUnderLoadEveryRequestCompletesWithRecompute) {
@@ -160,6 +198,9 @@ TEST_F(LostPrefillTest, KilledUnderLoadEveryRequestCompletesWithRecompute) {
   EXPECT_GE(recomputed, 8 + 16);
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
+  Record("prefill.sigkill_under_load_recompute",
+         "prefill SIGKILLed with 32 requests in flight, 8 more sent after (on_load_failure=recompute)",
+         all, lost_at, 5.0);
 }
 
 // A prefill that hangs without closing its connection (SIGSTOP): only keepalive can tell.
@@ -173,6 +214,9 @@ TEST_F(LostPrefillTest, StoppedUnderLoadEveryAffectedRequestFailsWithinTwoSecond
   // Blocks come back once the writer is given up on (cancel timeout, then quarantine).
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(8000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
+  Record("prefill.sigstop_under_load",
+         "prefill SIGSTOPped (hangs, connection open) with 16 requests in flight, 4 sent after",
+         all, lost_at, 2.0);
 }
 
 // The other side of noticing lost connections: a prefill that only closes idle ones
