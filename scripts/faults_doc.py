@@ -101,7 +101,7 @@ def check(root):
     ids = set()
     for p in glob.glob(os.path.join(root, "tests", "**", "*.cc"), recursive=True):
         with open(p, errors="replace") as f:
-            ids.update(re.findall(r'RecordFault\(\s*"([^"]+)"', f.read()))
+            ids.update(re.findall(r'Record\w*\(\s*"([a-z0-9_]+\.[a-z0-9_.]+)"', f.read()))
     doc_path = os.path.join(root, "docs", "faults.md")
     with open(doc_path) as f:
         doc = f.read()
