@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """docs/faults.md from the fault and bad-input cases' own reports (tests/fault_record.h).
 
-  python3 scripts/faults_doc.py [BUILD_DIR] > docs/faults.md
+  python3 scripts/faults_doc.py [BUILD_DIR] [--out docs/faults.md]
   python3 scripts/faults_doc.py --check [REPO_ROOT]   (CTest faults_doc_check)
 
 Reads the KVSTREAM_FAULT lines of BUILD_DIR/Testing/Temporary/LastTest*.log (the output of the
-last ctest runs there, e.g. `ctest -L 'fault|security'`) and prints the document. --check: every
+last ctest runs there, e.g. `ctest -L 'fault|security'`) and prints the document (with --out:
+writes it to that file, which stays untouched when there is nothing to write). --check: every
 case id the tests report (RecordFault("id", ...) in tests/) is in docs/faults.md and the other
 way round, and every row of the document shows no request lost, no wrong token, no leaked
 block, no abort, no byte outside registered memory and a passing test.
@@ -28,7 +29,7 @@ def cell(v):
     return "-" if v is None or v == -1 else str(v)
 
 
-def generate(build):
+def generate(build, out_path=None):
     runs = {}
     for log in sorted(glob.glob(os.path.join(build, "Testing", "Temporary", "LastTest*.log"))):
         with open(log, errors="replace") as f:
@@ -70,7 +71,7 @@ def generate(build):
            "(CTest labels `fault` and `security`; each case prints one `KVSTREAM_FAULT` line, "
            "`tests/fault_record.h`). Do not edit by hand: run the tests, then the script:", "",
            "```", "cd build && ctest -L 'fault|security' --timeout 900; cd .. && "
-           "python3 scripts/faults_doc.py build > docs/faults.md", "```", "",
+           "python3 scripts/faults_doc.py build --out docs/faults.md", "```", "",
            "Run of %s at commit %s, CPU build, real daemon processes on loopback. `-`: a figure the "
            "case does not measure (e.g. no request is involved). `faults_doc_check` (a unit test) "
            "keeps every case in this table and every row at zero." %
@@ -94,7 +95,12 @@ def generate(build):
                (len(records), totals["tries"], totals["requests"], totals["lost"],
                 totals["wrong_tokens"], totals["blocks_leaked"], totals["aborts"],
                 totals["bytes_outside"]))
-    print("\n".join(out))
+    text = "\n".join(out) + "\n"
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
 
 
 def check(root):
@@ -141,4 +147,9 @@ if __name__ == "__main__":
     if args and args[0] == "--check":
         check(os.path.abspath(args[1] if len(args) > 1 else "."))
     else:
-        generate(args[0] if args else "build")
+        out_path = None
+        if "--out" in args:
+            i = args.index("--out")
+            out_path = args[i + 1]
+            del args[i:i + 2]
+        generate(args[0] if args else "build", out_path)
