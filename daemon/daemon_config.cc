@@ -57,7 +57,7 @@ const std::vector<Field>& Fields() {
       KV_FIELD(drain_grace_ms, kI64,
                "SIGTERM: then let requests in flight finish this long before cancelling them"),
       KV_FIELD(transport, kStr,
-               "data plane: ucx | ucx_staged | cuda_ipc (GPU pools: ucx = direct or staged)"),
+               "data plane: ucx | ucx_staged | cuda_ipc | nccl (GPU pools: ucx = direct or staged)"),
       KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp, sm (empty = UCX default)"),
       KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
       KV_FIELD(pace_bytes_per_s, kU64, "prefill: KV write rate limit, bytes/s (0 = unlimited)"),

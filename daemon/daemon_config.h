@@ -52,7 +52,7 @@ struct DaemonConfig {
   // refused; requests in flight get drain_grace_ms to finish before they are cancelled.
   int64_t drain_delay_ms = 3000;
   int64_t drain_grace_ms = 25000;
-  // ucx | ucx_staged | cuda_ipc. With GPU pools (backend cuda) "ucx" means the UCX path this
+  // ucx | ucx_staged | cuda_ipc | nccl. With GPU pools (backend cuda) "ucx" means the UCX path this
   // host's UCX supports: UCX direct on CUDA memory where UCX reports it, else ucx_staged.
   std::string transport = "ucx";
   std::string ucx_tls;          // e.g. "tcp", "sm"; empty = UCX default / $UCX_TLS

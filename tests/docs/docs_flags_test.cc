@@ -2,8 +2,11 @@
 // the program it is given to (kvstream-prefill, kvstream-decode, kvstream <command>, a program
 // or script of bench/), and a flag that names no program against all of theirs. The daemons' and
 // the CLI's flags come from the built binaries' --help; a bench program's from its source.
-// Flags of other tools (cmake, ctest, ...) are not checked.
+// Flags of other tools (cmake, ctest, ...) are not checked. The deploy files (deploy/: container
+// file, manifests, units, scripts) are checked the same way, one command per line, and the keys
+// of deploy/configs/*.json are the daemons' flags.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -141,7 +144,8 @@ bool IsOtherTool(const std::string& word) {
       "cmake", "ctest", "ninja", "nvcc", "python3", "pip", "git", "docker", "kubectl", "helm",
       "srun", "sbatch", "salloc", "systemctl", "journalctl", "compute-sanitizer", "nsys", "ncu",
       "nvidia-smi", "nvidia-cuda-mps-control", "ucx_info", "grpcurl", "curl", "apt-get",
-      "numactl", "taskset", "torchrun", "configure"};
+      "numactl", "taskset", "torchrun", "configure", "podman", "buildah", "debootstrap",
+      "useradd", "yamllint", "systemd-analyze", "openssl", "grpc_health_probe", "ccache"};
   return tools.count(word) != 0;
 }
 
@@ -349,6 +353,74 @@ TEST_F(DocsFlagsTest, EveryFlagTheDocsNameExists) {
   }
   EXPECT_GT(checked, 100);  // the docs name many flags: a broken scan would see none
   EXPECT_TRUE(missing.empty()) << Describe(missing);
+}
+
+// deploy/: every file but Markdown (checked above), a line a command (a line ending in "\"
+// continues it); '#' comments are checked too (they show commands).
+std::vector<fs::path> DeployFiles() {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(KVSTREAM_SOURCE_DIR) / "deploy"))
+    if (e.is_regular_file() && e.path().extension() != ".md") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void CheckLines(const Programs& p, const std::string& name, const std::string& text,
+                std::vector<Finding>* missing, int* checked) {
+  std::istringstream in(text);
+  std::string command, command_where;
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (command.empty()) command_where = name + ":" + std::to_string(n);
+    if (line.rfind("#SBATCH", 0) == 0) line = "sbatch" + line.substr(7);  // sbatch's own flags
+    command += " " + line;
+    if (!line.empty() && line.back() == '\\') continue;
+    CheckSegment(p, command, command_where, missing, checked);
+    command.clear();
+  }
+  if (!command.empty()) CheckSegment(p, command, command_where, missing, checked);
+}
+
+TEST_F(DocsFlagsTest, EveryFlagTheDeployFilesNameExists) {
+  const std::vector<fs::path> files = DeployFiles();
+  std::vector<Finding> missing;
+  int checked = 0, config_keys = 0;
+  for (const fs::path& f : files) {
+    const std::string name = fs::relative(f, KVSTREAM_SOURCE_DIR).string();
+    const std::string text = ReadFile(f);
+    if (f.extension() == ".json" && f.parent_path().filename() == "configs") {
+      // A daemon config: every key is a flag of the daemon its name starts with.
+      const std::string program = name.find("prefill") != std::string::npos
+                                      ? "kvstream-prefill" : "kvstream-decode";
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << name;
+      for (const auto& [key, value] : j.items()) {
+        ++config_keys;
+        if (!programs_->flags.at(program).count(key)) missing.push_back({name, key, program});
+      }
+      continue;
+    }
+    CheckLines(*programs_, name, text, &missing, &checked);
+  }
+  EXPECT_GT(checked, 10);  // the units, the manifests and the scripts name flags
+  EXPECT_GT(config_keys, 20);
+  EXPECT_TRUE(missing.empty()) << Describe(missing);
+}
+
+TEST_F(DocsFlagsTest, TheDeployCheckFindsWhatIsMissing) {
+  std::vector<Finding> missing;
+  int checked = 0;
+  CheckLines(*programs_, "x.service",
+             "ExecStart=/usr/local/bin/kvstream-decode --config /etc/x.json \\\n"
+             "    --no_such_key 1\n"
+             "command: [\"/usr/local/bin/kvstream-prefill\", \"--peer\", \"a:1\"]\n"
+             "RUN useradd --system kvstream\n"
+             "#SBATCH --nodes=2\n",
+             &missing, &checked);
+  EXPECT_EQ(checked, 3);
+  EXPECT_EQ(Describe(missing),
+            "x.service:1: --no_such_key is not a flag of kvstream-decode\n");
 }
 
 }  // namespace
