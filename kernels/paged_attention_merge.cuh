@@ -137,6 +137,11 @@ __device__ void FusedMerge(const KernelArgs& a, float* smem, int seq, int h0, in
 // barrier keeps every CTA's shared memory alive until the whole cluster has read it.
 template <bool kBf16, int D, int W>
 __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, int seq, int h0, int nh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // Clusters are sm_90 code: the sm_80/sm_89 images never get a.cluster > 1 (the planner makes
+  // no cluster where the loaded image lacks the sm_90 paths, paged_attention_plan.h).
+  __trap();
+#else
   namespace cg = cooperative_groups;
   using T = Elem<kBf16>;
   constexpr int kSlices = D / 32;
@@ -162,6 +167,7 @@ __device__ void ClusterMerge(const KernelArgs& a, float* red_s, float* lse_s, in
     static_cast<T*>(a.out)[(size_t(seq) * a.num_heads + h0 + hh) * D + d] = FromF<kBf16>(sum > 0.f ? acc / sum : 0.f);
   }
   cl.sync();
+#endif
 }
 
 }  // namespace kvstream::kernels::paged_decode
