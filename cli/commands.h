@@ -13,6 +13,7 @@
 #define KVSTREAM_CLI_COMMANDS(X)                                                          \
   X("generate", RunGenerate, "generate tokens in this process (prefill + decode)")        \
   X("make-checkpoint", RunMakeCheckpoint, "write a dummy-weight HF checkpoint directory") \
+  X("tokenize", RunTokenize, "encode stdin's lines with a checkpoint's tokenizer (or --decode ids)") \
   X("presets", RunPresets, "list model presets with shapes and KV bytes per token")         \
   X("bench", RunBench, "benchmarks through the daemons: ttft (pipelined/non-pipelined/colocated), itl") \
   X("stats", RunStats, "what running daemons report: pool, requests, tokens, KV bytes moved")

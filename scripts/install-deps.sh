@@ -20,6 +20,7 @@ PKGS=(
   libucx-dev ucx-utils
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev
+  libpcre2-dev libicu-dev libsentencepiece-dev  # tokenizer/: pre-tokenizer patterns, NFC, .model files
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
 )
