@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Single-thread encode rate: kvstream's tokenizer beside Hugging Face tokenizers, on the same
 # machine, text and tokenizer files, one after the other (docs/tokenizers.md, "Encode rate").
-#   bench/tokenizer.sh [SECONDS]      (per side and tokenizer; default 5)
+#   bench/tokenizer.sh [SECONDS] [MODE]   (per side and tokenizer, default 5; MODE: lines, each line
+#                                          one text (default), or whole, the file as one text)
 # Needs BIN (default build/bin) with tokenizer_encode, and node with the `tokenizers` package
 # (NODE_PATH=<folder>/node_modules after `npm install tokenizers@0.23.2` there).
 # The text: the golden corpus 20 times, the licenses in /usr/share/common-licenses and a few
@@ -10,6 +11,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 secs=${1:-5}
+mode=${2:-lines}
 BIN=${BIN:-$root/build/bin}
 OUT=${OUT:-$root/bench/out}
 mkdir -p "$OUT"
@@ -29,8 +31,8 @@ echo "text: $(wc -c < "$text") bytes, $(wc -l < "$text") lines; $(nproc) CPUs: $
 results=()
 for family in llama3 qwen2 llama2; do
   tok=$root/tests/tokenizer/data/$family/tokenizer.json
-  ours=$("$BIN/tokenizer_encode" "$tok" "$text" "$secs")
-  ref=$(TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 node "$root/bench/tokenizer_encode_ref.js" "$tok" "$text" "$secs")
+  ours=$("$BIN/tokenizer_encode" "$tok" "$text" "$secs" "$mode")
+  ref=$(TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 node "$root/bench/tokenizer_encode_ref.js" "$tok" "$text" "$secs" "$mode")
   echo "$family $ours"
   echo "$family $ref"
   results+=("$family|$ours|$ref")

@@ -1,6 +1,7 @@
 // tokenizer_encode: single-thread encode rate of kvstream's tokenizer over a text file's lines
 // (bench/tokenizer.sh runs it beside Hugging Face tokenizers on the same file and tokenizer).
-//   tokenizer_encode TOKENIZER_PATH TEXT_FILE [SECONDS]
+//   tokenizer_encode TOKENIZER_PATH TEXT_FILE [SECONDS] [lines|whole]
+// lines (default): each line is one text; whole: the file (less its last newline) is one text.
 // Prints one JSON line: bytes, lines, tokens, seconds, MB/s, and a checksum of the ids (the
 // reference side prints the same one, so the two encoded the same thing).
 #include <chrono>
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const double min_seconds = argc > 3 ? std::atof(argv[3]) : 3.0;
+  const bool whole = argc > 4 && std::string(argv[4]) == "whole";
   auto tok = kvstream::tokenizer::Tokenizer::Load(argv[1]);
   if (!tok.ok()) {
     std::fprintf(stderr, "tokenizer_encode: %s\n", tok.status().ToString().c_str());
@@ -29,6 +31,12 @@ int main(int argc, char** argv) {
   for (std::string l; std::getline(in, l);) {
     bytes += l.size();
     lines.push_back(std::move(l));
+  }
+  if (whole) {
+    std::string all;
+    for (size_t i = 0; i < lines.size(); ++i) all += (i ? "\n" : "") + lines[i];
+    bytes = all.size();
+    lines.assign(1, std::move(all));
   }
   // One untimed pass (the reference library also caches words), then whole passes until
   // min_seconds; the rate is the best pass's.
@@ -56,9 +64,9 @@ int main(int argc, char** argv) {
     ++passes;
     if (s < best) best = s;
   }
-  std::printf("{\"impl\": \"kvstream\", \"bytes\": %zu, \"lines\": %zu, \"tokens\": %llu, \"passes\": %d, "
+  std::printf("{\"impl\": \"kvstream\", \"mode\": \"%s\", \"bytes\": %zu, \"lines\": %zu, \"tokens\": %llu, \"passes\": %d, "
               "\"best_s\": %.6f, \"mb_per_s\": %.3f, \"checksum\": \"%llu\"}\n",
-              bytes, lines.size(), static_cast<unsigned long long>(tokens), passes, best,
+              whole ? "whole" : "lines", bytes, lines.size(), static_cast<unsigned long long>(tokens), passes, best,
               bytes / best / 1e6, static_cast<unsigned long long>(checksum));
   return 0;
 }
