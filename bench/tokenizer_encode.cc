@@ -1,5 +1,5 @@
 // tokenizer_encode: single-thread encode rate of kvstream's tokenizer over a text file's lines
-// (bench/tokenizer.sh runs it beside Hugging Face tokenizers on the same file and tokenizer).
+// (bench/tokenizer_vs_reference.sh runs it beside Hugging Face tokenizers on the same file and tokenizer).
 //   tokenizer_encode TOKENIZER_PATH TEXT_FILE [SECONDS] [lines|whole]
 // lines (default): each line is one text; whole: the file (less its last newline) is one text.
 // Prints one JSON line: bytes, lines, tokens, seconds, MB/s, and a checksum of the ids (the

@@ -1,4 +1,4 @@
-// The reference side of bench/tokenizer.sh: Hugging Face tokenizers (Node.js bindings, the same
+// The reference side of bench/tokenizer_vs_reference.sh: Hugging Face tokenizers (Node.js bindings, the same
 // Rust core as the Python package), one thread, the same file, tokenizer and checksum as
 // bench/tokenizer_encode.cc.
 //   TOKENIZERS_PARALLELISM=false node bench/tokenizer_encode_ref.js TOKENIZER_JSON TEXT_FILE [SECONDS] [lines|whole]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Single-thread encode rate: kvstream's tokenizer beside Hugging Face tokenizers, on the same
 # machine, text and tokenizer files, one after the other (docs/tokenizers.md, "Encode rate").
-#   bench/tokenizer.sh [SECONDS] [MODE]   (per side and tokenizer, default 5; MODE: lines, each line
+#   bench/tokenizer_vs_reference.sh [SECONDS] [MODE]   (per side and tokenizer, default 5; MODE: lines, each line
 #                                          one text (default), or whole, the file as one text)
 # Needs BIN (default build/bin) with tokenizer_encode, and node with the `tokenizers` package
 # (NODE_PATH=<folder>/node_modules after `npm install tokenizers@0.23.2` there).
