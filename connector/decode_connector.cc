@@ -375,6 +375,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
       MarkPeerLost(st.message());
   }
   load->keepalive.reset();
+  if (st.ok() && on_load_done_) on_load_done_(info);
   std::lock_guard<std::mutex> lock(mu_);
   load->result_ready = true;
   load->result = st;

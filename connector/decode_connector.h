@@ -39,6 +39,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +101,10 @@ class DecodeConnector {
   ~DecodeConnector();
 
   const std::string& instance_id() const { return options_.instance_id; }
+  const std::string& prefill_address() const { return options_.prefill_address; }
+  // Called with each load that succeeded (on the load's thread, after its last layer landed).
+  // Set before the first StartLoad.
+  void set_on_load_done(std::function<void(const LoadResult&)> f) { on_load_done_ = std::move(f); }
 
   // (Re)does the handshake now. kFailedPrecondition naming the field on a layout mismatch.
   Status Handshake(Deadline deadline);
@@ -193,6 +198,7 @@ class DecodeConnector {
   std::map<uint64_t, std::shared_ptr<Load>> loads_;
   std::vector<std::thread> finished_threads_;
   DecodeConnectorStats stats_;
+  std::function<void(const LoadResult&)> on_load_done_;
 };
 
 }  // namespace kvstream::connector

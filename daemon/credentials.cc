@@ -233,6 +233,20 @@ Result<Security> SecurityFromConfig(const DaemonConfig& cfg, const std::string& 
                                " or peer_token_file" + or_insecure);
   }
 
+  if (!cfg.metrics_auth_file.empty()) {
+    KV_ASSIGN_OR_RETURN(std::string pair, ReadTokenFile("metrics_auth_file", cfg.metrics_auth_file));
+    const size_t colon = pair.find(':');
+    if (colon == std::string::npos || colon == 0 || pair.size() - colon - 1 < 16)
+      return InvalidArgument("metrics_auth_file " + cfg.metrics_auth_file +
+                             ": expected one line user:password, the password 16 bytes or more");
+    sec.metrics_user = pair.substr(0, colon);
+    sec.metrics_password = pair.substr(colon + 1);
+  }
+  if (!cfg.metrics.empty() && !cfg.insecure && !IsLoopbackAddress(cfg.metrics) &&
+      sec.metrics_user.empty())
+    return InvalidArgument("metrics " + cfg.metrics +
+                           " is not a loopback address: set metrics_auth_file" + or_insecure);
+
   const unsigned reload_s = static_cast<unsigned>(cfg.tls_reload_s);
   if (tls) {
     KV_RETURN_IF_ERROR(CheckPemFile("tls_cert", cfg.tls_cert));

@@ -12,7 +12,8 @@
 //    bad credential) or PERMISSION_DENIED (valid identity, wrong method), never echoing a secret.
 //  - SecurityFromConfig refuses (kInvalidArgument, naming the keys) a listen or peer address off
 //    loopback without credentials unless `insecure`; on loopback without credentials every call
-//    is admitted, as before.
+//    is admitted, as before. The same for the metrics endpoint: off loopback it needs
+//    metrics_auth_file unless `insecure`.
 #pragma once
 
 #include <memory>
@@ -60,6 +61,8 @@ struct Security {
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;  // decode -> prefill
   std::string peer_token;  // the decode presents it to its prefills (empty: none)
   std::shared_ptr<const Authorizer> authorizer;
+  // HTTP basic auth of the metrics endpoint (metrics_auth_file); empty = none.
+  std::string metrics_user, metrics_password;
 };
 // role "prefill" or "decode". Reads the token files, checks the certificate files, applies the
 // loopback / insecure rule.

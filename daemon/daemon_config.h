@@ -48,6 +48,12 @@ struct DaemonConfig {
   // present credentials; empty = none. Its port goes to health_port_file.
   std::string health_listen;
   std::string health_port_file;
+  // Prometheus text endpoint (daemon/metrics.h), http://<metrics>/metrics; empty = none. Off
+  // loopback it needs metrics_auth_file (a "user:password" line: HTTP basic auth) unless
+  // insecure. Its port goes to metrics_port_file.
+  std::string metrics;
+  std::string metrics_port_file;
+  std::string metrics_auth_file;
   // SIGTERM: readiness NOT_SERVING at once, new requests still admitted for drain_delay_ms, then
   // refused; requests in flight get drain_grace_ms to finish before they are cancelled.
   int64_t drain_delay_ms = 3000;

@@ -43,6 +43,7 @@ struct DecodeServer::Request {
   int32_t last_token = -1;
   int generated = 0;
   bool load_info_sent = false;
+  int64_t last_token_us = 0;  // since arrival, of the last token emitted
   v1::LoadInfo load;
   // Shared with the Generate handler (under mu).
   std::mutex mu;
@@ -188,6 +189,7 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
   auto ids = admission_.Acquire(need, queue_deadline, [ctx] { return ctx->IsCancelled(); });
   if (!ids.ok()) return reject(ids.status());
   r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
+  if (observed_.queue) observed_.queue->Observe(double(MicrosSince(r->arrival)) * 1e-6);
 
   KV_LOG_INFO << "[req " << r->id << "] generate: prompt " << n << " tokens, max_tokens "
               << r->max_tokens << ", "
@@ -247,8 +249,13 @@ void DecodeServer::Emit(Request& r, int32_t token) {
   msg.set_token_id(token);
   msg.set_index(r.generated);
   msg.set_server_time_us(WallMicros());
-  msg.set_since_arrival_us(MicrosSince(r.arrival));
+  const int64_t since_arrival_us = MicrosSince(r.arrival);
+  msg.set_since_arrival_us(since_arrival_us);
   msg.set_request_id(r.id);
+  // The very figures the client receives (since_arrival_us).
+  if (daemon::Histogram* h = r.generated == 0 ? observed_.ttft : observed_.itl)
+    h->Observe(double(since_arrival_us - r.last_token_us) * 1e-6);
+  r.last_token_us = since_arrival_us;
   ++r.generated;
   const bool last = Done(r, token);
   msg.set_last(last);
@@ -318,10 +325,11 @@ class LoadHooks : public model::LayerHooks {
   // all_layers_first: wait for every layer before layer 0 (see DaemonConfig::first_step_after_load).
   // gpu_wait (DaemonConfig::gpu_landed_wait): layers announced early are waited for on
   // `stream` (the compute stream) rather than on the host.
+  // `observe` (may be null): each wait's duration, one per BeforeAttention.
   LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline, int num_layers,
-            bool all_layers_first, bool gpu_wait = false)
+            bool all_layers_first, bool gpu_wait, daemon::Histogram* observe)
       : c_(c), id_(id), deadline_(deadline), num_layers_(num_layers),
-        all_layers_first_(all_layers_first), gpu_wait_(gpu_wait) {}
+        all_layers_first_(all_layers_first), gpu_wait_(gpu_wait), observe_(observe) {}
   Status BeforeAttention(int layer, void* stream) override {
     auto t = Clock::now();
     auto wait = [&](int l) {
@@ -334,7 +342,10 @@ class LoadHooks : public model::LayerHooks {
     } else {
       s = wait(layer);
     }
-    wait_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
+    const int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
+    wait_us += us;
+    if (observe_) observe_->Observe(double(us) * 1e-6);
     return s;
   }
   int64_t wait_us = 0;
@@ -346,6 +357,7 @@ class LoadHooks : public model::LayerHooks {
   int num_layers_;
   bool all_layers_first_;
   bool gpu_wait_;
+  daemon::Histogram* observe_;
 };
 }  // namespace
 
@@ -357,7 +369,7 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   Status s;
   if (r.remote) {
     LoadHooks hooks(r.conn, r.id, r.load_deadline, pool_->layout().num_layers,
-                    FirstStepAfterLoad(r), config_.gpu_landed_wait);
+                    FirstStepAfterLoad(r), config_.gpu_landed_wait, observed_.layer_wait);
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
     s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
     // The forward has completed, but a layer waited for on the GPU may have been released by
@@ -602,53 +614,6 @@ void DecodeServer::BeginShutdown() {
 void DecodeServer::Stop() {
   if (scheduler_.joinable()) scheduler_.join();
   if (prober_.joinable()) prober_.join();
-}
-
-grpc::Status DecodeServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
-                                 v1::StatsResponse* resp) {
-  if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kStats); !a.ok()) return a;
-  resp->set_instance_id(connectors_.front()->instance_id());
-  resp->set_role("decode");
-  auto* p = resp->mutable_pool();
-  p->set_num_blocks(pool_->num_blocks());
-  p->set_free_blocks(pool_->allocator().free_count());
-  p->set_block_size(pool_->layout().block_size);
-  p->set_block_bytes(pool_->layout().block_bytes());
-  p->set_num_layers(pool_->layout().num_layers);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    resp->set_requests_in_flight(static_cast<int>(active_ids_.size()));
-  }
-  connector::DecodeConnectorStats cs;
-  for (connector::DecodeConnector* c : connectors_) {
-    const auto one = c->stats();
-    cs.kv_bytes += one.kv_bytes;
-    cs.stale_signals_ignored += one.stale_signals_ignored;
-    cs.handshakes += one.handshakes;
-    cs.quarantined_blocks += one.quarantined_blocks;
-  }
-  auto* c = resp->mutable_counters();
-  c->set_requests_total(total_);
-  c->set_requests_ok(ok_);
-  c->set_requests_failed(failed_);
-  c->set_requests_cancelled(cancelled_);
-  c->set_tokens_generated(tokens_);
-  c->set_kv_bytes_moved(cs.kv_bytes);
-  c->set_stale_signals_ignored(cs.stale_signals_ignored);
-  c->set_loads_recomputed(recomputed_);
-  c->set_decode_steps(steps_);
-  c->set_decode_loop_us(loop_us_);
-  c->set_decode_forward_us(forward_us_);
-  c->set_decode_first_step_us(first_step_us_);
-  c->set_decode_joins_deferred(joins_deferred_);
-  c->set_handshakes(cs.handshakes);
-  resp->set_quarantined_blocks(cs.quarantined_blocks);
-  resp->set_model_name(backend_->config().name);
-  resp->set_vocab_size(backend_->config().vocab_size);
-  resp->set_model_hash(backend_->config().hash());
-  resp->set_backend(backend_->name());
-  resp->set_transport(config_.transport);
-  return grpc::Status::OK;
 }
 
 }  // namespace kvstream::decode

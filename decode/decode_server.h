@@ -35,6 +35,7 @@
 #include "daemon/credentials.h"
 #include "daemon/daemon_config.h"
 #include "daemon/health.h"
+#include "daemon/metrics.h"
 #include "connector/decode_connector.h"
 #include "decode/admission.h"
 #include "decode/join_budget.h"
@@ -54,6 +55,12 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
                         grpc::ServerWriter<kvstream::v1::GenerateResponse>* writer) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
                      kvstream::v1::StatsResponse* resp) override;
+  // What Stats reports (the metrics reader reads the same: daemon/metrics.h).
+  void FillStats(kvstream::v1::StatsResponse* resp);
+  // Registers the decode's metrics with `registry`, which must outlive the server: its Stats
+  // figures and histograms of TTFT, inter-token latency, queue time, per-layer load wait and
+  // transfers per prefill. Before the server starts; without it nothing is observed.
+  void EnableMetrics(daemon::MetricsRegistry* registry);
 
   // Readiness from now on goes to `health` (SetReady): SERVING while some prefill is usable
   // (its handshake valid; the prober retries the others once a second) or on_load_failure is
@@ -129,6 +136,14 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   size_t rr_ = 0;
   // Landed prompts joining a step, within config_.itl_target_ms (decode/join_budget.h).
   JoinBudget join_budget_;
+
+  // Histograms (EnableMetrics); null: not observed.
+  struct Observed {
+    daemon::Histogram* ttft = nullptr;
+    daemon::Histogram* itl = nullptr;
+    daemon::Histogram* queue = nullptr;
+    daemon::Histogram* layer_wait = nullptr;
+  } observed_;
 
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0}, tokens_{0}, recomputed_{0};

@@ -5,6 +5,7 @@
 #include "daemon/credentials.h"
 #include "daemon/daemon_runtime.h"
 #include "daemon/health.h"
+#include "daemon/metrics.h"
 #include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
   daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   service.set_authorizer(security->authorizer);
+  auto registry = std::make_shared<daemon::MetricsRegistry>();
+  if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
   int port = 0;
   auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
                                         daemon::ServerLimitsFromConfig(*cfg),
@@ -64,6 +67,8 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status());
   if (Status s = daemon::StartHealth(*cfg, server->get(), &health); !s.ok()) return Fail(s);
   service.SetHealth(&health);
+  auto metrics = daemon::StartMetricsEndpoint(*cfg, *security, registry);
+  if (!metrics.ok()) return Fail(metrics.status());
   if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-decode " << conns.front()->instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
@@ -81,6 +86,7 @@ int main(int argc, char** argv) {
   health.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();
+  metrics->reset();  // its scrapes read the service and the connectors
   service.Stop();
   conns.clear();  // each connector waits (bounded) for its writers before releasing blocks
   int free_blocks = model->pool->allocator().free_count();

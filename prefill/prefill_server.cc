@@ -181,7 +181,10 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   model::BlockLease lease;
   std::optional<model::BlockLease> cached = cache_.Lookup(tokens, /*count_miss=*/false);
   if (!cached) {
-    if (!forward_lock.try_lock_until(deadline))
+    const auto asked = Clock::now();
+    const bool locked = forward_lock.try_lock_until(deadline);
+    if (observed_.queue) observed_.queue->Observe(double(MicrosBetween(asked, Clock::now())) * 1e-6);
+    if (!locked)
       return Timeout("request " + std::to_string(id) + ": prefill busy until the deadline");
     if (ctx->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
     // A repeat that queued behind the forward of the same prompt finds it cached now.
@@ -254,6 +257,11 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (!hit && cache_.Insert(tokens, lease.ids())) {
     KV_LOG_DEBUG << "[req " << id << "] prompt of " << n << " tokens cached";
   }
+  if (observed_.compute && !hit) observed_.compute->Observe(double(MicrosBetween(t0, t1)) * 1e-6);
+  if (observed_.transfer_seconds) {
+    observed_.transfer_seconds->Observe(double(save->transfer_us()) * 1e-6);
+    observed_.transfer_bytes->Observe(double(save->bytes_posted()));
+  }
   hooks.SendProgress();
   v1::PrefillProgress done;
   done.set_done(true);
@@ -301,6 +309,11 @@ grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelReq
 grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) {
   if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kStats); !a.ok()) return a;
+  FillStats(resp);
+  return grpc::Status::OK;
+}
+
+void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_instance_id(instance_id_);
   resp->set_role("prefill");
   auto* p = resp->mutable_pool();
@@ -328,7 +341,30 @@ grpc::Status PrefillServer::Stats(grpc::ServerContext* ctx, const v1::StatsReque
   resp->set_model_hash(backend_->config().hash());
   resp->set_backend(backend_->name());
   resp->set_transport(connector_->transport().name());
-  return grpc::Status::OK;
+}
+
+void PrefillServer::EnableMetrics(daemon::MetricsRegistry* registry) {
+  registry->AddReader([this](daemon::MetricsWriter& out) {
+    v1::StatsResponse s;
+    FillStats(&s);
+    daemon::WriteStatsMetrics(s, static_cast<int>(connector_->stats().peers), out);
+  });
+  observed_.queue = registry->AddHistogram(
+      "kvstream_prefill_queue_seconds",
+      "A prefill call waiting for the forward (one at a time), prompt-cache hits excepted", {},
+      daemon::buckets::RequestSeconds());
+  observed_.compute = registry->AddHistogram(
+      "kvstream_prefill_compute_seconds",
+      "A prompt's forward up to its last layer's KV (prompt-cache hits excepted)", {},
+      daemon::buckets::RequestSeconds());
+  const daemon::MetricLabels labels = {{"transport", connector_->transport().name()}};
+  observed_.transfer_seconds = registry->AddHistogram(
+      "kvstream_prefill_kv_transfer_seconds",
+      "A prompt's KV writes, first posted to last complete at the decode", labels,
+      daemon::buckets::RequestSeconds());
+  observed_.transfer_bytes = registry->AddHistogram(
+      "kvstream_prefill_kv_transfer_bytes", "KV bytes written for one prompt", labels,
+      daemon::buckets::Bytes());
 }
 
 void PrefillServer::BeginShutdown() {

@@ -18,6 +18,7 @@
 
 #include "daemon/credentials.h"
 #include "daemon/daemon_config.h"
+#include "daemon/metrics.h"
 #include "connector/prefill_connector.h"
 #include "model/backend.h"
 #include "prefill/prompt_cache.h"
@@ -38,6 +39,12 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
                       kvstream::v1::CancelResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
                      kvstream::v1::StatsResponse* resp) override;
+  // What Stats reports (the metrics reader reads the same: daemon/metrics.h).
+  void FillStats(kvstream::v1::StatsResponse* resp) const;
+  // Registers the prefill's metrics with `registry`, which must outlive the server: its Stats
+  // figures and histograms of queue time, compute and KV transfers. Before the server starts;
+  // without it nothing is observed.
+  void EnableMetrics(daemon::MetricsRegistry* registry);
 
   // Drain: new Prefill calls are refused with kUnavailable; running ones go on.
   void StopAdmitting() { admitting_ = false; }
@@ -66,6 +73,13 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   std::atomic<bool> admitting_{true};
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> total_{0}, ok_{0}, failed_{0}, cancelled_{0};
+  // Histograms (EnableMetrics); null: not observed.
+  struct Observed {
+    daemon::Histogram* queue = nullptr;
+    daemon::Histogram* compute = nullptr;
+    daemon::Histogram* transfer_seconds = nullptr;
+    daemon::Histogram* transfer_bytes = nullptr;
+  } observed_;
 };
 
 }  // namespace kvstream::prefill

@@ -21,6 +21,8 @@ PKGS=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev
   libpcre2-dev libicu-dev libsentencepiece-dev  # tokenizer/: pre-tokenizer patterns, NFC, .model files
+  prometheus-cpp-dev  # the daemons' metrics endpoint (core + civetweb exposer)
+  prometheus          # promtool and the server, for the metrics tests (tests/daemons)
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
 )
