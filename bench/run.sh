@@ -17,8 +17,9 @@
 #   ttft        kvstream bench ttft through the two daemons               bench/suite_daemons.sh
 #   itl         kvstream bench itl: ITL while prompts land, pacing A/B/D/C bench/suite_daemons.sh
 #   auth        auth_overhead: TTFT plain / tokens / mTLS, CPU daemons    bench/suite_daemons.sh
+#   metrics     metrics on / off: TTFT, 64-stream tokens/s; metrics_cost   bench/suite_daemons.sh
 #   smoke       a short run of each suite but tests (a few minutes), for before/after checks
-#   all         tests decode under-load prefill step transfer ttft itl auth
+#   all         tests decode under-load prefill step transfer ttft itl auth metrics
 #
 # Output (OUT, default bench/out): <subject>_<date>[_<tag>].jsonl (every JSON line of the
 # subject's programs, each labelled with "step" and "tag"), <subject>_<date>[_<tag>].log (their
@@ -40,8 +41,8 @@ set -uo pipefail
 BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 declare -A SUITE_BUDGET=([decode]=420 [under-load]=300 [prefill]=200 [step]=200 [tests]=300
-                         [transfer]=420 [ttft]=300 [itl]=300 [auth]=300)
-ALL="tests decode under-load prefill step transfer ttft itl auth"
+                         [transfer]=420 [ttft]=300 [itl]=300 [auth]=300 [metrics]=420)
+ALL="tests decode under-load prefill step transfer ttft itl auth metrics"
 SUITES=() DRY_RUN=0 TAG=""
 while (( $# )); do
   case $1 in
@@ -51,7 +52,8 @@ while (( $# )); do
     --tag=*) TAG=${1#--tag=} ;;
     [A-Z_]*=*) export "${1?}" ;;
     all) read -r -a _all <<< "$ALL"; SUITES+=("${_all[@]}") ;;
-    smoke | decode | under-load | prefill | step | tests | transfer | ttft | itl | auth) SUITES+=("$1") ;;
+    smoke | decode | under-load | prefill | step | tests | transfer | ttft | itl | auth | metrics)
+      SUITES+=("$1") ;;
     *) echo "bench/run.sh: unknown argument '$1' (bench/run.sh --help)" >&2; exit 2 ;;
   esac
   shift
@@ -92,7 +94,7 @@ fi
 for s in "${SUITES[@]}"; do
   if [[ $s == smoke ]]; then
     [[ -n ${BUDGET:-} ]] || BUDGET_END=$(( SECONDS + 300 ))
-    for s2 in decode under-load prefill step transfer ttft itl auth; do
+    for s2 in decode under-load prefill step transfer ttft itl auth metrics; do
       [[ $DRY_RUN == 1 ]] && echo && echo "# --- smoke: $s2"
       SMOKE=1 "suite_${s2//-/_}"
     done

@@ -232,3 +232,75 @@ suite_auth() {
   daemon_tails "auth" "$TMP"/prefill_*.log "$TMP"/decode_*.log
   [[ $DRY_RUN == 1 ]] || grep -E "^(auth_overhead|mode|plain|plain2|token|mtls) " "$(logf auth_cpu)" 2> /dev/null
 }
+
+# metrics: what the Prometheus endpoint costs (issue 19's target: at most 1% of decode throughput
+# at 64 streams and of the CPU demo's TTFT, metrics on against off). Three daemon pairs, CPU
+# backend and the tiny preset, that differ only in --metrics: off, off2 (a second identical pair:
+# the difference between two pairs that differ in nothing) and on (--metrics on both daemons,
+# scraped every 0.5 s by a loop here throughout). TTFT: auth_overhead interleaves the three
+# pairs' requests round by round (p50 against off's, 95% confidence interval). Throughput:
+# `kvstream bench itl` with 64 steady streams and nothing landing, one short run per pair per
+# round, the pairs' order rotated each round; bench/metrics_overhead.py prints each pair's
+# tokens/s median and spread and on/off per round. Before them, metrics_cost measures the same
+# cost in-process (ns per histogram observation, us per scrape), which a noisy machine cannot blur.
+# Knobs: METRICS_RUNS (600 TTFT rounds), METRICS_ROUNDS (8 throughput rounds), METRICS_PHASE_S
+# (4), METRICS_STREAMS (64), METRICS_PROMPT_LEN (64), UCX_TLS (tcp).
+suite_metrics() {
+  local runs=${METRICS_RUNS:-600} rounds=${METRICS_ROUNDS:-8} phase=${METRICS_PHASE_S:-4}
+  local streams=${METRICS_STREAMS:-64} plen=${METRICS_PROMPT_LEN:-64}
+  [[ ${SMOKE:-0} == 1 ]] && { runs=20; rounds=1; phase=1; }
+  local common=(--model tiny --backend cpu --threads 1 --ucx_tls "${UCX_TLS:-tcp}" --log_level warn
+                --drain_delay_ms 0)
+  local mode port pp dp modes=() decodes=() mports=()
+  for mode in off off2 on; do
+    local ma=() pa=()
+    [[ $mode == on ]] && {
+      pa=(--metrics 127.0.0.1:0 --metrics_port_file "$TMP/prefill_$mode.mport")
+      ma=(--metrics 127.0.0.1:0 --metrics_port_file "$TMP/decode_$mode.mport"); }
+    next_port; port=$PORT_BASE
+    spawn "$TMP/prefill_$mode.log" "$BIN/kvstream-prefill" "${common[@]}" "${pa[@]}" \
+      --listen "127.0.0.1:$port" --port_file "$TMP/prefill_$mode.port"
+    pp=$SPAWNED
+    spawn "$TMP/decode_$mode.log" "$BIN/kvstream-decode" "${common[@]}" "${ma[@]}" \
+      --max_batch $(( streams + 8 )) --pool_blocks $(( streams * 24 + 256 )) \
+      --listen 127.0.0.1:0 --peer "127.0.0.1:$port" --port_file "$TMP/decode_$mode.port"
+    dp=$SPAWNED
+    if ! wait_port "$TMP/prefill_$mode.port" "$pp" || ! wait_port "$TMP/decode_$mode.port" "$dp"; then
+      say "metrics: the $mode daemons did not come up"
+      daemon_tails "metrics $mode" "$TMP/prefill_$mode.log" "$TMP/decode_$mode.log"
+      return
+    fi
+    modes+=(--mode "$mode=127.0.0.1:$PORT_READ")
+    decodes+=("$mode=127.0.0.1:$PORT_READ")
+  done
+  if [[ $DRY_RUN != 1 ]]; then
+    wait_port "$TMP/decode_on.mport" "$dp" && mports+=("$PORT_READ")
+    wait_port "$TMP/prefill_on.mport" "$pp" && mports+=("$PORT_READ")
+  fi
+  # The scraper: both "on" endpoints every 0.5 s (Prometheus' default is 15 s).
+  local IFS_=$IFS; IFS=,
+  spawn "$TMP/scraper.log" python3 "$BENCH/metrics_overhead.py" --scrape "${mports[*]}"
+  IFS=$IFS_
+  local j; j=$(jtmp metrics)
+  # In-process first (no daemon, no network): ns per observation, us per scrape.
+  have metrics_cost && step "metrics cost in-process" metrics_cpu 120 - "$BIN/metrics_cost"
+  step "metrics TTFT on/off" metrics_cpu "${STEP_TIMEOUT:-280}" "$j" "$BIN/auth_overhead" "${modes[@]}" \
+    --runs "$runs" --warmup 10 --prompt-len "$plen" --max-new-tokens 1 --json-out "$j"
+  local jt r k; jt=$(jtmp metrics_tput)
+  local order=("${decodes[@]}")
+  for (( r = 0; r < rounds; r++ )); do
+    for (( k = 0; k < ${#order[@]}; k++ )); do
+      local md=${order[$(( (k + r) % ${#order[@]} ))]}
+      step "metrics tokens/s ${md%%=*} round $r" metrics_cpu 120 "$jt.$r.${md%%=*}" \
+        "$BIN/kvstream" bench itl --decode "${md#*=}" --streams "$streams" --stream-prompt-len 16 \
+        --stream-max-tokens 256 --landing-clients 0 --phases idle --rounds 1 --phase-s "$phase" \
+        --warmup-s 1 --settle-ms 0 --label "metrics=${md%%=*}" --json-out "$jt.$r.${md%%=*}"
+      [[ $DRY_RUN == 1 ]] || cat "$jt.$r.${md%%=*}" >> "$jt" 2> /dev/null
+    done
+  done
+  for p in "${DAEMON_PIDS[@]}"; do stop_pid "$p"; done
+  daemon_tails "metrics" "$TMP"/prefill_*.log "$TMP"/decode_*.log "$TMP/scraper.log"
+  [[ $DRY_RUN == 1 ]] && { echo "python3 $BENCH/metrics_overhead.py $j $jt"; return; }
+  grep -E "^(metrics_cost|auth_overhead|mode|off|off2|on) " "$(logf metrics_cpu)" 2> /dev/null
+  python3 "$BENCH/metrics_overhead.py" "$j" "$jt" | tee -a "$(logf metrics_cpu)"
+}
