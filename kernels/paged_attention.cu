@@ -9,6 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/paged_attention_combine.cuh"
 #include "kernels/paged_attention_decode.cuh"
@@ -114,6 +117,33 @@ class CudaOccupancy final : public PlanOccupancy {
   }
 };
 
+// KVSTREAM_KERNEL_FALLBACK set to anything but "" or "0": every launch takes the fallback paths.
+bool FallbackForced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("KVSTREAM_KERNEL_FALLBACK");
+    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
+  }();
+  return forced;
+}
+
+// Whether device `dev` runs the sm_90 paths: compute capability >= 9.0, and the image of the
+// kernels the runtime loaded for it was compiled for compute_90 or later (the sm_90a SASS, or the
+// compute_90 PTX compiled by the driver for a newer GPU), so that it holds them. Asked once per
+// device.
+bool DeviceHasHopperPaths(int dev) {
+  static std::atomic<int> known[64];  // 0 = not asked yet, 1 = no, 2 = yes
+  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0)
+    return known[dev].load(std::memory_order_relaxed) == 2;
+  int major = 0;
+  cudaFuncAttributes fa{};
+  bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaFuncGetAttributes(&fa, PagedDecodeKernel<false, 128, false, kWarps>) == cudaSuccess &&
+             major >= 9 && fa.ptxVersion >= 90;
+  (void)cudaGetLastError();
+  if (dev >= 0 && dev < 64) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
+}
+
 bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -121,7 +151,8 @@ bool PlanFor(const PagedDecodeParams& p, Plan* plan) {
     (void)cudaGetLastError();
     return false;
   }
-  *plan = MakePlan(p, sms, CudaOccupancy());
+  const bool hopper = p.code_paths == CodePaths::kAuto && !FallbackForced() && DeviceHasHopperPaths(dev);
+  *plan = MakePlan(p, sms, CudaOccupancy(), hopper);
   return true;
 }
 
@@ -175,7 +206,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.fused = plan.fused ? 1 : 0;
   // kV2 lets only its combine kernel start early; the PDL schedules let whatever PDL-launched
   // grid comes next.
-  a.trigger = plan.pdl || plan.num_splits > 1;
+  a.trigger = plan.hopper_paths && (plan.pdl || plan.num_splits > 1);
   a.early_units = EarlyUnits(p, plan);
   a.num_blocks = p.num_blocks;
   a.num_heads = p.num_heads;
@@ -189,6 +220,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   a.prefetch_distance = p.prefetch_distance > 0 ? p.prefetch_distance : kDefaultPrefetchDistance;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.cluster = plan.cluster;
+  a.bulk_prefetch = plan.hopper_paths ? 1 : 0;
   // A cluster launch needs whole clusters: the CTAs past the last split find no units and
   // contribute nothing (lse -inf) to their cluster's merge.
   const dim3 grid(plan.cluster > 1 ? plan.cluster : plan.num_splits,
@@ -213,7 +245,8 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   if (plan.num_splits == 1 || plan.fused || plan.cluster > 1) return cudaSuccess;
 
   // The combine kernel may start launching while the last CTAs of the main kernel drain; it
-  // waits (griddepcontrol.wait) for the main grid's memory before reading the partials.
+  // waits (griddepcontrol.wait) for the main grid's memory before reading the partials. (The
+  // fallback paths launch it plainly, after the main grid.)
   cudaLaunchConfig_t cfg{};
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
@@ -221,7 +254,7 @@ cudaError_t Launch(const PagedDecodeParams& p, const Plan& plan, bool prefetch,
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = plan.hopper_paths ? 1 : 0;
   cfg.blockDim = dim3(kCombineThreads);
   const unsigned rows = unsigned(p.num_seqs) * unsigned(p.num_heads);
   if (plan.num_splits <= kFewSplits) {

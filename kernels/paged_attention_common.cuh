@@ -50,6 +50,7 @@ struct KernelArgs {
   int early_units;        // 0..kMaxEarlyUnits: first units per warp prefetched before the wait
   int num_blocks;         // pool size in blocks (bounds the early prefetch's addresses)
   int cluster;            // CTAs per cluster (all splits, merged through DSMEM); 1 = no cluster
+  int bulk_prefetch;      // in-loop prefetch: cp.async.bulk (sm_90 paths) or line by line
 };
 
 template <bool kBf16>
@@ -76,7 +77,9 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
 }
 
 // Lets the dependent (combine) grid be scheduled once every CTA of this grid has started; its
-// griddepcontrol.wait still waits for this grid's completion and memory.
+// griddepcontrol.wait still waits for this grid's completion and memory. PDL is sm_90 code: the
+// sm_80/sm_89 images compile these two to nothing (those launches are never PDL launches), and
+// on sm_90 they do nothing in a grid that was not launched with PDL.
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

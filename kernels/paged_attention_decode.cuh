@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
     if (lane == 0) {
       for (int k = 1; k < a.prefetch_distance; ++k) {
         const int un = u + k * stride;
-        if (un < u_end) PrefetchUnitL2(unit_k_ptr(un), v_offset, kTileBytes);
+        if (un < u_end) PrefetchUnitL2(unit_k_ptr(un), v_offset, kTileBytes, a.bulk_prefetch);
       }
     }
   }
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(W * 32, MinCtasPerSm(D, W)) PagedDecodeKernel(
       // The paper's two lines: the unit this warp processes `distance` iterations from now,
       // K tile and V tile, one lane, guarded at the end of the split.
       const int un = u + a.prefetch_distance * stride;
-      if (lane == 0 && un < u_end) PrefetchUnitL2(unit_k_ptr(un), v_offset, kTileBytes);
+      if (lane == 0 && un < u_end) PrefetchUnitL2(unit_k_ptr(un), v_offset, kTileBytes, a.bulk_prefetch);
     }
     // K as the A operand (rows = tokens g and g+8). Register kr[s][r] holds
     // K[token g + 8r][32s + 8c .. +8): words 0,1 feed k-step 2s (k = 2c.., 2c+8..),

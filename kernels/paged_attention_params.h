@@ -30,6 +30,20 @@ enum class Schedule : int {
   kWideCluster = 6, // kWideKernel's plan with kCluster's merge
 };
 
+// Which code a launch runs. The Hopper paths (sm_90: thread-block clusters, programmatic
+// dependent launch, the bulk L2 prefetch cp.async.bulk.prefetch.L2) run where the device has
+// compute capability >= 9.0 and the kernel image loaded for it was compiled for compute_90 or
+// later. Elsewhere (Ampere sm_80, Ada sm_89) the fallback runs: a cluster schedule merges through
+// its kernel-combine counterpart, the kernels launch without PDL (so no early prefetch), and the
+// in-loop prefetch issues prefetch.global.L2 per 128-byte line. Same split plans, same
+// arithmetic: outputs equal the Hopper paths' bit for bit except where a cluster merge is
+// replaced. docs/kernels.md, "GPUs and code paths".
+enum class CodePaths : int {
+  kAuto = 0,      // the Hopper paths where available, unless the environment sets
+                  // KVSTREAM_KERNEL_FALLBACK=1 (any value but "" and "0"): then the fallback
+  kFallback = 1,  // the Ampere/Ada paths on any GPU (how the tests run them on a Hopper GPU)
+};
+
 struct PagedDecodeParams {
   void* out = nullptr;
   const void* q = nullptr;
@@ -73,6 +87,7 @@ struct PagedDecodeParams {
   // 32 (more, smaller CTAs), 128 (4x fewer CTAs, head_dim >= 128 only; else 32), 0 = 32. The
   // two sum the splits in different orders (outputs may differ in the last bit).
   int combine_dims = 0;
+  CodePaths code_paths = CodePaths::kAuto;
 };
 
 // Everything a launch with these params would run (PagedDecodeDescribe in paged_attention.h).
@@ -91,6 +106,7 @@ struct PagedDecodePlanInfo {
   // thread per output float4 (<= 8 splits), 32 / 128 = CTAs of that many dims (combine_dims).
   int combine_dims = 0;
   size_t workspace_bytes = 0;         // as PagedDecodeWorkspaceBytes
+  bool hopper_paths = false;          // the launch takes the Hopper paths (CodePaths)
 };
 
 // True when the shape is implemented: dtype kF16/kBF16, head_dim 64/128/256, block_size 16/32,

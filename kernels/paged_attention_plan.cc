@@ -172,8 +172,10 @@ AutoChoice AutoFor(const PagedDecodeParams& p) {
   return kAutoTable[gqa ? 1 : 0][bcls][ccls];
 }
 
-Plan MakePlan(const PagedDecodeParams& p, int sm_count, const PlanOccupancy& occupancy) {
+Plan MakePlan(const PagedDecodeParams& p, int sm_count, const PlanOccupancy& occupancy,
+              bool hopper_paths) {
   Plan plan;
+  plan.hopper_paths = hopper_paths;
   Schedule sched = p.schedule != Schedule::kAuto ? p.schedule
                    : UnevenBatch(p)                ? Schedule::kV2
                                                    : AutoFor(p).schedule;
@@ -185,7 +187,7 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count, const PlanOccupancy& occ
                                               : Schedule::kKernel;
   plan.schedule = sched;
   plan.warps = ScheduleWide(sched) ? kWideWarps : kWarps;
-  plan.pdl = sched != Schedule::kV2;
+  plan.pdl = hopper_paths && sched != Schedule::kV2;
   const int ctas_per_sm = occupancy.CtasPerSm(p.dtype, p.head_dim, plan.warps);
   const int group = p.num_heads / p.num_kv_heads;
   plan.head_chunks = (group + kHeadsPerCta - 1) / kHeadsPerCta;
@@ -208,7 +210,7 @@ Plan MakePlan(const PagedDecodeParams& p, int sm_count, const PlanOccupancy& occ
   plan.fused = plan.num_splits > 1 && ScheduleFused(sched) &&
                long(p.num_seqs) * p.num_kv_heads * plan.head_chunks <= kMaxFusedCounters;
   if (ScheduleCluster(sched)) {
-    plan.cluster = plan.num_splits > 1 ? ClusterSizeFor(p, plan, base, slots, occupancy) : 1;
+    plan.cluster = plan.num_splits > 1 && hopper_paths ? ClusterSizeFor(p, plan, base, slots, occupancy) : 1;
     if (plan.cluster == 1) plan.schedule = KernelCombineOf(sched);
   }
   plan.combine_dims = p.combine_dims == 128 && p.head_dim >= 128 ? 128 : 32;
@@ -248,6 +250,7 @@ PagedDecodePlanInfo DescribePlan(const PagedDecodeParams& p, const Plan& plan) {
   info.in_loop_prefetch = InLoopPrefetch(p);
   info.early_prefetch_units = EarlyUnits(p, plan);
   info.workspace_bytes = LayoutFor(p, plan).total;
+  info.hopper_paths = plan.hopper_paths;
   if (plan.num_splits > 1 && !plan.fused && plan.cluster <= 1)
     info.combine_dims = plan.num_splits <= kFewSplits ? 4 : plan.combine_dims;
   return info;
@@ -278,6 +281,7 @@ bool PagedDecodeSupported(const PagedDecodeParams& p) {
     return false;
   if (p.num_blocks < 0 || p.early_prefetch_units < 0 || p.early_prefetch_units > 4) return false;
   if (p.combine_dims != 0 && p.combine_dims != 32 && p.combine_dims != 128) return false;
+  if (p.code_paths != CodePaths::kAuto && p.code_paths != CodePaths::kFallback) return false;
   if (p.num_seqs > 0 && (!p.out || !p.q || !p.kv_layer || !p.block_tables || !p.context_lens))
     return false;
   // 16-byte vector access to q, out and KV tiles.

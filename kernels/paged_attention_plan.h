@@ -53,11 +53,17 @@ struct Plan {
   bool early = false;  // early L2 prefetch before griddepcontrol.wait
   int cluster = 1;     // cluster schedules: CTAs per cluster, >= num_splits (grid x = cluster)
   int combine_dims = 32;  // > kFewSplits splits: dims per combine CTA (32 or 128)
+  // The Hopper (sm_90) paths: PDL, clusters, the bulk L2 prefetch (CodePaths). Without them
+  // pdl and early are false, cluster is 1, and the in-loop prefetch goes line by line.
+  bool hopper_paths = true;
 };
 
 // The plan of a supported shape (PagedDecodeSupported) with num_seqs > 0 on a device of
-// `sm_count` SMs.
-Plan MakePlan(const PagedDecodeParams& p, int sm_count, const PlanOccupancy& occupancy);
+// `sm_count` SMs; `hopper_paths`: whether the device and the loaded kernel image have the sm_90
+// paths (the caller also folds in p.code_paths and KVSTREAM_KERNEL_FALLBACK). The split plan
+// does not depend on it.
+Plan MakePlan(const PagedDecodeParams& p, int sm_count, const PlanOccupancy& occupancy,
+              bool hopper_paths = true);
 
 // Workspace when the context is split and merged through global memory:
 // [arrival counters: kCounterBytes][partial O: rows x head_dim floats][partial lse: rows floats],

@@ -143,7 +143,7 @@ bool IsOtherTool(const std::string& word) {
   static const std::set<std::string> tools = {
       "cmake", "ctest", "ninja", "nvcc", "python3", "pip", "git", "docker", "kubectl", "helm",
       "srun", "sbatch", "salloc", "systemctl", "journalctl", "compute-sanitizer", "nsys", "ncu",
-      "nvidia-smi", "nvidia-cuda-mps-control", "ucx_info", "grpcurl", "curl", "apt-get",
+      "nvidia-smi", "nvidia-cuda-mps-control", "cuobjdump", "ucx_info", "grpcurl", "curl", "apt-get",
       "numactl", "taskset", "torchrun", "configure", "podman", "buildah", "debootstrap",
       "useradd", "yamllint", "systemd-analyze", "openssl", "grpc_health_probe", "ccache"};
   return tools.count(word) != 0;

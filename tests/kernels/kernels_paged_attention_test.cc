@@ -1,5 +1,7 @@
 // GPU tests of the paged decode attention kernel against a float CPU reference
-// (softmax(q K^T * scale) V through the block table), over every supported shape.
+// (softmax(q K^T * scale) V through the block table), over every supported shape, each on the
+// Hopper paths where the GPU has them and on the Ampere/Ada fallback paths (CodePaths::kFallback),
+// which must match the Hopper paths bit for bit wherever no cluster merge is replaced.
 // Without a usable GPU the binary prints why and exits 77 (CTest: skipped).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -7,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -25,6 +28,19 @@ namespace {
     cudaError_t e_ = (expr);                                                   \
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);     \
   } while (0)
+
+// What kAuto should take here: the Hopper paths on a GPU of compute capability >= 9.0 when the
+// build holds sm_90 code, unless KVSTREAM_KERNEL_FALLBACK forces the fallback.
+bool ExpectHopperPaths() {
+#ifdef KVSTREAM_TEST_NO_SM90_CODE
+  return false;  // no sm_90 code in this build (tests/kernels/CMakeLists.txt)
+#endif
+  const char* e = std::getenv("KVSTREAM_KERNEL_FALLBACK");
+  if (e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0) return false;
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+}
 
 uint16_t ToBits(float f, DType dt) { return dt == DType::kBF16 ? F32ToBf16(f) : F32ToF16(f); }
 float FromBits(uint16_t h, DType dt) { return dt == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h); }
@@ -226,9 +242,22 @@ void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_w
       runs.push_back({sc, 128});
   }
   for (auto [sc, combine_dims] : runs) {
-  SCOPED_TRACE("schedule " + std::to_string(int(sc)) + " combine_dims " + std::to_string(combine_dims));
+  std::vector<uint16_t> hopper_out;  // the kAuto paths' output, for the fallback's comparison
+  bool hopper_cluster = false;
+  for (CodePaths paths : {CodePaths::kAuto, CodePaths::kFallback}) {
+  SCOPED_TRACE("schedule " + std::to_string(int(sc)) + " combine_dims " + std::to_string(combine_dims) +
+               (paths == CodePaths::kFallback ? " fallback paths" : " auto paths"));
   p.schedule = sc;
   p.combine_dims = combine_dims;
+  p.code_paths = paths;
+  const PagedDecodePlanInfo info = PagedDecodeDescribe(p);
+  if (paths == CodePaths::kFallback) {
+    EXPECT_FALSE(info.hopper_paths);
+    EXPECT_EQ(info.cluster, 1);
+    EXPECT_EQ(info.early_prefetch_units, 0);
+  } else {
+    EXPECT_EQ(info.hopper_paths, ExpectHopperPaths());
+  }
   std::vector<std::vector<uint16_t>> outs;
   // (prefetch, distance, early prefetch): the last two run the early L2 prefetch before the
   // wait for the previous kernel (a hint; the same arithmetic).
@@ -279,7 +308,17 @@ void RunCase(const Shape& s, uint32_t seed, void* ext_ws = nullptr, size_t ext_w
   for (size_t k = 1; k < outs.size(); ++k)
     EXPECT_EQ(0, std::memcmp(outs[k].data(), out.data(), out.size() * 2))
         << "variant " << k << " differs from prefetch-off";
+  if (paths == CodePaths::kAuto) {
+    hopper_out = out;
+    hopper_cluster = info.cluster > 1;
+  } else if (!hopper_cluster) {
+    // Same plan, same arithmetic: only PDL and the prefetch hints differ.
+    EXPECT_EQ(0, std::memcmp(hopper_out.data(), out.data(), out.size() * 2))
+        << "the fallback paths differ from the auto paths";
+  }
   if (::testing::Test::HasFailure()) return;
+  }
+  p.code_paths = CodePaths::kAuto;
   }
   if (p.workspace && ws_bytes) {
     // Every completed launch leaves the fused combine's counters (the first 16 KiB) zero.
@@ -315,10 +354,28 @@ TEST(SmallCase, FusedManySplitsWorkspaceReuse) {
   RunCase({DType::kF16, 128, 16, 28, 4, {3000}}, 4, ws.p, bytes);
 }
 
-// The cluster schedules really run as clusters (no silent fallback) where a head's splits fit
-// one cluster the device can hold - 16 splits of 4-warp CTAs, and a split count that is not a
-// power of two (5: a cluster of 8 with 3 CTAs that find no units) - fall back to the combine
-// kernel where they do not (40 splits), and match the CPU reference in every case.
+// A qwen2.5-7b-shaped batch of 2 x 8k tokens for the plan queries only (dummy aligned
+// pointers: nothing is launched).
+PagedDecodeParams PlanOnlyParams() {
+  PagedDecodeParams p;
+  p.out = reinterpret_cast<void*>(uintptr_t(256));
+  p.kv_layer = p.q = p.out;
+  p.block_tables = p.context_lens = reinterpret_cast<const int32_t*>(uintptr_t(256));
+  p.num_seqs = 2;
+  p.num_heads = 28;
+  p.num_kv_heads = 4;
+  p.head_dim = 128;
+  p.max_blocks_per_seq = 512;
+  p.max_context_len = 8191;
+  p.scale = 0.1f;
+  return p;
+}
+
+// The cluster schedules really run as clusters (no silent fallback) on a GPU with the Hopper
+// paths, where a head's splits fit one cluster the device can hold - 16 splits of 4-warp CTAs,
+// and a split count that is not a power of two (5: a cluster of 8 with 3 CTAs that find no
+// units) - fall back to the combine kernel where they do not (40 splits), and match the CPU
+// reference in every case.
 TEST(PagedDecode, ClusterMerge) {
   struct C {
     Schedule sc;
@@ -327,28 +384,20 @@ TEST(PagedDecode, ClusterMerge) {
   };
   for (C c : {C{Schedule::kCluster, 16, 16}, C{Schedule::kCluster, 5, 8}, C{Schedule::kCluster, 40, 1},
               C{Schedule::kWideCluster, 2, 2}, C{Schedule::kWideCluster, 3, 4}}) {
-    PagedDecodeParams p;
-    p.out = reinterpret_cast<void*>(uintptr_t(256));
-    p.kv_layer = p.q = p.out;
-    p.block_tables = p.context_lens = reinterpret_cast<const int32_t*>(uintptr_t(256));
-    p.num_seqs = 2;
-    p.num_heads = 28;
-    p.num_kv_heads = 4;
-    p.head_dim = 128;
-    p.max_blocks_per_seq = 512;
-    p.max_context_len = 8191;
-    p.scale = 0.1f;
+    PagedDecodeParams p = PlanOnlyParams();
     p.num_splits = c.splits;
     p.schedule = c.sc;
     SCOPED_TRACE("schedule " + std::to_string(int(c.sc)) + " splits " + std::to_string(c.splits));
-    EXPECT_EQ(PagedDecodeClusterSize(p), c.want_cluster);
+    // Without the Hopper paths (KVSTREAM_KERNEL_FALLBACK, or a GPU before sm_90) no cluster runs.
+    const int want = ExpectHopperPaths() ? c.want_cluster : 1;
+    EXPECT_EQ(PagedDecodeClusterSize(p), want);
     EXPECT_EQ(PagedDecodeResolvedSchedule(p),
-              c.want_cluster > 1 ? c.sc : (c.sc == Schedule::kCluster ? Schedule::kKernel : Schedule::kWideKernel));
-    EXPECT_EQ(PagedDecodeWorkspaceBytes(p) == 0, c.want_cluster > 1);
+              want > 1 ? c.sc : (c.sc == Schedule::kCluster ? Schedule::kKernel : Schedule::kWideKernel));
+    EXPECT_EQ(PagedDecodeWorkspaceBytes(p) == 0, want > 1);
     // The one-call description agrees with the per-field queries.
     const PagedDecodePlanInfo info = PagedDecodeDescribe(p);
     EXPECT_TRUE(info.supported);
-    EXPECT_EQ(info.cluster, c.want_cluster);
+    EXPECT_EQ(info.cluster, want);
     EXPECT_EQ(info.schedule, PagedDecodeResolvedSchedule(p));
     EXPECT_EQ(info.num_splits, PagedDecodeNumSplits(p));
     EXPECT_EQ(info.workspace_bytes, PagedDecodeWorkspaceBytes(p));
@@ -356,7 +405,7 @@ TEST(PagedDecode, ClusterMerge) {
     EXPECT_EQ(info.early_prefetch_units, 0);  // explicit schedule, early prefetch kAuto: off
     // The combine kernel that runs: none in a cluster, else the float4 rows kernel up to 8
     // splits and the 32-dim slice kernel above.
-    EXPECT_EQ(info.combine_dims, c.want_cluster > 1 ? 0 : (info.num_splits <= 8 ? 4 : 32));
+    EXPECT_EQ(info.combine_dims, want > 1 ? 0 : (info.num_splits <= 8 ? 4 : 32));
   }
   uint32_t seed = 900;
   for (DType dt : {DType::kF16, DType::kBF16})
@@ -366,6 +415,27 @@ TEST(PagedDecode, ClusterMerge) {
       RunCase({dt, 256, 16, 16, 2, {2000, 1, 0}, splits}, seed++);
       if (HasFatalFailure()) return;
     }
+}
+
+// The fallback paths asked for explicitly: no cluster, no early prefetch, the kernel-combine
+// counterpart of a cluster schedule, whatever the GPU.
+TEST(PagedDecode, FallbackPathsPlan) {
+  PagedDecodeParams p = PlanOnlyParams();
+  p.num_splits = 16;
+  p.num_blocks = 1024;
+  p.early_prefetch = Prefetch::kOn;
+  p.code_paths = CodePaths::kFallback;
+  for (Schedule sc : {Schedule::kCluster, Schedule::kWideCluster, Schedule::kKernel}) {
+    p.schedule = sc;
+    const PagedDecodePlanInfo info = PagedDecodeDescribe(p);
+    EXPECT_FALSE(info.hopper_paths);
+    EXPECT_EQ(info.cluster, 1);
+    EXPECT_EQ(info.early_prefetch_units, 0);
+    EXPECT_EQ(info.schedule, sc == Schedule::kWideCluster ? Schedule::kWideKernel : Schedule::kKernel);
+  }
+  p.code_paths = CodePaths::kAuto;
+  p.schedule = Schedule::kCluster;
+  EXPECT_EQ(PagedDecodeDescribe(p).hopper_paths, ExpectHopperPaths());
 }
 
 // Every dtype x head size x block size x group (1, 4, 7, 8, 16) on lengths 1, not multiples of
@@ -432,8 +502,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major < 9) {
-    std::printf("SKIP: %s is sm_%d%d; the kernel is built for sm_90a\n", prop.name, prop.major, prop.minor);
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major < 8) {
+    std::printf("SKIP: %s is sm_%d%d; the kernel is built for sm_80 and later\n", prop.name, prop.major,
+                prop.minor);
     return 77;
   }
   if (argc > 1 && std::strcmp(argv[1], "--probe-gpu") == 0) return 0;

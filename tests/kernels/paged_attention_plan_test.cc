@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -290,6 +291,59 @@ TEST(PagedDecodePlan, AsksTheDeviceOnlyWhatThePlanUses) {
   FakeOccupancy occ2;
   Describe(Qwen25(8, 4096), occ2);  // kAuto: the wide cluster merge, 4 splits
   EXPECT_EQ(occ2.clusters_asked, std::vector<int>{4});
+}
+
+// Without the Hopper paths (an Ampere or Ada GPU, CodePaths::kFallback, KVSTREAM_KERNEL_FALLBACK):
+// the same schedules and split plans, no PDL, no early prefetch, no cluster (a cluster schedule
+// merges through its kernel-combine counterpart), and the device is never asked about clusters.
+TEST(PagedDecodePlan, FallbackPathsKeepTheSplitPlan) {
+  struct C {
+    const char* what;
+    PagedDecodeParams p;
+  };
+  std::vector<C> cases = {{"llama-3-8b B1 16k", Llama3(1, 16384)}, {"qwen2.5-7b B8 4k", Qwen25(8, 4096)},
+                          {"llama-3-8b B8 1k", Llama3(8, 1024)},   {"mha B64 1k", Mha(64, 1024)},
+                          {"llama-3-8b B4 8k", Llama3(4, 8192)}};
+  for (Schedule sc : {Schedule::kV2, Schedule::kKernel, Schedule::kFused, Schedule::kWideKernel,
+                      Schedule::kWideFused, Schedule::kCluster, Schedule::kWideCluster}) {
+    C c{"llama-3-8b B2 4k explicit", Llama3(2, 4096)};
+    c.p.schedule = sc;
+    c.p.early_prefetch = Prefetch::kOn;
+    cases.push_back(c);
+  }
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(c.what) + " schedule " + std::to_string(int(c.p.schedule)));
+    FakeOccupancy occ;
+    const Plan hopper = MakePlan(c.p, kSms, occ, true);
+    FakeOccupancy occ2;
+    const Plan fb = MakePlan(c.p, kSms, occ2, false);
+    EXPECT_TRUE(hopper.hopper_paths);
+    EXPECT_FALSE(fb.hopper_paths);
+    EXPECT_FALSE(fb.pdl);
+    EXPECT_FALSE(fb.early);
+    EXPECT_EQ(fb.cluster, 1);
+    EXPECT_TRUE(occ2.clusters_asked.empty());
+    EXPECT_EQ(fb.num_splits, hopper.num_splits);
+    EXPECT_EQ(fb.units_per_split, hopper.units_per_split);
+    EXPECT_EQ(fb.warps, hopper.warps);
+    EXPECT_EQ(fb.fused, hopper.fused);
+    EXPECT_EQ(EarlyUnits(c.p, fb), 0);
+    const bool cluster_schedule = hopper.schedule == Schedule::kCluster || hopper.schedule == Schedule::kWideCluster;
+    if (cluster_schedule) {
+      EXPECT_EQ(fb.schedule, hopper.schedule == Schedule::kCluster ? Schedule::kKernel : Schedule::kWideKernel);
+    } else {
+      EXPECT_EQ(fb.schedule, hopper.schedule);
+    }
+    const PagedDecodePlanInfo info = DescribePlan(c.p, fb);
+    EXPECT_FALSE(info.hopper_paths);
+    EXPECT_EQ(info.workspace_bytes, LayoutFor(c.p, fb).total);
+  }
+  // The field is validated.
+  PagedDecodeParams bad = Llama3(1, 1024);
+  bad.code_paths = static_cast<CodePaths>(7);
+  EXPECT_FALSE(PagedDecodeSupported(bad));
+  bad.code_paths = CodePaths::kFallback;
+  EXPECT_TRUE(PagedDecodeSupported(bad));
 }
 
 TEST(PagedDecodePlan, WorkspaceLayout) {
