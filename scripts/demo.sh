@@ -7,7 +7,15 @@
 #     generation, then the TTFT table (pipelined, non-pipelined, colocated) from
 #     `kvstream bench ttft`, which also checks that every mode produced the same tokens, and
 #     what the daemons report (`kvstream stats`);
-#  3. stops both daemons (SIGTERM; they report every KV block free) — also on error or ^C.
+#  3. what layer-by-layer streaming buys where the link is slow relative to the model (on
+#     loopback the tiny model's KV moves in microseconds, so step 2 shows pipelined ~
+#     non-pipelined): an 8-layer variant of tiny (`kvstream bench make-model`), its prefill
+#     timed in this process, then a second pair of daemons whose KV writes are paced
+#     (`--pace_bytes_per_s`, docs/pacing.md) so that moving a prompt's KV takes about as long as
+#     computing it; `kvstream bench ttft` runs pipelined and non-pipelined requests alternately,
+#     and the TTFT saved and the share of the transfer hidden are printed side by side
+#     (KVSTREAM_DEMO_SLOW_LINK=0 skips this step);
+#  4. stops the daemons (SIGTERM; they report every KV block free) — also on error or ^C.
 # Safe to run twice. Set KVSTREAM_DEMO_LLAMA=1 to add a llama-2-7b-shaped 2-layer colocated run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,17 +57,29 @@ wait_port() {  # file pid
   done
   echo "timed out waiting for $1"; return 1
 }
+logs=()
+# start_pair TAG MODEL_FLAGS... [-- PREFILL_FLAGS...]: a prefill daemon and a decode daemon that
+# loads from it, one compute thread each; sets pport and dport.
+start_pair() {
+  local tag=$1 margs=() pargs=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do margs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  pargs=("$@")
+  "$build/bin/kvstream-prefill" "${margs[@]}" --listen 127.0.0.1:0 --port_file "$work/prefill$tag.port" \
+    --ucx_tls "$tls" --threads 1 "${pargs[@]}" 2>"$work/prefill$tag.log" &
+  pids+=($!)
+  wait_port "$work/prefill$tag.port" "$!"
+  pport=$(cat "$work/prefill$tag.port")
+  "$build/bin/kvstream-decode" "${margs[@]}" --listen 127.0.0.1:0 --port_file "$work/decode$tag.port" \
+    --peer "127.0.0.1:$pport" --ucx_tls "$tls" --threads 1 2>"$work/decode$tag.log" &
+  pids+=($!)
+  wait_port "$work/decode$tag.port" "$!"
+  dport=$(cat "$work/decode$tag.port")
+  logs+=("$work/decode$tag.log" "$work/prefill$tag.log")
+}
 model=(--model tiny)
-"$build/bin/kvstream-prefill" "${model[@]}" --listen 127.0.0.1:0 --port_file "$work/prefill.port" \
-  --ucx_tls "$tls" --threads 1 2>"$work/prefill.log" &
-pids+=($!)
-wait_port "$work/prefill.port" "${pids[0]}"
-pport=$(cat "$work/prefill.port")
-"$build/bin/kvstream-decode" "${model[@]}" --listen 127.0.0.1:0 --port_file "$work/decode.port" \
-  --peer "127.0.0.1:$pport" --ucx_tls "$tls" --threads 1 2>"$work/decode.log" &
-pids+=($!)
-wait_port "$work/decode.port" "${pids[1]}"
-dport=$(cat "$work/decode.port")
+start_pair "" "${model[@]}"
 echo "prefill pid ${pids[0]} on 127.0.0.1:$pport, decode pid ${pids[1]} on 127.0.0.1:$dport"
 
 echo
@@ -85,9 +105,62 @@ echo
 echo "-- what the daemons report (kvstream stats) --"
 "$kv" stats --decode "127.0.0.1:$dport" --prefill "127.0.0.1:$pport"
 
+if [ "${KVSTREAM_DEMO_SLOW_LINK:-1}" != 0 ]; then
+  echo
+  echo "== 3. the same over a slow link: moving the KV takes about as long as computing it =="
+  slow_len=${KVSTREAM_DEMO_SLOW_PROMPT:-256}
+  "$kv" bench make-model --out "$work/deep8" --layers 8 --name tiny-deep8 >/dev/null
+  # The prefill's compute time on this machine (in this process, one thread like the daemons;
+  # the median of 3 runs), and the KV it writes: layers x KV heads x head size x 2 (K, V) x
+  # the KV element's bytes per token. The link's rate is set from these two.
+  rate=$(for _ in 1 2 3; do
+           "$kv" generate --model "$work/deep8" --prompt-len "$slow_len" --max-new-tokens 1 --json --threads 1
+         done | python3 -c '
+import json, statistics, sys
+runs = [json.loads(l) for l in sys.stdin if l.strip()]
+cfg = json.load(open(sys.argv[1] + "/config.json"))
+elem = {"f16": 2, "bf16": 2, "f32": 4}[runs[0]["kv_dtype"]]
+kv_bytes = int(sys.argv[2]) * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2 * elem
+prefill = statistics.median(r["prefill_s"] for r in runs)
+print(int(kv_bytes / prefill))
+print("prefill of %d tokens here: %.0f ms (median of 3); its KV: %d KiB -> link paced to %.2f MB/s" %
+      (int(sys.argv[2]), prefill * 1e3, kv_bytes // 1024, kv_bytes / prefill / 1e6), file=sys.stderr)
+' "$work/deep8" "$slow_len")
+  deep=(--model "$work/deep8")
+  # A small burst: the bucket starts (nearly) empty, so no part of a prompt skips the rate.
+  start_pair 2 "${deep[@]}" -- --pace_bytes_per_s "$rate" --pace_burst_bytes 4096
+  "$kv" bench ttft --decode "127.0.0.1:$dport" --prefill "127.0.0.1:$pport" "${deep[@]}" --threads 1 \
+    --modes pipelined,non-pipelined --requests "${KVSTREAM_DEMO_SLOW_REQUESTS:-3}" --warmup 1 \
+    --prompt-lens "$slow_len" --max-new-tokens 4 --json-out "$work/slow.jsonl" >"$work/slow.txt"
+  python3 - "$work/slow.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+s = {r["mode"]: r for r in rows if r["kind"] == "summary"}
+c = next(r for r in rows if r["kind"] == "comparison")
+p, n = s["pipelined"], s["non-pipelined"]
+print()
+print("%-26s %14s %14s" % ("8 layers, %d-token prompt" % c["prompt_len"], "non-pipelined", "pipelined"))
+print("%-26s %14.1f %14.1f" % ("TTFT p50, ms", n["ttft_ms"]["p50"], p["ttft_ms"]["p50"]))
+print("%-26s %14.1f %14.1f" % ("prefill compute p50, ms", n["prefill_compute_ms_p50"], p["prefill_compute_ms_p50"]))
+print("%-26s %14.1f %14s" % ("KV transfer p50, ms", c["transfer_ms_non_pipelined_p50"], "(overlapped)"))
+print("%-26s %14.1f %14.1f" % ("transfer after prefill, ms", n["transfer_exposed_ms_p50"],
+                                 p["transfer_exposed_ms_p50"]))
+print("KV per prompt: %d KiB; transfer / prefill: %.2f (both measured, non-pipelined)" %
+      (n["kv_bytes"] // 1024, c["transfer_share_of_prefill"]))
+print("TTFT saved by pipelining: %.1f ms (%.0f%% of the non-pipelined TTFT)" %
+      (c["ttft_saved_ms"], 100 * c["ttft_saved_ms"] / n["ttft_ms"]["p50"]))
+print("share of the transfer hidden: %.2f (TTFT saved / transfer time; %.2f seen inside the prefill)" %
+      (c["transfer_hidden_fraction"], c["transfer_hidden_fraction_prefill"]))
+print("tokens identical across modes: %s" % ("yes" if c["tokens_identical_across_modes"] else "NO"))
+PY
+fi
+
 echo
-echo "== 3. stopping both daemons (SIGTERM) =="
-kill -TERM "${pids[1]}"; wait "${pids[1]}" || true
-kill -TERM "${pids[0]}"; wait "${pids[0]}" || true
+echo "== 4. stopping the daemons (SIGTERM) =="
+# Every decode daemon first, then the prefills (pids holds prefill, decode, prefill, decode).
+for first in 1 0; do
+  for ((i = first; i < ${#pids[@]}; i += 2)); do kill -TERM "${pids[$i]}"; done
+  for ((i = first; i < ${#pids[@]}; i += 2)); do wait "${pids[$i]}" || true; done
+done
 pids=()
-grep -h "stopped;" "$work/decode.log" "$work/prefill.log" | sed 's/^/  /'
+grep -h "stopped;" "${logs[@]}" | sed 's/^/  /'
