@@ -52,7 +52,7 @@ echo "== 2. two daemons on loopback (UCX_TLS=$tls) =="
 wait_port() {  # file pid
   for _ in $(seq 1 600); do
     [ -s "$1" ] && return 0
-    kill -0 "$2" 2>/dev/null || { echo "daemon exited; its log:"; cat "$1.log" 2>/dev/null; return 1; }
+    kill -0 "$2" 2>/dev/null || { echo "daemon exited; its log:"; cat "${1%.port}.log" 2>/dev/null; return 1; }
     sleep 0.1
   done
   echo "timed out waiting for $1"; return 1
