@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,6 +209,19 @@ PeerMapping::~PeerMapping() {
 
 bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_reports_cuda) {
   return context_reports_cuda && (ucx_major > 1 || (ucx_major == 1 && ucx_minor >= 16));
+}
+
+bool TlsLacksPeerFailureTransport(const std::string& tls) {
+  if (tls.empty() || tls[0] == '^') return false;  // all, or all but some: tcp remains unless named
+  static const char* kNoPeerFailure[] = {"sm", "shm", "mm", "posix", "sysv", "cma",
+                                         "knem", "xpmem", "self"};
+  std::stringstream ss(tls);
+  for (std::string t; std::getline(ss, t, ',');) {
+    bool shm = false;
+    for (const char* n : kNoPeerFailure) shm = shm || t == n;
+    if (!shm && !t.empty()) return false;
+  }
+  return true;
 }
 
 Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region) {

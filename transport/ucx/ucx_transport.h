@@ -45,6 +45,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 #include "transport/transport.h"
@@ -89,5 +90,10 @@ Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int
 // protocols are the default. Older releases built with CUDA put from device memory with a host
 // memcpy (docs/transports.md, "A CUDA-enabled UCX"); the GPU pools then go through ucx_staged.
 bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_reports_cuda);
+
+// Whether a UCX_TLS selection (UCX's syntax: "a,b", "^a,b"; empty = all) names only transports
+// that cannot detect a failed peer (shared memory, self). UCX 1.13 cannot create kvstream's
+// error-handling endpoints over those alone, so the backend refuses such a selection up front.
+bool TlsLacksPeerFailureTransport(const std::string& tls);
 
 }  // namespace kvstream::transport::ucx
