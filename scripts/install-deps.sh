@@ -23,6 +23,7 @@ PKGS=(
   libpcre2-dev libicu-dev libsentencepiece-dev  # tokenizer/: pre-tokenizer patterns, NFC, .model files
   prometheus-cpp-dev  # the daemons' metrics endpoint (core + civetweb exposer)
   prometheus          # promtool and the server, for the metrics tests (tests/daemons)
+  libssl-dev  # SHA-256 of the prefix directory (kvcache/)
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
 )

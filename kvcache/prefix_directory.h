@@ -1,0 +1,112 @@
+// PrefixDirectory: which block-aligned token prefixes have their KV cached, and where.
+//
+// A radix tree with one node per full block of block_size tokens. A node's key is SHA-256 over
+// its parent's key and its tokens; the root key folds in the model identity, the KV layout and an
+// optional per-tenant salt (kvcache/prefix_key.h), so one model's KV is never matched for
+// another, and one tenant cannot find another's prefixes. A prompt's last, partial block is kept
+// too, as a leaf matched only by exactly the same remaining tokens (so a repeated prompt needs no
+// forward at all).
+//
+// Guarantees:
+//  - Match returns the longest cached prefix of the tokens whose every block is held in the pool,
+//    with references of its own on those blocks (a BlockLease): an eviction while the caller
+//    uses them never frees them.
+//  - The directory holds one allocator reference per cached block. It evicts only nodes whose
+//    block nobody else references and that have no cached child, least recently used first (a
+//    match touches the whole path), so a cached prefix never has a hole.
+//  - It holds at most budget_blocks blocks: past that an Insert first evicts down to the low
+//    watermark (low_watermark * budget), so a full cache does not evict on every insert.
+//  - max_tokens bounds what is cached (models whose KV depends on the total length, e.g.
+//    dynamic-NTK rotary, cache nothing past their original maximum position).
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kvcache/prefix_key.h"
+#include "model/kv_cache.h"
+
+namespace kvstream::kvcache {
+
+struct DirectoryOptions {
+  int block_size = 16;
+  int budget_blocks = 0;        // 0 = off: Match always misses (uncounted), Insert keeps nothing
+  double low_watermark = 0.9;   // of budget_blocks, in (0, 1]
+  int max_tokens = 1 << 30;     // nothing past this many tokens is cached
+};
+
+class PrefixDirectory {
+ public:
+  PrefixDirectory(model::BlockAllocator* allocator, const DirectoryOptions& options);
+  ~PrefixDirectory();
+  PrefixDirectory(const PrefixDirectory&) = delete;
+  PrefixDirectory& operator=(const PrefixDirectory&) = delete;
+
+  bool enabled() const { return options_.budget_blocks > 0; }
+  int block_size() const { return options_.block_size; }
+
+  struct Match {
+    int tokens = 0;             // cached prefix length: whole blocks, or every token (full hit)
+    model::BlockLease lease;    // the blocks holding it, with references of the caller's own
+  };
+  // The longest cached prefix of `tokens` under `root`. count: add to hits/misses (a hit is a
+  // match of at least one block).
+  Match Find(const BlockKey& root, std::span<const int32_t> tokens, bool count);
+  // Records that blocks ids[i] hold the KV of tokens [i*block_size, ...) under `root`: nodes
+  // for every block not cached yet, up to the budget and max_tokens, each with a reference of
+  // the directory's own. Returns the number of blocks newly cached.
+  int Insert(const BlockKey& root, std::span<const int32_t> tokens,
+             const std::vector<int32_t>& ids);
+  // Evicts until the allocator has at least `free_blocks` free blocks or nothing more can go.
+  // Returns the blocks released.
+  int EvictForAllocation(int free_blocks);
+  // Drops every node (the directory's references). closing: later Inserts keep nothing.
+  void Clear(bool closing);
+
+  struct Stats {
+    uint64_t hits = 0, misses = 0;  // counted Finds with / without a matched block
+    uint64_t hit_tokens = 0;        // tokens matched by counted Finds
+    uint64_t inserted_blocks = 0, evicted_blocks = 0;
+    int nodes = 0;
+    int blocks = 0;                 // blocks the directory references
+  };
+  Stats stats() const;
+
+ private:
+  struct Node;
+  using Lru = std::list<Node*>;
+  struct Node {
+    BlockKey key;
+    Node* parent = nullptr;
+    int children = 0;          // cached nodes whose parent this is
+    int32_t block = -1;
+    bool partial = false;      // a prompt's last, partial block: never has children
+    Lru::iterator lru;
+  };
+  struct KeyHash {
+    size_t operator()(const BlockKey& k) const;
+  };
+  Node* Lookup(const BlockKey& key) const;
+  void TouchLocked(Node* n);
+  bool EvictableLocked(const Node* n) const;
+  void EraseLocked(Node* n);
+  // Evicts evictable nodes, least recently used first, until pred() holds.
+  template <typename Pred>
+  bool EvictUntilLocked(Pred pred);
+
+  model::BlockAllocator* allocator_;
+  const DirectoryOptions options_;
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, std::unique_ptr<Node>, KeyHash> nodes_;
+  Lru lru_;  // front = most recently used
+  bool closing_ = false;
+  Stats stats_;
+};
+
+}  // namespace kvstream::kvcache

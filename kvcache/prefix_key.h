@@ -1,0 +1,28 @@
+// Keys of the prefix directory: SHA-256, chained block by block from a root that names what the
+// KV was computed with.
+//
+// RootKey folds in a domain tag and version, the model identity (ModelConfig::hash(): shapes,
+// rotary settings, dtypes, checkpoint identity), the KV layout (layers, KV heads, head_dim,
+// block size, dtype) and a salt (a tenant's, or empty). BlockKeyOf(parent, tokens) hashes the
+// parent key, the token count and the token ids (little-endian int32), so a full block and a
+// partial one never collide, and equal keys mean equal token prefixes under the same root (to
+// SHA-256's collision resistance).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "model/kv_cache.h"
+
+namespace kvstream::kvcache {
+
+using BlockKey = std::array<uint8_t, 32>;
+
+BlockKey RootKey(uint64_t model_hash, const model::KvLayout& layout, std::string_view salt);
+BlockKey BlockKeyOf(const BlockKey& parent, std::span<const int32_t> tokens);
+// Lower-case hex (for logs and tests; keys are not secrets, but salts are never logged).
+std::string KeyHex(const BlockKey& key);
+
+}  // namespace kvstream::kvcache
