@@ -306,6 +306,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
         info.prefill_compute_us = msg.prefill_compute_us();
         info.transfer_us = msg.transfer_us();
         info.transfer_exposed_us = msg.transfer_exposed_us();
+        info.cached_tokens = msg.cached_tokens();
       } else if (!own_notifications) {
         tracker_.OnLanded(id, msg.layer());
       }

@@ -78,6 +78,7 @@ struct LoadResult {
   int64_t transfer_us = 0;
   int64_t transfer_exposed_us = 0;
   uint64_t kv_bytes = 0;
+  int32_t cached_tokens = 0;  // prompt tokens the prefill took from its prefix cache
 };
 
 struct DecodeConnectorStats {

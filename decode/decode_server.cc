@@ -272,6 +272,7 @@ void DecodeServer::Emit(Request& r, int32_t token) {
         r.load.set_prefill_compute_us(info->prefill_compute_us);
         r.load.set_transfer_us(info->transfer_us);
         r.load.set_transfer_exposed_us(info->transfer_exposed_us);
+        r.load.set_prefix_cached_tokens(info->cached_tokens);
         *msg.mutable_load() = r.load;
         r.load_info_sent = true;
       } else if (last || r.generated == 1) {

@@ -63,8 +63,8 @@ bool PrefixDirectory::EvictUntilLocked(Pred pred) {
   return pred();
 }
 
-PrefixDirectory::Match PrefixDirectory::Find(const BlockKey& root, std::span<const int32_t> tokens,
-                                             bool count) {
+PrefixDirectory::Match PrefixDirectory::Find(const BlockKey& root,
+                                             std::span<const int32_t> tokens) {
   Match m;
   if (!enabled() || tokens.empty()) return m;
   const int bs = options_.block_size;
@@ -86,14 +86,6 @@ PrefixDirectory::Match PrefixDirectory::Find(const BlockKey& root, std::span<con
     key = k;
     matched += len;
   }
-  if (count) {
-    if (matched > 0) {
-      ++stats_.hits;
-      stats_.hit_tokens += matched;
-    } else {
-      ++stats_.misses;
-    }
-  }
   if (matched == 0) return m;
   // Cannot fail: the directory holds a reference on every block it names.
   if (!allocator_->Ref(ids).ok()) return m;
@@ -101,6 +93,17 @@ PrefixDirectory::Match PrefixDirectory::Find(const BlockKey& root, std::span<con
   m.tokens = matched;
   m.lease = model::BlockLease(allocator_, std::move(ids));
   return m;
+}
+
+void PrefixDirectory::CountLookup(int matched_tokens) {
+  if (!enabled()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (matched_tokens > 0) {
+    ++stats_.hits;
+    stats_.hit_tokens += static_cast<uint64_t>(matched_tokens);
+  } else {
+    ++stats_.misses;
+  }
 }
 
 int PrefixDirectory::Insert(const BlockKey& root, std::span<const int32_t> tokens,

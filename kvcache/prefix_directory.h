@@ -55,9 +55,10 @@ class PrefixDirectory {
     int tokens = 0;             // cached prefix length: whole blocks, or every token (full hit)
     model::BlockLease lease;    // the blocks holding it, with references of the caller's own
   };
-  // The longest cached prefix of `tokens` under `root`. count: add to hits/misses (a hit is a
-  // match of at least one block).
-  Match Find(const BlockKey& root, std::span<const int32_t> tokens, bool count);
+  // The longest cached prefix of `tokens` under `root` (the most recently used from then on).
+  Match Find(const BlockKey& root, std::span<const int32_t> tokens);
+  // Counts one request's lookup in stats(): a hit when matched_tokens > 0, else a miss.
+  void CountLookup(int matched_tokens);
   // Records that blocks ids[i] hold the KV of tokens [i*block_size, ...) under `root`: nodes
   // for every block not cached yet, up to the budget and max_tokens, each with a reference of
   // the directory's own. Returns the number of blocks newly cached.
@@ -70,8 +71,8 @@ class PrefixDirectory {
   void Clear(bool closing);
 
   struct Stats {
-    uint64_t hits = 0, misses = 0;  // counted Finds with / without a matched block
-    uint64_t hit_tokens = 0;        // tokens matched by counted Finds
+    uint64_t hits = 0, misses = 0;  // counted lookups with / without a matched block
+    uint64_t hit_tokens = 0;        // tokens matched by counted lookups
     uint64_t inserted_blocks = 0, evicted_blocks = 0;
     int nodes = 0;
     int blocks = 0;                 // blocks the directory references

@@ -83,7 +83,12 @@ PrefillServer::PrefillServer(const daemon::DaemonConfig& config, model::ModelBac
     : config_(config), backend_(backend), pool_(pool), connector_(connector),
       instance_id_(connector::NewInstanceId("prefill")),
       device_id_(daemon::ComputeDeviceId(config)),
-      cache_(&pool->allocator(), config.prompt_cache_blocks) {}
+      cache_(&pool->allocator(), [&] {
+        kvcache::DirectoryOptions o;
+        o.block_size = pool->layout().block_size;
+        o.budget_blocks = config.prompt_cache_blocks;
+        return o;
+      }()) {}
 
 grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
                                       v1::HandshakeResponse* resp) {
@@ -179,37 +184,42 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   std::unique_lock<std::timed_mutex> forward_lock(forward_mu_, std::defer_lock);
   // Declared before `save`: the local blocks outlive every write that reads them.
   model::BlockLease lease;
-  std::optional<model::BlockLease> cached = cache_.Lookup(tokens, /*count_miss=*/false);
-  if (!cached) {
+  const kvcache::BlockKey root =
+      kvcache::RootKey(backend_->config().hash(), pool_->layout(), /*salt=*/"");
+  kvcache::PrefixDirectory::Match cached = cache_.Find(root, tokens);
+  if (cached.tokens < n) {
     const auto asked = Clock::now();
     const bool locked = forward_lock.try_lock_until(deadline);
     if (observed_.queue) observed_.queue->Observe(double(MicrosBetween(asked, Clock::now())) * 1e-6);
     if (!locked)
       return Timeout("request " + std::to_string(id) + ": prefill busy until the deadline");
     if (ctx->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
-    // A repeat that queued behind the forward of the same prompt finds it cached now.
-    cached = cache_.Lookup(tokens, /*count_miss=*/true);
-    if (cached) forward_lock.unlock();
+    // A repeat that queued behind the forward of the same prompt (or prefix) finds it now.
+    cached.lease.Reset();
+    cached = cache_.Find(root, tokens);
+    if (cached.tokens == n) forward_lock.unlock();
   }
-  const bool hit = cached.has_value();
-  if (hit) {
-    lease = std::move(*cached);
-  } else {
-    const int nblocks = model::BlocksForTokens(n, pool_->layout().block_size);
-    auto ids = pool_->allocator().Allocate(nblocks);
-    if (!ids.ok() && cache_.enabled()) {
-      // Cached prompts give way to a request that needs their blocks.
-      cache_.EvictForAllocation(nblocks);
-      ids = pool_->allocator().Allocate(nblocks);
+  cache_.CountLookup(cached.tokens);
+  const int from_cache = cached.tokens;
+  const bool hit = from_cache == n;  // the whole prompt: no forward
+  lease = from_cache > 0 ? std::move(cached.lease) : model::BlockLease(&pool_->allocator(), {});
+  if (!hit) {
+    const int bs = pool_->layout().block_size;
+    Status grown = lease.GrowToTokens(n, bs);
+    if (!grown.ok() && cache_.enabled()) {
+      // Cached blocks nobody reads give way to a request that needs room.
+      cache_.EvictForAllocation(model::BlocksForTokens(n, bs) - static_cast<int>(lease.ids().size()));
+      grown = lease.GrowToTokens(n, bs);
     }
-    if (!ids.ok()) return ids.status().WithContext("prefill pool");
-    lease = model::BlockLease(&pool_->allocator(), std::move(ids).value());
+    if (!grown.ok()) return grown.WithContext("prefill pool");
   }
   std::vector<int32_t> dest(req.dest_blocks().begin(), req.dest_blocks().end());
   KV_ASSIGN_OR_RETURN(std::shared_ptr<connector::SaveRequest> save,
                       connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
   KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined()
-               << (hit ? ", from the prompt cache" : "");
+               << (hit ? ", from the prefix cache"
+                       : from_cache > 0 ? ", " + std::to_string(from_cache) + " from the prefix cache"
+                                        : std::string());
   {
     // Tells the decode side the request is taken (see PrefillProgress.accepted).
     v1::PrefillProgress accepted;
@@ -231,7 +241,8 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (hit) {
     for (int l = 0; l < pool_->layout().num_layers && s.ok(); ++l) s = hooks.AfterLayer(l, nullptr);
   } else {
-    model::SeqInput seq{tokens, 0, lease.ids()};
+    model::SeqInput seq{std::span<const int32_t>(tokens).subspan(from_cache), from_cache,
+                        lease.ids()};
     model::ForwardOptions fo;
     fo.skip_lm_head = true;
     model::ForwardOutput out;
@@ -254,8 +265,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (!s.ok() && stopping_) return Unavailable("prefill daemon shutting down (" + s.message() + ")");
   if (!s.ok()) return s;
   // Only a prompt whose KV was computed completely is kept (a cancelled forward stops early).
-  if (!hit && cache_.Insert(tokens, lease.ids())) {
-    KV_LOG_DEBUG << "[req " << id << "] prompt of " << n << " tokens cached";
+  if (!hit) {
+    const int added = cache_.Insert(root, tokens, lease.ids());
+    if (added > 0) KV_LOG_DEBUG << "[req " << id << "] " << added << " blocks of the prompt cached";
   }
   if (observed_.compute && !hit) observed_.compute->Observe(double(MicrosBetween(t0, t1)) * 1e-6);
   if (observed_.transfer_seconds) {
@@ -269,6 +281,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   done.set_kv_bytes(save->bytes_posted());
   done.set_prefill_compute_us(hit ? 0 : MicrosBetween(t0, t1));
   done.set_prompt_cache_hit(hit);
+  done.set_cached_tokens(from_cache);
   done.set_transfer_us(save->transfer_us());
   done.set_transfer_exposed_us(MicrosBetween(t1, t2));
   writer->Write(done);
@@ -322,7 +335,7 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   p->set_block_size(pool_->layout().block_size);
   p->set_block_bytes(pool_->layout().block_bytes());
   p->set_num_layers(pool_->layout().num_layers);
-  const PromptCache::Stats pc = cache_.stats();
+  const kvcache::PrefixDirectory::Stats pc = cache_.stats();
   p->set_prompt_cache_blocks(pc.blocks);
   resp->set_requests_in_flight(in_flight_.load());
   auto cs = connector_->stats();
@@ -335,7 +348,8 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   c->set_handshakes(cs.handshakes);
   c->set_prompt_cache_hits(pc.hits);
   c->set_prompt_cache_misses(pc.misses);
-  c->set_prompt_cache_evictions(pc.evictions);
+  c->set_prompt_cache_evictions(pc.evicted_blocks);
+  c->set_prompt_cache_hit_tokens(pc.hit_tokens);
   resp->set_model_name(backend_->config().name);
   resp->set_vocab_size(backend_->config().vocab_size);
   resp->set_model_hash(backend_->config().hash());

@@ -6,11 +6,13 @@
 // returns only when no write of r can still land (trailer kvstream-writes-quiesced: 1).
 // Forward passes run one at a time (the backend uses every core).
 //
-// Prompt cache (config prompt_cache_blocks > 0, prefill/prompt_cache.h): after a successful
-// prefill the prompt's local blocks stay cached; a request with the same tokens skips the
-// forward and writes every layer from them (layer by layer, each write with its notification,
-// as after a forward), concurrently with other requests. A request that finds the pool full
-// evicts unreferenced cached prompts first. BeginShutdown() drops the cache.
+// Prefix cache (config prompt_cache_blocks > 0, kvcache/prefix_directory.h): after a successful
+// prefill the prompt's local blocks stay cached, block by block. A request whose prompt begins
+// with cached blocks uses them and computes only the rest (its forward starts at the cached
+// length); one whose whole prompt is cached skips the forward and writes every layer from the
+// cache (layer by layer, each write with its notification, as after a forward), concurrently with
+// other requests. Either way the decode receives the whole prompt's KV. A request that finds the
+// pool full evicts unreferenced cached blocks first. BeginShutdown() drops the cache.
 #pragma once
 
 #include <atomic>
@@ -20,8 +22,8 @@
 #include "daemon/daemon_config.h"
 #include "daemon/metrics.h"
 #include "connector/prefill_connector.h"
+#include "kvcache/prefix_directory.h"
 #include "model/backend.h"
-#include "prefill/prompt_cache.h"
 #include "proto/kvstream.grpc.pb.h"
 
 namespace kvstream::prefill {
@@ -67,7 +69,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   connector::PrefillConnector* connector_;
   std::string instance_id_;
   std::string device_id_;  // sent at handshake: lets decode see a prefill on its own GPU
-  PromptCache cache_;
+  kvcache::PrefixDirectory cache_;
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> admitting_{true};

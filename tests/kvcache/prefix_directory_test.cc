@@ -36,6 +36,12 @@ DirectoryOptions Opts(int budget, int block_size = 4) {
   return o;
 }
 
+PrefixDirectory::Match FindCounted(PrefixDirectory& d, const BlockKey& root, const V& t) {
+  auto m = d.Find(root, t);
+  d.CountLookup(m.tokens);
+  return m;
+}
+
 // Computes `tokens` as a request would: blocks for all of them, then Insert, then the
 // request's lease goes. Returns the block ids.
 V Put(PrefixDirectory& d, model::BlockAllocator& a, const BlockKey& root, const V& t) {
@@ -74,7 +80,7 @@ TEST(PrefixDirectory, MatchesTheLongestCachedBlockAlignedPrefix) {
   EXPECT_EQ(a.free_count(), 64 - 3);
 
   // The whole prompt again: every token, the partial block included.
-  auto m = d.Find(root, first, true);
+  auto m = FindCounted(d, root, first);
   EXPECT_EQ(m.tokens, 10);
   EXPECT_EQ(m.lease.ids(), ids);
   EXPECT_EQ(a.refcount(ids[0]), 2);
@@ -83,19 +89,19 @@ TEST(PrefixDirectory, MatchesTheLongestCachedBlockAlignedPrefix) {
 
   // A longer prompt sharing 8 tokens: two blocks (the partial one only matches at the end).
   V longer = Seq(12);
-  m = d.Find(root, longer, true);
+  m = FindCounted(d, root, longer);
   EXPECT_EQ(m.tokens, 8);
   EXPECT_EQ(m.lease.ids(), V(ids.begin(), ids.begin() + 2));
   // Diverging inside the second block: one block.
   V diverge = Seq(12);
   diverge[6] = 99;
-  EXPECT_EQ(d.Find(root, diverge, true).tokens, 4);
+  EXPECT_EQ(FindCounted(d, root, diverge).tokens, 4);
   // Diverging in the first token, another model, another salt: nothing.
   V other = Seq(12);
   other[0] = 99;
-  EXPECT_EQ(d.Find(root, other, true).tokens, 0);
-  EXPECT_EQ(d.Find(RootKey(8, Layout(), ""), first, true).tokens, 0);
-  EXPECT_EQ(d.Find(RootKey(7, Layout(), "tenant"), first, true).tokens, 0);
+  EXPECT_EQ(FindCounted(d, root, other).tokens, 0);
+  EXPECT_EQ(FindCounted(d, RootKey(8, Layout(), ""), first).tokens, 0);
+  EXPECT_EQ(FindCounted(d, RootKey(7, Layout(), "tenant"), first).tokens, 0);
   auto s = d.stats();
   EXPECT_EQ(s.hits, 3u);
   EXPECT_EQ(s.misses, 3u);
@@ -110,7 +116,7 @@ TEST(PrefixDirectory, ExtendsAPrefixAndSharesItsBlocks) {
   const V sys_ids = Put(d, a, root, system);
   // A request continuing the system prompt: it uses the cached blocks and computes the rest.
   V turn = Seq(14);
-  auto m = d.Find(root, turn, true);
+  auto m = FindCounted(d, root, turn);
   ASSERT_EQ(m.tokens, 8);
   ASSERT_TRUE(m.lease.GrowToTokens(14, 4).ok());
   ASSERT_EQ(m.lease.ids().size(), 4u);
@@ -119,7 +125,7 @@ TEST(PrefixDirectory, ExtendsAPrefixAndSharesItsBlocks) {
   m.lease.Reset();
   EXPECT_EQ(d.stats().blocks, 4);
   EXPECT_EQ(a.free_count(), 64 - 4);
-  auto again = d.Find(root, turn, true);
+  auto again = FindCounted(d, root, turn);
   EXPECT_EQ(again.tokens, 14);
   EXPECT_EQ(again.lease.ids(), turn_ids);
   EXPECT_EQ(V(turn_ids.begin(), turn_ids.begin() + 2), sys_ids);
@@ -136,20 +142,20 @@ TEST(PrefixDirectory, EvictsLeastRecentlyUsedLeavesNeverWhatALeaseHoldsNorAPrefi
   Put(d, a, root, y);
   Put(d, a, root, z);
   EXPECT_EQ(d.stats().blocks, 6);
-  auto held = d.Find(root, x, true);  // x is read by a write, and most recent
+  auto held = FindCounted(d, root, x);  // x is read by a write, and most recent
   ASSERT_EQ(held.tokens, 8);
   // Over budget: y's leaf goes first (the oldest leaf), never y's first block before it.
   const V w = Seq(4, 400);
   Put(d, a, root, w);
   EXPECT_EQ(d.stats().blocks, 6);
   EXPECT_EQ(d.stats().evicted_blocks, 1u);
-  EXPECT_EQ(d.Find(root, y, false).tokens, 4);
-  EXPECT_EQ(d.Find(root, x, false).tokens, 8);
+  EXPECT_EQ(d.Find(root, y).tokens, 4);
+  EXPECT_EQ(d.Find(root, x).tokens, 8);
   // Room for 16 blocks: everything but x's (held) blocks goes; they stay allocated.
   EXPECT_EQ(d.EvictForAllocation(16), 4);
   EXPECT_EQ(a.free_count(), 14);
-  EXPECT_EQ(d.Find(root, x, false).tokens, 8);
-  EXPECT_EQ(d.Find(root, z, false).tokens, 0);
+  EXPECT_EQ(d.Find(root, x).tokens, 8);
+  EXPECT_EQ(d.Find(root, z).tokens, 0);
   held.lease.Reset();
   d.Clear(/*closing=*/false);
   EXPECT_EQ(a.free_count(), 16);
@@ -180,11 +186,11 @@ TEST(PrefixDirectory, MaxTokensAndBudgetBoundWhatIsCached) {
   const BlockKey root = RootKey(7, Layout(), "");
   Put(d, a, root, Seq(20));
   EXPECT_EQ(d.stats().blocks, 2);  // tokens 1-8; the block ending past 9 is not cached
-  EXPECT_EQ(d.Find(root, Seq(20), false).tokens, 8);
+  EXPECT_EQ(d.Find(root, Seq(20)).tokens, 8);
   PrefixDirectory off(&a, Opts(0));
   EXPECT_FALSE(off.enabled());
   Put(off, a, root, Seq(8));
-  EXPECT_EQ(off.Find(root, Seq(8), true).tokens, 0);
+  EXPECT_EQ(FindCounted(off, root, Seq(8)).tokens, 0);
   EXPECT_EQ(off.stats().misses, 0u);
   // Ids that do not cover the tokens are refused.
   model::BlockLease l(&a, a.Allocate(1).value());
@@ -219,7 +225,7 @@ TEST(PrefixDirectory, ConcurrentUseKeepsReferencesExact) {
       std::mt19937 rng(th);
       for (int i = 0; i < 400; ++i) {
         V t = Seq(4 * int(rng() % 4) + 1 + int(rng() % 4), 1 + int(rng() % 3) * 100);
-        auto m = d->Find(root, t, true);
+        auto m = FindCounted(*d, root, t);
         if (m.lease.allocator() == nullptr) m.lease = model::BlockLease(&a, {});
         const int need = model::BlocksForTokens(int(t.size()), 4) - int(m.lease.ids().size());
         if (need > 0 && a.free_count() < need) d->EvictForAllocation(need);
