@@ -238,16 +238,18 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
                 "Landed prompts whose first step was put off by the ITL target, per step", {},
                 double(c.decode_joins_deferred()));
   } else {
-    out.Gauge(p + "prompt_cache_blocks", "Pool blocks held by the prompt cache", {},
+    out.Gauge(p + "prompt_cache_blocks", "Pool blocks held by the prefix cache", {},
               s.pool().prompt_cache_blocks());
-    const std::string pc_help = "Prefill calls by prompt-cache result (miss counted only while "
-                                "the cache is on)";
+    const std::string pc_help = "Prefill calls by prefix-cache result: hit = at least one block "
+                                "of the prompt cached (miss counted only while the cache is on)";
     out.Counter(p + "prompt_cache_requests_total", pc_help, {{"result", "hit"}},
                 double(c.prompt_cache_hits()));
     out.Counter(p + "prompt_cache_requests_total", pc_help, {{"result", "miss"}},
                 double(c.prompt_cache_misses()));
-    out.Counter(p + "prompt_cache_evictions_total", "Prompts evicted from the prompt cache", {},
-                double(c.prompt_cache_evictions()));
+    out.Counter(p + "prompt_cache_evicted_blocks_total", "Blocks evicted from the prefix cache",
+                {}, double(c.prompt_cache_evictions()));
+    out.Counter(p + "prompt_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache",
+                {}, double(c.prompt_cache_hit_tokens()));
   }
 }
 
