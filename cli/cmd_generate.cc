@@ -11,6 +11,7 @@
 #include "cli/remote.h"
 #include "common/time.h"
 #include "model/generate.h"
+#include "tokenizer/text_stream.h"
 
 namespace kvstream::cli {
 
@@ -19,6 +20,8 @@ int RunGenerate(std::span<const std::string> args) {
   std::vector<FlagSpec> specs = ModelFlagSpecs();
   for (auto& s : BackendFlagSpecs()) specs.push_back(s);
   for (auto& s : PromptFlagSpecs()) specs.push_back(s);
+  specs.push_back({"prompt", true, "prompt text, encoded with the checkpoint's tokenizer; prints the text", ""});
+  specs.push_back({"stop", true, "stop string: the text ends before it (needs the tokenizer)", ""});
   specs.push_back({"max-new-tokens", true, "tokens to generate", "8"});
   specs.push_back({"stop-token", true, "stop after generating this token id", ""});
   specs.push_back({"block-size", true, "KV block size in tokens", "16"});
@@ -44,22 +47,51 @@ int RunGenerate(std::span<const std::string> args) {
     if (!stop.ok()) return ReportError("generate", stop.status(), true);
     gopts.stop_token = static_cast<int32_t>(*stop);
   }
-  if (!flags->Has("prompt-tokens") && !flags->Has("prompt-len"))
-    return ReportError("generate", InvalidArgument("give --prompt-tokens or --prompt-len"), true);
+  const bool text_mode = flags->Has("prompt") || flags->Has("stop");
+  if (flags->Has("prompt") && (flags->Has("prompt-tokens") || flags->Has("prompt-len")))
+    return ReportError("generate", InvalidArgument("give --prompt or --prompt-tokens/--prompt-len, not both"), true);
+  if (!flags->Has("prompt") && !flags->Has("prompt-tokens") && !flags->Has("prompt-len"))
+    return ReportError("generate", InvalidArgument("give --prompt, --prompt-tokens or --prompt-len"), true);
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (text_mode) {
+    auto t = tokenizer::Tokenizer::ForModel(spec->model);
+    if (!t.ok()) return ReportError("generate", t.status().WithContext("--prompt/--stop need the tokenizer"), false);
+    tok = std::move(t).value();
+  }
 
   const auto load_start = Clock::now();
   auto backend = model::CreateBackend(*spec, *bopts);
   if (!backend.ok()) return ReportError("generate", backend.status().WithContext("loading model"), false);
   const double load_s = SecondsSince(load_start);
   const model::ModelConfig& cfg = (*backend)->config();
-  auto prompt = PromptFromFlags(*flags, cfg.vocab_size, spec->seed);
-  if (!prompt.ok()) return ReportError("generate", prompt.status(), true);
+  auto prompt = flags->Has("prompt") ? tok->Encode(flags->Get("prompt")) : PromptFromFlags(*flags, cfg.vocab_size, spec->seed);
+  if (!prompt.ok()) return ReportError("generate", prompt.status(), !flags->Has("prompt"));
+  for (const int32_t t : *prompt) {
+    if (t >= cfg.vocab_size)
+      return ReportError("generate", InvalidArgument("the tokenizer gave id " + std::to_string(t) + ", past the model's vocabulary of " + std::to_string(cfg.vocab_size)), false);
+  }
   const int bs = static_cast<int>(*block_size);
   const int blocks = model::BlocksForTokens(int(prompt->size()) + gopts.max_new_tokens, bs);
   auto pool = (*backend)->CreatePool(blocks, bs);
   if (!pool.ok()) return ReportError("generate", pool.status(), false);
   auto r = model::Generate(**backend, **pool, *prompt, gopts);
   if (!r.ok()) return ReportError("generate", r.status(), false);
+  // The text, streamed as a server would; a stop string cuts the text and the tokens after it.
+  std::string text, stop_string;
+  if (tok) {
+    tokenizer::TextStream ts(*tok, flags->Has("stop") ? std::vector<std::string>{flags->Get("stop")}
+                                                      : std::vector<std::string>{});
+    for (size_t i = 0; i < r->tokens.size(); ++i) {
+      auto step = ts.Push(r->tokens[i], i + 1 == r->tokens.size());
+      if (!step.ok()) return ReportError("generate", step.status().WithContext("decoding text"), false);
+      text += step->text;
+      if (!step->stop_string.empty()) {
+        stop_string = step->stop_string;
+        r->tokens.resize(i + 1);
+        break;
+      }
+    }
+  }
 
   const double decode_sum = std::accumulate(r->decode_seconds.begin(), r->decode_seconds.end(), 0.0);
   const double decode_mean = r->decode_seconds.empty() ? 0 : decode_sum / r->decode_seconds.size();
@@ -73,6 +105,10 @@ int RunGenerate(std::span<const std::string> args) {
     j["model_hash"] = cfg.hash();
     j["prompt_tokens"] = prompt->size();
     j["tokens"] = r->tokens;
+    if (tok) {
+      j["text"] = text;
+      j["stop_string"] = stop_string;
+    }
     j["load_s"] = load_s;
     j["prefill_s"] = r->prefill_seconds;
     j["ttft_s"] = r->ttft_seconds;
@@ -90,9 +126,11 @@ int RunGenerate(std::span<const std::string> args) {
               std::string(DTypeName(cfg.weight_dtype)).c_str(),
               std::string(DTypeName(cfg.kv_dtype)).c_str(), load_s);
   std::printf("prompt: %zu tokens\n", prompt->size());
+  if (tok) std::printf("%s\n", text.c_str());
   std::printf("tokens:");
   for (int32_t t : r->tokens) std::printf(" %d", t);
-  std::printf("%s\n", r->stopped ? "  (stop token)" : "");
+  std::printf("%s\n", !stop_string.empty() ? ("  (stop string \"" + stop_string + "\")").c_str()
+                                            : r->stopped ? "  (stop token)" : "");
   std::printf("prefill: %.3f ms   TTFT: %.3f ms\n", r->prefill_seconds * 1e3, r->ttft_seconds * 1e3);
   std::printf("per-token decode (ms):");
   for (double d : r->decode_seconds) std::printf(" %.3f", d * 1e3);

@@ -38,6 +38,8 @@ Result<v1::LoadMode> ParseLoadMode(const std::string& s) {
 int RunRemoteGenerate(std::span<const std::string> args) {
   std::vector<FlagSpec> specs = PromptFlagSpecs();
   specs.push_back({"decode", true, "decode daemon address HOST:PORT", ""});
+  specs.push_back({"prompt", true, "prompt text, encoded by the daemon's tokenizer; prints the text", ""});
+  specs.push_back({"stop", true, "stop string: generation ends when the text contains it", ""});
   specs.push_back({"max-new-tokens", true, "tokens to generate", "8"});
   specs.push_back({"stop-token", true, "stop after generating this token id", ""});
   specs.push_back({"mode", true, "KV load: default, pipelined, non-pipelined or local", "default"});
@@ -74,11 +76,20 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   }
   if (stats.vocab_size() <= 0)
     return ReportError("generate", FailedPrecondition("decode daemon reports no vocabulary size (older daemon?)"), false);
-  auto prompt = PromptFromFlags(*flags, stats.vocab_size(), static_cast<uint64_t>(*seed));
-  if (!prompt.ok()) return ReportError("generate", prompt.status(), true);
+  const bool text_mode = flags->Has("prompt") || flags->Has("stop");
+  Result<std::vector<int32_t>> prompt = std::vector<int32_t>{};
+  if (flags->Has("prompt")) {
+    if (flags->Has("prompt-tokens") || flags->Has("prompt-len"))
+      return ReportError("generate", InvalidArgument("give --prompt or --prompt-tokens/--prompt-len, not both"), true);
+  } else {
+    prompt = PromptFromFlags(*flags, stats.vocab_size(), static_cast<uint64_t>(*seed));
+    if (!prompt.ok()) return ReportError("generate", prompt.status(), true);
+  }
 
   v1::GenerateRequest req;
   *req.mutable_prompt_tokens() = {prompt->begin(), prompt->end()};
+  if (flags->Has("prompt")) req.set_prompt_text(flags->Get("prompt"));
+  if (flags->Has("stop")) req.add_stop_strings(flags->Get("stop"));
   req.set_max_tokens(static_cast<int>(*max_new));
   req.set_load_mode(*mode);
   if (flags->Has("stop-token")) {
@@ -96,19 +107,28 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   std::vector<double> arrival_s;
   v1::LoadInfo load;
   uint64_t request_id = 0;
-  if (!json) std::printf("prompt: %zu tokens\ntokens:", prompt->size());
+  std::string text, stop_string;
+  if (!json && !text_mode) std::printf("prompt: %zu tokens\ntokens:", prompt->size());
   while (reader->Read(&msg)) {
     arrival_s.push_back(SecondsSince(start));
     tokens.push_back(msg.token_id());
     request_id = msg.request_id();
     if (msg.has_load()) load = msg.load();
+    text += msg.text();
+    if (!msg.stop_string().empty()) stop_string = msg.stop_string();
     if (!json) {
-      std::printf(" %d", msg.token_id());
+      if (text_mode) std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
+      else std::printf(" %d", msg.token_id());
       std::fflush(stdout);
     }
   }
   grpc::Status st = reader->Finish();
   if (!json) std::printf("\n");
+  if (!json && text_mode && st.ok()) {
+    std::printf("tokens:");
+    for (int32_t t : tokens) std::printf(" %d", t);
+    std::printf("%s\n", stop_string.empty() ? "" : ("  (stop string \"" + stop_string + "\")").c_str());
+  }
   if (!st.ok()) return ReportError("generate", connector::FromGrpc(st), false);
   const double ttft = arrival_s.empty() ? 0 : arrival_s.front();
   const double total = SecondsSince(start);
@@ -117,8 +137,10 @@ int RunRemoteGenerate(std::span<const std::string> args) {
     j["decode"] = flags->Get("decode");
     j["request_id"] = request_id;
     j["model"] = stats.model_name();
-    j["prompt_tokens"] = prompt->size();
+    if (!flags->Has("prompt")) j["prompt_tokens"] = prompt->size();
     j["tokens"] = tokens;
+    j["text"] = text;
+    j["stop_string"] = stop_string;
     j["ttft_s"] = ttft;
     j["total_s"] = total;
     j["loaded_remotely"] = load.loaded_remotely();

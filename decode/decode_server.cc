@@ -7,6 +7,7 @@
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/grpc_status.h"
 #include "decode/generate_request.h"
+#include "tokenizer/text_stream.h"
 
 namespace kvstream::decode {
 
@@ -45,6 +46,7 @@ struct DecodeServer::Request {
   bool load_info_sent = false;
   int64_t last_token_us = 0;  // since arrival, of the last token emitted
   v1::LoadInfo load;
+  std::unique_ptr<tokenizer::TextStream> text;  // with a tokenizer: the response text
   // Shared with the Generate handler (under mu).
   std::mutex mu;
   std::condition_variable cv;
@@ -149,7 +151,8 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
   r->deadline = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
   r->id = next_id_++;
   r->tag = req->client_request_tag();
-  r->prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
+  auto prompt = PromptTokens(*req, text_);  // prompt_tokens, or prompt_text encoded
+  if (prompt.ok()) r->prompt = std::move(prompt).value();
   r->max_tokens = req->max_tokens();
   r->stop.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   ++total_;
@@ -165,11 +168,24 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     return ToGrpc(s);
   };
   if (!admitting_) return reject(Unavailable("decode daemon draining: not admitting new requests"));
+  if (!prompt.ok()) return reject(prompt.status());
   const int n = static_cast<int>(r->prompt.size());
   const GenerateLimits limits{backend_->config().vocab_size, backend_->config().max_position,
                               pool_->layout().block_size, pool_->num_blocks()};
   int need = 0;
-  if (Status s = CheckGenerateRequest(*req, limits, &need); !s.ok()) return reject(s);
+  const v1::GenerateRequest* checked = req;
+  v1::GenerateRequest encoded;  // a text request, checked as the ids it became
+  if (!req->prompt_text().empty()) {
+    encoded = *req;
+    encoded.clear_prompt_text();
+    *encoded.mutable_prompt_tokens() = {r->prompt.begin(), r->prompt.end()};
+    checked = &encoded;
+  }
+  if (Status s = CheckGenerateRequest(*checked, limits, &need); !s.ok()) return reject(s);
+  if (text_.tokenizer != nullptr) {
+    r->text = std::make_unique<tokenizer::TextStream>(
+        *text_.tokenizer, std::vector<std::string>(req->stop_strings().begin(), req->stop_strings().end()));
+  }
 
   switch (req->load_mode()) {
     case v1::LOAD_MODE_PIPELINED: r->pipelined = true; break;
@@ -257,7 +273,20 @@ void DecodeServer::Emit(Request& r, int32_t token) {
     h->Observe(double(since_arrival_us - r.last_token_us) * 1e-6);
   r.last_token_us = since_arrival_us;
   ++r.generated;
-  const bool last = Done(r, token);
+  bool last = Done(r, token);
+  if (r.text) {  // the text this token made final; a stop string ends the request
+    auto step = r.text->Push(token, last);
+    if (step.ok()) {
+      msg.set_text(std::move(step->text));
+      if (!step->stop_string.empty()) {
+        msg.set_stop_string(step->stop_string);
+        last = true;
+      }
+    } else {
+      KV_LOG_WARN << "[req " << r.id << "] decoding text: " << step.status().ToString();
+      r.text.reset();
+    }
+  }
   msg.set_last(last);
   if (!r.load_info_sent) {
     // The prefill's figures come with the end of its call, usually just after the last layer

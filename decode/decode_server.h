@@ -39,6 +39,7 @@
 #include "connector/decode_connector.h"
 #include "decode/admission.h"
 #include "decode/join_budget.h"
+#include "decode/text_request.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
 
@@ -72,6 +73,9 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   int in_flight() const { return handlers_.load(); }
   // Who may call which method (set before the server starts; default: every caller).
   void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
+  // Text in and out (prompt_text, stop_strings, GenerateResponse.text) with this tokenizer, or
+  // refused with why_none. Set before serving; the tokenizer must outlive the server.
+  void set_text_support(TextSupport text) { text_ = std::move(text); }
   // Refuses new requests and ends every request in flight with kUnavailable.
   void BeginShutdown();
   // Joins the scheduler (after BeginShutdown and the gRPC server's shutdown).
@@ -112,6 +116,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
 
   daemon::DaemonConfig config_;
   std::shared_ptr<const daemon::Authorizer> authz_ = daemon::Authorizer::Open();
+  TextSupport text_{nullptr, "no tokenizer was loaded"};
   std::string device_id_;  // daemon::ComputeDeviceId(config_)
   bool shared_via_mps_;    // daemon::ComputeDeviceSharedViaMps(config_)
   model::ModelBackend* backend_;

@@ -9,6 +9,7 @@
 #include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace kvstream;
 
@@ -55,8 +56,19 @@ int main(int argc, char** argv) {
   std::vector<connector::DecodeConnector*> raw;
   for (auto& c : conns) raw.push_back(c.get());
 
+  // Text in and out needs the checkpoint's tokenizer; without one the daemon serves token ids.
+  decode::TextSupport text;
+  auto tok = tokenizer::Tokenizer::ForModel(cfg->model);
+  if (tok.ok()) {
+    text.tokenizer = tok->get();
+    KV_LOG_INFO << "tokenizer: " << (*tok)->Describe();
+  } else {
+    text.why_none = tok.status().message();
+    if (tok.status().code() != StatusCode::kNotFound) KV_LOG_WARN << "tokenizer not loaded: " << tok.status().ToString();
+  }
   daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
+  service.set_text_support(text);
   service.set_authorizer(security->authorizer);
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());

@@ -55,6 +55,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   return t;
 }
 
+Result<std::unique_ptr<Tokenizer>> Tokenizer::ForModel(const std::string& model) {
+  struct stat st {};
+  if (::stat(model.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return NotFound("model '" + model + "' is not a checkpoint folder (a preset with dummy weights has no tokenizer)");
+  }
+  return Load(model);
+}
+
 Result<std::string> DecodeStream::Push(int32_t id) {
   ids_.push_back(id);
   const std::span<const int32_t> window(ids_.data() + prefix_index_, ids_.size() - prefix_index_);

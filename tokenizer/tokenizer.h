@@ -27,6 +27,9 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path);
+  // The tokenizer of what --model names: a checkpoint folder's, else NOT_FOUND saying why (a
+  // preset with dummy weights has none; a folder may lack the files).
+  static Result<std::unique_ptr<Tokenizer>> ForModel(const std::string& model);
   static Result<std::unique_ptr<Tokenizer>> FromHfJson(std::string_view json);
   static Result<std::unique_ptr<Tokenizer>> FromSentencePiece(std::string_view model_proto);
 
