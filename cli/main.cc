@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/version.h"
 
 namespace kvstream::cli {
 
@@ -27,7 +28,8 @@ const Command kCommands[] = {KVSTREAM_CLI_COMMANDS(KVSTREAM_CLI_ENTRY)};
 #undef KVSTREAM_CLI_ENTRY
 
 void Usage(std::ostream& os) {
-  os << "usage: kvstream <command> [flags]   (kvstream <command> --help for its flags)\n\n"
+  os << "usage: kvstream <command> [flags]   (kvstream <command> --help for its flags)\n"
+        "       kvstream --version             (version, commit, build options, library versions)\n\n"
         "commands:\n";
   for (const auto& c : kCommands) {
     std::string n = c.name;
@@ -45,6 +47,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") {
+    std::fputs(kvstream::VersionText("kvstream").c_str(), stdout);
+    return kExitOk;
+  }
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     Usage(std::cout);
     return kExitOk;

@@ -24,6 +24,7 @@ const char* MethodName(Method m) {
     case Method::kCancel: return "Prefill/Cancel";
     case Method::kGenerate: return "Decode/Generate";
     case Method::kStats: return "Stats";
+    case Method::kReflection: return "ServerReflection";
   }
   return "?";
 }

@@ -7,8 +7,8 @@
 //    replaced certificate is served without a restart.
 //  - Authorizer::Check admits a call only with the identity its method needs: peer methods
 //    (Handshake, Prefill, Cancel) a peer (the peer token, or a certificate named in
-//    tls_peer_names); Generate and Stats a client or a peer (the client token, or any verified
-//    certificate). Tokens are compared in constant time; a refusal is UNAUTHENTICATED (no or
+//    tls_peer_names); Generate, Stats and server reflection a client or a peer (the client
+//    token, or any verified certificate). Tokens are compared in constant time; a refusal is UNAUTHENTICATED (no or
 //    bad credential) or PERMISSION_DENIED (valid identity, wrong method), never echoing a secret.
 //  - SecurityFromConfig refuses (kInvalidArgument, naming the keys) a listen or peer address off
 //    loopback without credentials unless `insecure`; on loopback without credentials every call
@@ -28,7 +28,7 @@
 
 namespace kvstream::daemon {
 
-enum class Method { kHandshake, kPrefill, kCancel, kGenerate, kStats };
+enum class Method { kHandshake, kPrefill, kCancel, kGenerate, kStats, kReflection };
 
 class Authorizer {
  public:

@@ -97,6 +97,9 @@ const std::vector<Field>& Fields() {
       KV_FIELD(cancel_timeout_ms, kI64, "bound on confirming a cancelled writer stopped"),
       KV_FIELD(quarantine_ms, kI64, "decode: hold blocks this long after losing their writer"),
       KV_FIELD(log_level, kStr, "debug | info | warn | error"),
+      KV_FIELD(log_format, kStr,
+               "text | json (json: one object per line: time, level, file, line, msg; gRPC's "
+               "own messages too)"),
       KV_FIELD(tls_cert, kStr, "PEM certificate of this daemon (with tls_key, tls_ca: mTLS)"),
       KV_FIELD(tls_key, kStr, "PEM private key of tls_cert"),
       KV_FIELD(tls_ca, kStr, "PEM CA bundle that verifies peers' and clients' certificates"),
@@ -184,6 +187,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.layers < 0) return InvalidArgument("layers must be >= 0");
   if (c.max_position < 0) return InvalidArgument("max_position must be >= 0");
   if (c.backend != "cpu" && c.backend != "cuda") return InvalidArgument("backend must be cpu or cuda");
+  if (c.log_format != "text" && c.log_format != "json")
+    return InvalidArgument("log_format must be text or json");
   if (c.first_step_after_load != "auto" && c.first_step_after_load != "true" &&
       c.first_step_after_load != "false")
     return InvalidArgument("first_step_after_load must be auto, true or false");
@@ -278,6 +283,7 @@ std::string DaemonConfig::ToJson() const {
 std::string DaemonUsage(const std::string& role) {
   std::ostringstream os;
   os << "usage: kvstream-" << role << " [--config FILE.json] [--key=value ...]\n"
+     << "       kvstream-" << role << " --version   (version, commit, build options, library versions)\n"
      << "Keys (in the JSON file or as flags; flags win):\n";
   DaemonConfig d;
   json defaults = json::parse(d.ToJson());

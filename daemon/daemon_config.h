@@ -105,6 +105,7 @@ struct DaemonConfig {
   int64_t cancel_timeout_ms = 3000;
   int64_t quarantine_ms = 2000;
   std::string log_level;        // debug | info | warn | error
+  std::string log_format = "text";  // text | json (one JSON object per line; common/log.h)
   // control-plane authentication (daemon/credentials.h, docs/security.md)
   std::string tls_cert;         // PEM: this daemon's certificate (server and client side)
   std::string tls_key;          // PEM: its private key

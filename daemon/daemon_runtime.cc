@@ -13,9 +13,11 @@
 #include <fstream>
 
 #include <grpcpp/generic/async_generic_service.h>
+#include <grpc/support/log.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "common/log.h"
+#include "common/log_format.h"
 #include "daemon/accept_guard.h"
 #include "transport/pacing.h"
 #ifdef KVSTREAM_DAEMON_HAVE_CUDA
@@ -292,6 +294,17 @@ Status WritePortFile(const std::string& path, int port) {
   return OkStatus();
 }
 
+namespace {
+// gRPC's own log records (gpr_log) as kvstream records, for --log_format json.
+void GrpcLogToJson(gpr_log_func_args* args) {
+  const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR  ? LogLevel::kError
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? LogLevel::kInfo
+                                                                   : LogLevel::kDebug;
+  LogLine(level, args->file ? args->file : "grpc", args->line,
+          std::string("grpc: ") + (args->message ? args->message : ""));
+}
+}  // namespace
+
 std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string& role,
                                         int* exit_code) {
   auto cfg = ParseDaemonConfig(argc, argv, role);
@@ -305,6 +318,10 @@ std::optional<DaemonConfig> StartDaemon(int argc, char** argv, const std::string
       *exit_code = 2;
     }
     return std::nullopt;
+  }
+  if (cfg->log_format == "json") {
+    SetLogFormat(LogFormat::kJson);
+    gpr_set_log_function(&GrpcLogToJson);  // gRPC's own records in the same form
   }
   const std::string& level = cfg->log_level;
   if (level == "debug") SetLogLevel(LogLevel::kDebug);

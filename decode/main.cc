@@ -2,10 +2,12 @@
 #include <cstdio>
 
 #include "common/log.h"
+#include "common/version.h"
 #include "daemon/credentials.h"
 #include "daemon/daemon_runtime.h"
 #include "daemon/health.h"
 #include "daemon/metrics.h"
+#include "daemon/reflection.h"
 #include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
@@ -18,6 +20,7 @@ int Fail(const Status& s) { return daemon::DaemonFailure("decode", s); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (PrintVersionIfAsked(argc, argv, "kvstream-decode")) return 0;
   daemon::BlockTerminationSignals();
   int exit_code = 0;
   auto cfg = daemon::StartDaemon(argc, argv, "decode", &exit_code);
@@ -72,8 +75,9 @@ int main(int argc, char** argv) {
   service.set_authorizer(security->authorizer);
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
+  daemon::ReflectionService reflection({v1::Decode::service_full_name()}, security->authorizer);
   int port = 0;
-  auto server = daemon::StartGrpcServer(cfg->listen, {&service}, &port,
+  auto server = daemon::StartGrpcServer(cfg->listen, {&service, &reflection}, &port,
                                         daemon::ServerLimitsFromConfig(*cfg),
                                         security->server_credentials);
   if (!server.ok()) return Fail(server.status());
