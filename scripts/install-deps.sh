@@ -6,12 +6,15 @@
 #   --ucx-cuda  also build UCX with CUDA from Debian's UCX source package into build/ucx-cuda
 #               (scripts/ucx-cuda.sh; takes a while), for -DKVSTREAM_UCX_ROOT=build/ucx-cuda.
 #               See docs/transports.md, "A CUDA-enabled UCX".
+#   --container also what scripts/container-build.sh needs: buildah, podman, debootstrap.
 set -euo pipefail
 ucx_cuda=0
+container=0
 for arg in "$@"; do
   case $arg in
     --ucx-cuda) ucx_cuda=1 ;;
-    *) echo "install-deps: unknown argument $arg (known: --ucx-cuda)" >&2; exit 2 ;;
+    --container) container=1 ;;
+    *) echo "install-deps: unknown argument $arg (known: --ucx-cuda, --container)" >&2; exit 2 ;;
   esac
 done
 PKGS=(
@@ -26,6 +29,7 @@ PKGS=(
   libssl-dev  # SHA-256 of the prefix directory (kvcache/)
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
+  yamllint python3-yaml systemd  # the deploy files' checks (tests/deploy)
 )
 # What building UCX from its Debian source needs (this system's packages only).
 UCX_BUILD_PKGS=(
@@ -33,18 +37,32 @@ UCX_BUILD_PKGS=(
   libnuma-dev libibverbs-dev librdmacm-dev
 )
 ((ucx_cuda)) && PKGS+=("${UCX_BUILD_PKGS[@]}")
+((container)) && PKGS+=(buildah podman debootstrap)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install-deps: all packages present"
+fi
+# The Kubernetes schemas the deploy check validates the manifests against (tests/deploy): npm's
+# kubernetes-models, pinned, into KVSTREAM_NODE_DIR, where npm is (this project's machines have
+# Node.js; without it, e.g. in the container's build stage, that one check is skipped).
+node_dir=${KVSTREAM_NODE_DIR:-/usr/local/lib/kvstream-node}
+k8s_models=kubernetes-models@4.5.1
+if ! command -v npm >/dev/null; then
+  echo "install-deps: no npm: tests/deploy will skip the Kubernetes schema check"
+elif [ "$(cat "$node_dir/.installed" 2>/dev/null)" != "$k8s_models" ]; then
+  echo "install-deps: installing $k8s_models into $node_dir"
+  $SUDO mkdir -p "$node_dir"
+  $SUDO npm install --prefix "$node_dir" --no-audit --no-fund --loglevel=error "$k8s_models"
+  echo "$k8s_models" | $SUDO tee "$node_dir/.installed" >/dev/null
 fi
 if ((ucx_cuda)); then
   "$(dirname "$0")/ucx-cuda.sh"

@@ -145,7 +145,8 @@ bool IsOtherTool(const std::string& word) {
       "srun", "sbatch", "salloc", "systemctl", "journalctl", "compute-sanitizer", "nsys", "ncu",
       "nvidia-smi", "nvidia-cuda-mps-control", "cuobjdump", "ucx_info", "grpcurl", "curl", "apt-get",
       "numactl", "taskset", "torchrun", "configure", "podman", "buildah", "debootstrap",
-      "useradd", "yamllint", "systemd-analyze", "openssl", "grpc_health_probe", "ccache"};
+      "useradd", "yamllint", "systemd-analyze", "openssl", "grpc_health_probe", "ccache", "strip",
+      "xargs", "dpkg", "ldd", "node", "npm"};
   return tools.count(word) != 0;
 }
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds deploy/docker/Dockerfile with Debian's buildah, as root, without a daemon, on a base
+# image made here from Debian packages (debootstrap), since registries of images are out of
+# reach; then runs the image's programs. The CUDA twin of the same file is built with Docker on
+# NVIDIA's base images (deploy/README.md).
+#
+#   scripts/container-build.sh [TAG]      (default TAG localhost/kvstream:latest)
+#
+# State (the base image, layers) lives in KVSTREAM_CONTAINER_DIR (/var/cache/kvstream-container):
+# the base is made once, and unchanged layers (install-deps.sh) are reused by later builds.
+# storage: vfs, isolation: chroot (no overlayfs, no user namespaces needed: works inside a
+# container). Prints how long each part took.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+tag=${1:-localhost/kvstream:latest}
+dir=${KVSTREAM_CONTAINER_DIR:-/var/cache/kvstream-container}
+base=localhost/kvstream-base:bookworm
+mirror=${KVSTREAM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+store=(--root "$dir/storage" --runroot "$dir/run" --storage-driver vfs)
+for tool in buildah podman debootstrap; do
+  command -v $tool >/dev/null || { echo "container-build: $tool missing (scripts/install-deps.sh --container)" >&2; exit 1; }
+done
+mkdir -p "$dir"
+t0=$SECONDS
+if ! buildah "${store[@]}" inspect --type image "$base" >/dev/null 2>&1; then
+  rootfs=$(mktemp -d "$dir/rootfs.XXXXXX")
+  trap 'rm -rf "$rootfs"' EXIT
+  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$dir/debootstrap.log" 2>&1 ||
+    { tail -20 "$dir/debootstrap.log" >&2; exit 1; }
+  tar -C "$rootfs" -c . | podman "${store[@]}" import - "$base" >/dev/null
+  rm -rf "$rootfs"
+  trap - EXIT
+  echo "container-build: base image $base made with debootstrap in $((SECONDS - t0)) s"
+fi
+t1=$SECONDS
+commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+buildah "${store[@]}" bud --isolation chroot --layers -f "$root/deploy/docker/Dockerfile" \
+  --build-arg BASE="$base" --build-arg KVSTREAM_GIT_COMMIT="$commit" \
+  --build-arg KVSTREAM_JOBS="${KVSTREAM_JOBS:-$(nproc)}" -t "$tag" "$root"
+echo "container-build: image $tag built in $((SECONDS - t1)) s"
+# The image's programs run in it: --version of each, the decode's --help.
+ctr=$(buildah "${store[@]}" from "$tag")
+trap 'buildah "${store[@]}" rm "$ctr" >/dev/null' EXIT
+for p in kvstream-prefill kvstream-decode kvstream; do
+  buildah "${store[@]}" run --isolation chroot "$ctr" -- /usr/local/bin/$p --version
+done
+buildah "${store[@]}" run --isolation chroot "$ctr" -- /usr/local/bin/kvstream-decode --help >/dev/null
+echo "container-build: the image's programs run ($((SECONDS - t0)) s in all)"
