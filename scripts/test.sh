@@ -3,6 +3,9 @@
 # under AddressSanitizer + UndefinedBehaviorSanitizer with the fuzz targets (scripts/test-san.sh;
 # KVSTREAM_SANITIZE_TESTS=0 skips that part). Arguments go to both ctest runs.
 # GPU tests (label gpu) report "skipped" with the reason where no GPU is present.
+# KVSTREAM_CONTAINER_TEST=1 also builds the container file with buildah on a debootstrap base
+# and runs its programs (scripts/container-build.sh; off by default: see deploy/README.md for
+# what it costs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 phase_start=$SECONDS
@@ -10,7 +13,8 @@ phase() {  # phase NAME: prints how long the phase that just ended took
   echo "test.sh: $1 took $((SECONDS - phase_start)) s"
   phase_start=$SECONDS
 }
-"$root/scripts/install-deps.sh"
+container=${KVSTREAM_CONTAINER_TEST:-0}
+if [[ $container != 0 ]]; then "$root/scripts/install-deps.sh" --container; else "$root/scripts/install-deps.sh"; fi
 phase "install-deps"
 "$root/scripts/build.sh"
 phase "build"
@@ -21,5 +25,9 @@ phase "tests"
 if [[ ${KVSTREAM_SANITIZE_TESTS:-1} != 0 ]]; then
   "$root/scripts/test-san.sh" "$@" || rc=$?
   phase "sanitizer build and tests (fuzzing included)"
+fi
+if [[ $container != 0 ]]; then
+  "$root/scripts/container-build.sh" localhost/kvstream:test || rc=$?
+  phase "container build (buildah, debootstrap base)"
 fi
 exit $rc
