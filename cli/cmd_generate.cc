@@ -98,6 +98,7 @@ int RunGenerate(std::span<const std::string> args) {
   if (flags->Has("json")) {
     nlohmann::ordered_json j;
     j["model"] = cfg.name;
+    j["config"] = model::DescribeConfig(cfg);
     j["layers"] = cfg.num_layers;
     j["backend"] = (*backend)->name();
     j["weight_dtype"] = DTypeName(cfg.weight_dtype);
@@ -119,10 +120,10 @@ int RunGenerate(std::span<const std::string> args) {
     std::cout << j.dump() << "\n";
     return kExitOk;
   }
-  std::printf("model %s: %d layers, hidden %d, heads %d/%d, head %d, vocab %d; backend %s, "
-              "weights %s, kv %s; loaded in %.3f s\n",
-              cfg.name.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-              cfg.head_dim, cfg.vocab_size, (*backend)->name().c_str(),
+  // What the config was understood as: architecture, rope type and parameters, tied
+  // embeddings, dtype, head_dim, context limit.
+  std::printf("model %s: %s\n", cfg.name.c_str(), model::DescribeConfig(cfg).c_str());
+  std::printf("backend %s, weights %s, kv %s; loaded in %.3f s\n", (*backend)->name().c_str(),
               std::string(DTypeName(cfg.weight_dtype)).c_str(),
               std::string(DTypeName(cfg.kv_dtype)).c_str(), load_s);
   std::printf("prompt: %zu tokens\n", prompt->size());

@@ -118,7 +118,7 @@ Result<model::ModelSpec> ModelSpecFromFlags(const Flags& flags) {
       std::ifstream f(std::filesystem::path(spec.model) / "config.json");
       std::stringstream ss;
       ss << f.rdbuf();
-      auto cfg = model::ConfigFromHfJson(ss.str());
+      auto cfg = model::ConfigFromHfJson(ss.str(), spec.max_position_override);
       if (cfg.ok()) spec.weight_dtype = cfg->weight_dtype;  // a bad config fails at load
     }
   }

@@ -7,7 +7,9 @@
 //    are written into the pool through its block table (which must cover start_pos + n tokens)
 //    before any attention reads them; attention for every position reads K/V from the pool
 //    only. So computing a prompt in one call or in two (n-1 tokens, then 1) gives identical
-//    KV and identical logits on the CPU backend.
+//    KV and identical logits on the CPU backend. The one exception is dynamic NTK rope past its
+//    threshold: as in transformers, a forward's tokens are rotated with the frequencies of the
+//    sequence's extent in that forward (model/rope.h), so splitting a prompt there changes them.
 //  - hooks->BeforeAttention(l) is called before layer l's attention reads the pool (decode's
 //    wait_for_layer); hooks->AfterLayer(l) once layer l's KV of every sequence is written
 //    (prefill's save_layer). On the CUDA backend `stream` is the cudaStream_t the work was

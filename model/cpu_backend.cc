@@ -78,7 +78,8 @@ struct Layer {
 
 class CpuBackend : public ModelBackend {
  public:
-  CpuBackend(ModelConfig c, int threads) : config_(std::move(c)), pool_(threads) {}
+  CpuBackend(ModelConfig c, int threads)
+      : config_(std::move(c)), pool_(threads), rope_(RopeFrequencies(config_, 0)) {}
 
   Status Load(const WeightSource& w) {
     layers_.resize(config_.num_layers);
@@ -166,6 +167,7 @@ class CpuBackend : public ModelBackend {
 
   ModelConfig config_;
   ThreadPool pool_;
+  RopeFreqs rope_;  // frequencies of every forward but dynamic NTK's past its threshold
   Mat embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
@@ -237,11 +239,18 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
       if (row != x.data() + t * H) std::memcpy(x.data() + t * H, row, sizeof(float) * H);
     }
   });
-  // Rotation factors per token.
+  // Rotation factors per token, from the frequencies of its sequence's extent in this forward.
+  std::vector<RopeFreqs> seq_rope(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const int64_t end = int64_t(batch[s].start_pos) + int64_t(batch[s].tokens.size());
+    if (RopeDependsOnLength(c, end)) seq_rope[s] = RopeFrequencies(c, end);
+  }
   std::vector<float> cosv(size_t(T) * (HD / 2)), sinv(size_t(T) * (HD / 2));
   pool_.ParallelFor(T, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t)
-      RopeCosSin(c.rope_theta, HD, pos_of[t], &cosv[t * (HD / 2)], &sinv[t * (HD / 2)]);
+    for (int64_t t = b; t < e; ++t) {
+      const RopeFreqs& f = seq_rope[seq_of[t]].inv_freq.empty() ? rope_ : seq_rope[seq_of[t]];
+      RopeCosSin(f, pos_of[t], &cosv[t * (HD / 2)], &sinv[t * (HD / 2)]);
+    }
   });
   const size_t elem = lay.elem_bytes();
   // Element offset of (kv, head, slot) inside a block.

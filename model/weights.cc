@@ -172,7 +172,7 @@ Result<std::unique_ptr<WeightSource>> OpenWeights(const ModelSpec& spec) {
     if (!f) return NotFound("checkpoint " + spec.model + " has no config.json");
     std::stringstream ss;
     ss << f.rdbuf();
-    auto parsed = ConfigFromHfJson(ss.str());
+    auto parsed = ConfigFromHfJson(ss.str(), spec.max_position_override);
     if (!parsed.ok()) return parsed.status().WithContext(cfg_path);
     c = std::move(parsed).value();
     c.name = spec.model;

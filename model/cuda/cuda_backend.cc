@@ -691,6 +691,9 @@ Result<std::unique_ptr<ModelBackend>> CreateCudaBackend(const ModelSpec& spec,
     return NotSupported("cuda backend: kv dtype " + std::string(DTypeName(c.kv_dtype)) +
                         " (f16 or bf16 only)");
   }
+  if (c.rope.type != "default") {
+    return NotSupported("cuda backend: rope type '" + c.rope.type + "' (default only, for now)");
+  }
   auto backend = std::make_unique<CudaBackend>(c, options.device);
   KV_RETURN_IF_ERROR(backend->Init(*src).WithContext("cuda backend"));
   if (Status w = backend->Warmup(); !w.ok()) {

@@ -127,8 +127,15 @@ TEST(Config, HfJsonLlamaAndQwen) {
   EXPECT_NE(missing.status().message().find("num_hidden_layers"), std::string::npos);
   EXPECT_EQ(ConfigFromHfJson(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
     "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1,
-    "vocab_size": 10, "rope_scaling": {"type": "llama3"}})").status().code(),
+    "vocab_size": 10, "rope_scaling": {"type": "longrope"}})").status().code(),
             StatusCode::kNotSupported);
+  // llama3 is implemented, but not without its factor.
+  auto no_factor = ConfigFromHfJson(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1,
+    "vocab_size": 10, "rope_scaling": {"type": "llama3"}})");
+  EXPECT_EQ(no_factor.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_factor.status().message().find("'factor'"), std::string::npos)
+      << no_factor.status().message();
 }
 
 // Found by tests/fuzz/fuzz_model_config (its corpus keeps each input): a field of the wrong JSON
