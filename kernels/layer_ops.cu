@@ -61,17 +61,17 @@ __global__ void RmsNormKernel(void* out, DType odt, const float* x, size_t x_str
   }
 }
 
-__global__ void RopeTableKernel(float* table, const int32_t* positions, int num_tokens,
-                                int half, int head_dim, double theta) {
+__global__ void RopeTableKernel(float* table, const int32_t* positions, const int32_t* rows,
+                                const double* inv_freq, int num_tokens, int half, double scale) {
   const size_t n = size_t(num_tokens) * half;
   for (size_t k = blockIdx.x * size_t(blockDim.x) + threadIdx.x; k < n;
        k += size_t(gridDim.x) * blockDim.x) {
     const int t = int(k / half), i = int(k % half);
-    const double inv_freq = pow(theta, -2.0 * double(i) / double(head_dim));
+    const size_t row = rows ? size_t(rows[t]) : 0;
     double s, c;
-    sincos(double(positions[t]) * inv_freq, &s, &c);
-    table[2 * k] = float(c);
-    table[2 * k + 1] = float(s);
+    sincos(double(positions[t]) * inv_freq[row * half + i], &s, &c);
+    table[2 * k] = float(c * scale);
+    table[2 * k + 1] = float(s * scale);
   }
 }
 
@@ -220,16 +220,16 @@ cudaError_t RmsNorm(void* out, DType out_dtype, const float* x, size_t x_row_str
   return cudaGetLastError();
 }
 
-cudaError_t RopeTable(float* table, const int32_t* positions, int num_tokens, int head_dim,
-                      float rope_theta, cudaStream_t stream) {
-  if (num_tokens < 0 || head_dim <= 0 || head_dim % 2 != 0 || !(rope_theta > 0.f)) {
+cudaError_t RopeTable(float* table, const int32_t* positions, const int32_t* rows,
+                      const double* inv_freq, int num_tokens, int head_dim, double scale,
+                      cudaStream_t stream) {
+  if (num_tokens < 0 || head_dim <= 0 || head_dim % 2 != 0 || !inv_freq || !(scale > 0)) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
   const size_t n = size_t(num_tokens) * (head_dim / 2);
-  RopeTableKernel<<<BlocksFor(n), kThreads, 0, stream>>>(table, positions, num_tokens,
-                                                          head_dim / 2, head_dim,
-                                                          double(rope_theta));
+  RopeTableKernel<<<BlocksFor(n), kThreads, 0, stream>>>(table, positions, rows, inv_freq,
+                                                          num_tokens, head_dim / 2, scale);
   return cudaGetLastError();
 }
 

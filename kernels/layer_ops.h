@@ -41,12 +41,17 @@ cudaError_t RmsNorm(void* out, DType out_dtype, const float* x, size_t x_row_str
                     const void* w, DType w_dtype, int rows, int hidden, float eps,
                     cudaStream_t stream);
 
-// Rotary table for a batch of tokens (HF rotate_half convention, theta = rope_theta):
-//   table[t][i] = {cos(a), sin(a)},  a = positions[t] * theta^(-2i/head_dim),  i < head_dim/2
-//   positions: [num_tokens] int32 >= 0; table: [num_tokens][head_dim/2][2] f32.
-//   The angle and its sine/cosine are computed in double precision, then rounded to float.
-cudaError_t RopeTable(float* table, const int32_t* positions, int num_tokens, int head_dim,
-                      float rope_theta, cudaStream_t stream);
+// Rotary table for a batch of tokens (HF rotate_half convention) from inverse frequencies
+// computed on the host (model/rope.h's RopeFrequencies: every rope type, once, for every
+// backend):
+//   table[t][i] = {cos(a) * scale, sin(a) * scale},  a = positions[t] * inv_freq[rows[t]][i]
+//   positions: [num_tokens] int32 >= 0; rows: [num_tokens] int32, the inv_freq row of each
+//   token (null: row 0 for all); inv_freq: [rows][head_dim/2] double;
+//   table: [num_tokens][head_dim/2][2] f32.
+//   The angle, its sine/cosine and the scaling are computed in double, then rounded to float.
+cudaError_t RopeTable(float* table, const int32_t* positions, const int32_t* rows,
+                      const double* inv_freq, int num_tokens, int head_dim, double scale,
+                      cudaStream_t stream);
 
 // In place on the fused QKV projection output of num_tokens tokens:
 //   qkv: [num_tokens][(num_heads + 2 * num_kv_heads) * head_dim] f32, columns

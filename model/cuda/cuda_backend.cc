@@ -18,19 +18,12 @@
 #include "kernels/layer_ops.h"
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
+#include "model/cuda/device_buffer.h"
+#include "model/rope.h"
 #include "model/weights.h"
 
 namespace kvstream::model {
 namespace {
-
-Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return OkStatus();
-  if (e == cudaErrorMemoryAllocation) {
-    return ResourceExhausted(std::string(what) + ": " + cudaGetErrorString(e));
-  }
-  return Internal(std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
-                  ")");
-}
 
 #define KV_CUDA(expr) KV_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
@@ -47,62 +40,6 @@ cudaDataType_t CudaType(DType t) {
   }
   return CUDA_R_32F;
 }
-
-// Owns one cudaMalloc'd region on the device that was current when it was allocated.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { Free(); }
-  // Grows to at least `bytes` (contents are not kept). The caller makes sure no queued work
-  // still uses the old memory.
-  Status Reserve(size_t bytes) {
-    if (bytes <= size_) return OkStatus();
-    Free();
-    KV_CUDA(cudaMalloc(&ptr_, bytes));
-    size_ = bytes;
-    return OkStatus();
-  }
-  void Free() {
-    if (ptr_) cudaFree(ptr_);
-    ptr_ = nullptr;
-    size_ = 0;
-  }
-  void* get() const { return ptr_; }
-  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
-
-// Page-locked host staging memory (so async copies are truly asynchronous).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() { Free(); }
-  Status Reserve(size_t bytes) {
-    if (bytes <= size_) return OkStatus();
-    Free();
-    KV_CUDA(cudaMallocHost(&ptr_, bytes));
-    size_ = bytes;
-    return OkStatus();
-  }
-  void Free() {
-    if (ptr_) cudaFreeHost(ptr_);
-    ptr_ = nullptr;
-    size_ = 0;
-  }
-  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
 
 class DevicePoolMemory final : public PoolMemory {
  public:
@@ -139,7 +76,8 @@ size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 class CudaBackend final : public ModelBackend {
  public:
-  CudaBackend(ModelConfig config, int device) : config_(std::move(config)), device_(device) {
+  CudaBackend(ModelConfig config, int device)
+      : config_(std::move(config)), device_(device), rope_freqs_(RopeFrequencies(config_, 0)) {
     name_ = "cuda:" + std::to_string(device_);
   }
 
@@ -195,6 +133,7 @@ class CudaBackend final : public ModelBackend {
 
   ModelConfig config_;
   int device_;
+  RopeFreqs rope_freqs_;  // of every forward but dynamic NTK's past its threshold
   std::string name_;
   std::mutex forward_mu_;
   cudaStream_t stream_ = nullptr;
@@ -388,10 +327,12 @@ Status CudaBackend::Validate(KvPool& pool, std::span<const SeqInput> batch) cons
 
 // Metadata layout (int32, one upload per forward):
 //   tokens[T] positions[T] slots[T] iota[T] q_start[B+1] start_pos[B] ctx_lens[B] last[B]
-//   block_tables[B * max_blocks]
+//   block_tables[B * max_blocks] rope_rows[T]
+//   then, 8-byte aligned, rope frequencies: double[rows][head_dim/2] (RopeTable's inv_freq).
 struct MetaOffsets {
-  size_t tokens, positions, slots, iota, q_start, start_pos, ctx_lens, last, tables, total;
-  MetaOffsets(int T, int B, int max_blocks) {
+  size_t tokens, positions, slots, iota, q_start, start_pos, ctx_lens, last, tables, rope_rows,
+      freqs, total;
+  MetaOffsets(int T, int B, int max_blocks, int rope_rows_n, int half) {
     size_t o = 0;
     tokens = o; o += T;
     positions = o; o += T;
@@ -402,6 +343,8 @@ struct MetaOffsets {
     ctx_lens = o; o += B;
     last = o; o += B;
     tables = o; o += size_t(B) * max_blocks;
+    rope_rows = o; o += T;
+    freqs = o + (o & 1); o = freqs + 2 * size_t(rope_rows_n) * half;
     total = o;
   }
 };
@@ -430,7 +373,7 @@ Status CudaBackend::Reserve(int T, int B, int max_blocks, const KvPool& pool) {
   KV_RETURN_IF_ERROR(last_n_.Reserve(size_t(B) * c.hidden_size * ws));
   KV_RETURN_IF_ERROR(logits_.Reserve(size_t(B) * c.vocab_size * 4));
   KV_RETURN_IF_ERROR(tokens_out_.Reserve(size_t(B) * 4));
-  const MetaOffsets mo(T, B, max_blocks);
+  const MetaOffsets mo(T, B, max_blocks, B + 1, c.head_dim / 2);
   KV_RETURN_IF_ERROR(meta_.Reserve(mo.total * 4));
   KV_RETURN_IF_ERROR(meta_host_.Reserve(mo.total * 4));
   KV_RETURN_IF_ERROR(tokens_host_.Reserve(size_t(B) * 4));
@@ -486,8 +429,23 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   KV_RETURN_IF_ERROR(Reserve(T, B, max_blocks, pool));
 
   // ---- metadata: built on the host, one upload ----
-  const MetaOffsets mo(T, B, max_blocks);
+  // Rope frequencies: row 0 for every sequence but those whose dynamic NTK frequencies depend
+  // on their length in this forward (one row each).
+  std::vector<int> rope_row(B, 0);
+  std::vector<RopeFreqs> rows = {rope_freqs_};
+  for (int s = 0; s < B; ++s) {
+    const int64_t end = int64_t(batch[s].start_pos) + int64_t(batch[s].tokens.size());
+    if (RopeDependsOnLength(c, end)) {
+      rope_row[s] = int(rows.size());
+      rows.push_back(RopeFrequencies(c, end));
+    }
+  }
+  const int half = c.head_dim / 2;
+  const MetaOffsets mo(T, B, max_blocks, int(rows.size()), half);
   int32_t* h = meta_host_.as<int32_t>();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::memcpy(h + mo.freqs + 2 * r * half, rows[r].inv_freq.data(), sizeof(double) * half);
+  }
   int t = 0;
   for (int s = 0; s < B; ++s) {
     const SeqInput& in = batch[s];
@@ -506,6 +464,7 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
       h[mo.positions + t] = pos;
       h[mo.slots + t] = in.block_table[pos / bs] * bs + pos % bs;
       h[mo.iota + t] = t;
+      h[mo.rope_rows + t] = rope_row[s];
     }
   }
   h[mo.q_start + B] = T;
@@ -533,7 +492,9 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   float* rope = rope_.as<float>();
 
   KV_CUDA(kernels::EmbeddingGather(x, embed_, wd, d_tokens, T, c.vocab_size, H, stream_));
-  KV_CUDA(kernels::RopeTable(rope, d_positions, T, hd, c.rope_theta, stream_));
+  KV_CUDA(kernels::RopeTable(rope, d_positions, meta + mo.rope_rows,
+                             reinterpret_cast<const double*>(meta + mo.freqs), T, hd,
+                             rope_freqs_.scale, stream_));
 
   // Decode (one new token per sequence): the paged decode kernel where it supports the shape
   // (head 64/128/256, block 16/32); otherwise (e.g. the tiny preset's head 32) the prefill
@@ -690,9 +651,6 @@ Result<std::unique_ptr<ModelBackend>> CreateCudaBackend(const ModelSpec& spec,
   if (c.kv_dtype != DType::kF16 && c.kv_dtype != DType::kBF16) {
     return NotSupported("cuda backend: kv dtype " + std::string(DTypeName(c.kv_dtype)) +
                         " (f16 or bf16 only)");
-  }
-  if (c.rope.type != "default") {
-    return NotSupported("cuda backend: rope type '" + c.rope.type + "' (default only, for now)");
   }
   auto backend = std::make_unique<CudaBackend>(c, options.device);
   KV_RETURN_IF_ERROR(backend->Init(*src).WithContext("cuda backend"));

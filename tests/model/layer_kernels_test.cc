@@ -207,7 +207,10 @@ TEST(LayerOps, RotaryWithAndWithoutBias) {
       DeviceVec<float> d_table(size_t(T) * hd);
       DeviceVec<float> d_qkv(qkv);
       DeviceVec<uint16_t> d_bias(bias_bits);
-      ASSERT_CUDA(RopeTable(d_table.get(), d_pos.get(), T, hd, theta, nullptr));
+      std::vector<double> inv(hd / 2);
+      for (int i = 0; i < hd / 2; ++i) inv[i] = std::pow(double(theta), -2.0 * i / hd);
+      DeviceVec<double> d_inv(inv);
+      ASSERT_CUDA(RopeTable(d_table.get(), d_pos.get(), nullptr, d_inv.get(), T, hd, 1.0, nullptr));
       ASSERT_CUDA(BiasRotary(d_qkv.get(), with_bias ? d_bias.get() : nullptr, DType::kBF16,
                              d_table.get(), T, nh, nkv, hd, nullptr));
       ASSERT_CUDA(cudaDeviceSynchronize());
@@ -232,6 +235,31 @@ TEST(LayerOps, RotaryWithAndWithoutBias) {
           ASSERT_NEAR(row[c], got[size_t(t) * width + c], 1e-6);
         }
       }
+    }
+  }
+}
+
+// Several frequency rows (dynamic NTK: one per sequence) and a cos/sin scale (yarn).
+TEST(LayerOps, RopeTableRowsAndScale) {
+  const int T = 5, hd = 32, half = hd / 2;
+  std::vector<int32_t> pos = {0, 3, 40, 41, 7000}, rows = {0, 1, 1, 0, 1};
+  std::vector<double> inv(2 * half);
+  for (int i = 0; i < half; ++i) {
+    inv[i] = std::pow(10000.0, -2.0 * i / hd);
+    inv[half + i] = inv[i] / 3;
+  }
+  DeviceVec<int32_t> d_pos(pos), d_rows(rows);
+  DeviceVec<double> d_inv(inv);
+  DeviceVec<float> d_table(size_t(T) * hd);
+  ASSERT_CUDA(RopeTable(d_table.get(), d_pos.get(), d_rows.get(), d_inv.get(), T, hd, 1.25,
+                        nullptr));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<float> got = d_table.Download();
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const double a = double(pos[t]) * inv[size_t(rows[t]) * half + i];
+      EXPECT_NEAR(got[(size_t(t) * half + i) * 2], std::cos(a) * 1.25, 1e-6) << t << " " << i;
+      EXPECT_NEAR(got[(size_t(t) * half + i) * 2 + 1], std::sin(a) * 1.25, 1e-6) << t << " " << i;
     }
   }
 }
@@ -286,7 +314,9 @@ TEST(LayerOps, ArgmaxLowestIndexWinsTies) {
 TEST(LayerOps, RejectsBadShapes) {
   EXPECT_EQ(cudaErrorInvalidValue, RmsNorm(nullptr, DType::kF16, nullptr, 10, nullptr,
                                            DType::kF16, 1, 20, 1e-5f, nullptr));
-  EXPECT_EQ(cudaErrorInvalidValue, RopeTable(nullptr, nullptr, 1, 63, 10000.f, nullptr));
+  double inv = 1.0;
+  EXPECT_EQ(cudaErrorInvalidValue, RopeTable(nullptr, nullptr, nullptr, &inv, 1, 63, 1.0, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RopeTable(nullptr, nullptr, nullptr, nullptr, 1, 64, 1.0, nullptr));
   EXPECT_EQ(cudaSuccess, SwiGlu(nullptr, DType::kF16, nullptr, 0, 10, nullptr));
   PrefillAttentionParams p;
   p.head_dim = 96;
