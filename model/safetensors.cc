@@ -198,7 +198,9 @@ Result<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Open(const
         return InvalidArgument(index_path.string() + ": weight_map value of '" + it.key() +
                                "' is not a string");
       std::string file = it.value().get<std::string>();
-      if (file.find('/') != std::string::npos || file == ".." || file.empty())
+      // A file name inside the checkpoint folder: no directories, no way out of it.
+      if (file.find_first_of(std::string("/\\\0", 3)) != std::string::npos || file == ".." ||
+          file == "." || file.empty())
         return InvalidArgument(index_path.string() + ": bad file name '" + file + "'");
       index_map[it.key()] = file;
       if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
@@ -217,13 +219,12 @@ Result<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Open(const
     KV_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open((fs::path(dir) / name).string()));
     for (unsigned char c : f->header_json()) h = (h ^ c) * 0x100000001b3ULL;
     const size_t idx = ck->files_.size();
-    if (index_map.empty()) {
-      for (const auto& t : f->names()) {
-        auto [it, inserted] = ck->where_.emplace(t, idx);
-        if (!inserted)
-          return InvalidArgument("tensor '" + t + "' is in both " + ck->files_[it->second]->path() +
-                                 " and " + f->path());
-      }
+    // No tensor twice, with or without an index (which copy is meant would be a guess).
+    for (const auto& t : f->names()) {
+      auto [it, inserted] = ck->where_.emplace(t, idx);
+      if (!inserted)
+        return InvalidArgument("tensor '" + t + "' is in both " + ck->files_[it->second]->path() +
+                               " and " + f->path());
     }
     ck->files_.push_back(std::move(f));
   }

@@ -50,6 +50,7 @@ TEST(Cli, GenerateJsonMatchesLibrary) {
   EXPECT_EQ(j["decode_s"].size(), 5u);
   EXPECT_GT(j["ttft_s"].get<double>(), 0);
   EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_NE(j["config"].get<std::string>().find("LlamaForCausalLM"), std::string::npos) << j;
 }
 
 TEST(Cli, GenerateTextPrintsTimings) {
@@ -59,6 +60,19 @@ TEST(Cli, GenerateTextPrintsTimings) {
   EXPECT_NE(r.output.find("TTFT"), std::string::npos);
   EXPECT_NE(r.output.find("per-token decode"), std::string::npos);
   EXPECT_NE(r.output.find("1 layers"), std::string::npos);
+}
+
+// generate --model DIR says what it understood of config.json before generating.
+TEST(Cli, GeneratePrintsTheConfigItRead) {
+  const std::string root = KVSTREAM_MODEL_GOLDENS;
+  auto r = RunCli("generate --model " + root + "/llama31_llama3_tied_bf16 --prompt-tokens 1,2,3 "
+                  "--max-new-tokens 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* words : {"LlamaForCausalLM", "rope llama3 theta=10000 factor=4",
+                            "low_freq_factor=1 high_freq_factor=4",
+                            "original_max_position_embeddings=32", "tied embeddings yes",
+                            "dtype bf16", "head_dim 16", "context limit 128"})
+    EXPECT_NE(r.output.find(words), std::string::npos) << words << "\n" << r.output;
 }
 
 TEST(Cli, CheckpointRoundTrip) {
