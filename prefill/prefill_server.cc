@@ -186,7 +186,12 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   model::BlockLease lease;
   const kvcache::BlockKey root =
       kvcache::RootKey(backend_->config().hash(), pool_->layout(), /*salt=*/"");
-  kvcache::PrefixDirectory::Match cached = cache_.Find(root, tokens);
+  // Dynamic NTK rotates a whole forward by its sequence's length once that passes
+  // max_position_embeddings: only prompts within it share KV with the cache.
+  const model::RopeScaling& rope = backend_->config().rope;
+  const bool cacheable = rope.type != "dynamic" || n <= rope.original_max_position;
+  kvcache::PrefixDirectory::Match cached;
+  if (cacheable) cached = cache_.Find(root, tokens);
   if (cached.tokens < n) {
     const auto asked = Clock::now();
     const bool locked = forward_lock.try_lock_until(deadline);
@@ -195,11 +200,13 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
       return Timeout("request " + std::to_string(id) + ": prefill busy until the deadline");
     if (ctx->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
     // A repeat that queued behind the forward of the same prompt (or prefix) finds it now.
-    cached.lease.Reset();
-    cached = cache_.Find(root, tokens);
-    if (cached.tokens == n) forward_lock.unlock();
+    if (cacheable) {
+      cached.lease.Reset();
+      cached = cache_.Find(root, tokens);
+      if (cached.tokens == n) forward_lock.unlock();
+    }
   }
-  cache_.CountLookup(cached.tokens);
+  if (cacheable) cache_.CountLookup(cached.tokens);
   const int from_cache = cached.tokens;
   const bool hit = from_cache == n;  // the whole prompt: no forward
   lease = from_cache > 0 ? std::move(cached.lease) : model::BlockLease(&pool_->allocator(), {});
@@ -265,9 +272,11 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (!s.ok() && stopping_) return Unavailable("prefill daemon shutting down (" + s.message() + ")");
   if (!s.ok()) return s;
   // Only a prompt whose KV was computed completely is kept (a cancelled forward stops early).
-  if (!hit) {
+  if (!hit && cacheable) {
     const int added = cache_.Insert(root, tokens, lease.ids());
-    if (added > 0) KV_LOG_DEBUG << "[req " << id << "] " << added << " blocks of the prompt cached";
+    if (added > 0) {
+      KV_LOG_DEBUG << "[req " << id << "] " << added << " blocks of the prompt cached";
+    }
   }
   if (observed_.compute && !hit) observed_.compute->Observe(double(MicrosBetween(t0, t1)) * 1e-6);
   if (observed_.transfer_seconds) {

@@ -165,6 +165,33 @@ TEST_F(DisaggTest, SharedPrefixIsTakenFromTheCacheAndOnlyTheRestIsComputed) {
   EXPECT_NE(prefill_->Log().find("64/64 blocks free"), std::string::npos) << prefill_->Log();
 }
 
+// Dynamic NTK (rope_parameters type dynamic, max_position_embeddings 32): a prompt past 32
+// tokens is rotated as a whole by its length, so it must not take a prefix cached from a shorter
+// prompt (rotated with the default base). Before the fix it did, and its tokens differed from
+// the colocated ones.
+TEST_F(DisaggTest, DynamicNtkPromptsPastTheLimitDoNotShareCachedKv) {
+  const std::string model =
+      std::string("--model=") + KVSTREAM_MODEL_GOLDENS + "/llama_dynamic_prompt_past_f16";
+  DaemonPair pair;
+  pair.common = {model, "--pool_blocks=64"};
+  pair.prefill = {"--prompt_cache_blocks=32"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto shorter = MakePrompt(30, 256, 71);  // within the limit: cached
+  auto r = CallGenerate(*stub_, shorter, 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, Colocated({model}, shorter, 4));
+  auto longer = shorter;  // shares its first 29 tokens (a whole block of 16) with `shorter`
+  longer.resize(29);
+  auto more = MakePrompt(20, 256, 72);
+  longer.insert(longer.end(), more.begin(), more.end());
+  auto g = CallGenerate(*stub_, longer, 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, Colocated({model}, longer, 4));
+  const v1::LoadInfo* f = PrefillFigures(g);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->prefix_cached_tokens(), 0);
+}
+
 TEST_F(DisaggTest, PromptCacheEvictsLeastRecentlyUsedWithinItsBudgetAndForRoom) {
   DaemonPair pair;
   pair.common = kTiny;
