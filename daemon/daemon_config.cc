@@ -63,7 +63,7 @@ const std::vector<Field>& Fields() {
                "SIGTERM: then let requests in flight finish this long before cancelling them"),
       KV_FIELD(transport, kStr,
                "data plane: ucx | ucx_staged | cuda_ipc | nccl (GPU pools: ucx = direct or staged)"),
-      KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp or sm,tcp (empty = UCX default; shared memory alone is refused: it cannot detect a failed peer)"),
+      KV_FIELD(ucx_tls, kStr, "UCX transports, e.g. tcp or sm,tcp (empty = UCX default; shared memory alone cannot detect a failed peer, so peers cannot connect)"),
       KV_FIELD(ucx_net_devices, kStr, "UCX network devices, e.g. lo"),
       KV_FIELD(pace_bytes_per_s, kU64, "prefill: KV write rate limit, bytes/s (0 = unlimited)"),
       KV_FIELD(pace_burst_bytes, kU64, "prefill: burst the rate limit allows (0 = 2 chunks)"),

@@ -93,7 +93,7 @@ bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_report
 
 // Whether a UCX_TLS selection (UCX's syntax: "a,b", "^a,b"; empty = all) names only transports
 // that cannot detect a failed peer (shared memory, self). UCX 1.13 cannot create kvstream's
-// error-handling endpoints over those alone, so the backend refuses such a selection up front.
+// error-handling endpoints over those alone, so the backend warns of such a selection up front.
 bool TlsLacksPeerFailureTransport(const std::string& tls);
 
 }  // namespace kvstream::transport::ucx
