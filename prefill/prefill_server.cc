@@ -26,10 +26,11 @@ class SaveHooks : public model::LayerHooks {
  public:
   SaveHooks(grpc::ServerContext* ctx, connector::SaveRequest* save, bool pipelined,
             grpc::ServerWriter<v1::PrefillProgress>* writer, bool progress_per_layer,
-            int64_t fault_delay_ms, int num_layers, bool gpu_pool)
+            int64_t fault_delay_ms, int num_layers, bool gpu_pool,
+            const std::atomic<bool>* stopping)
       : ctx_(ctx), save_(save), pipelined_(pipelined), writer_(writer),
         progress_per_layer_(progress_per_layer), fault_delay_ms_(fault_delay_ms),
-        num_layers_(num_layers), gpu_pool_(gpu_pool) {}
+        num_layers_(num_layers), gpu_pool_(gpu_pool), stopping_(stopping) {}
   bool kv_complete() const { return kv_complete_; }
   int64_t post_us = 0;  // time the forward spent posting writes
   Status AfterLayer(int layer, void* stream) override {
@@ -38,6 +39,8 @@ class SaveHooks : public model::LayerHooks {
 #endif
     if (ctx_->IsCancelled()) return Canceled("the decode side cancelled the prefill call");
     if (save_->cancelled()) return Canceled("prefill cancelled");
+    // A save begun just after the shutdown's CancelAll collected the active ones is not in it.
+    if (stopping_->load()) return Canceled("prefill shutting down");
     // GPU pool: the layer's KV is still being computed on `stream`; the transport's copy
     // stream waits on it (an event), so this thread goes on enqueueing layer l+1 at once.
     if (pipelined_) {
@@ -74,6 +77,7 @@ class SaveHooks : public model::LayerHooks {
   int64_t fault_delay_ms_;
   int num_layers_;
   bool gpu_pool_;
+  const std::atomic<bool>* stopping_;
   bool kv_complete_ = false;
 };
 }  // namespace
@@ -242,7 +246,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   SaveHooks hooks(ctx, save.get(), pipelined, writer,
                   !connector_->transport().capabilities().notifications,
                   config_.fault_layer_delay_ms, pool_->layout().num_layers,
-                  pool_->memory().on_device());
+                  pool_->memory().on_device(), &stopping_);
   auto t0 = Clock::now();
   Status s;
   if (hit) {
