@@ -38,11 +38,13 @@ buildah "${store[@]}" bud --isolation chroot --layers -f "$root/deploy/docker/Do
   --build-arg BASE="$base" --build-arg KVSTREAM_GIT_COMMIT="$commit" \
   --build-arg KVSTREAM_JOBS="${KVSTREAM_JOBS:-$(nproc)}" -t "$tag" "$root"
 echo "container-build: image $tag built in $((SECONDS - t1)) s"
-# The image's programs run in it: --version of each, the decode's --help.
+# The image's programs run in it: --version of each, the decode's --help. As root: under chroot
+# isolation with vfs storage the image's root directory is the store's 0700 directory, which
+# the image's USER (kvstream) cannot enter (on a real runtime it can).
 ctr=$(buildah "${store[@]}" from "$tag")
 trap 'buildah "${store[@]}" rm "$ctr" >/dev/null' EXIT
 for p in kvstream-prefill kvstream-decode kvstream; do
-  buildah "${store[@]}" run --isolation chroot "$ctr" -- /usr/local/bin/$p --version
+  buildah "${store[@]}" run --isolation chroot --user root "$ctr" -- /usr/local/bin/$p --version
 done
-buildah "${store[@]}" run --isolation chroot "$ctr" -- /usr/local/bin/kvstream-decode --help >/dev/null
+buildah "${store[@]}" run --isolation chroot --user root "$ctr" -- /usr/local/bin/kvstream-decode --help >/dev/null
 echo "container-build: the image's programs run ($((SECONDS - t0)) s in all)"
