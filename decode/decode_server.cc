@@ -54,6 +54,7 @@ struct DecodeServer::Request {
   bool complete = false;
   Status final;
   std::atomic<bool> client_gone{false};
+  std::function<void()> on_output;  // Submit's; scheduler thread only
 };
 
 DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBackend* backend,
@@ -146,9 +147,41 @@ DecodeServer::~DecodeServer() {
 grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kGenerate); !a.ok()) return a;
+  struct Counted {
+    std::atomic<int>& n;
+    explicit Counted(std::atomic<int>& c) : n(c) { ++n; }
+    ~Counted() { --n; }
+  } counted(handlers_);
+  auto call = Submit(*req, connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms)),
+                     [ctx] { return ctx->IsCancelled(); }, nullptr);
+  if (!call.ok()) return ToGrpc(call.status());
+  const std::shared_ptr<Request> r = std::move(call).value();
+
+  // Stream tokens as the scheduler produces them.
+  std::unique_lock<std::mutex> lock(r->mu);
+  while (true) {
+    while (!r->out.empty()) {
+      v1::GenerateResponse msg = std::move(r->out.front());
+      r->out.pop_front();
+      lock.unlock();
+      bool written = writer->Write(msg);
+      lock.lock();
+      if (!written) CancelLocked(*r, "client went away");
+    }
+    if (r->complete) return ToGrpc(r->final);
+    if (ctx->IsCancelled() && !r->client_gone) CancelLocked(*r, "client cancelled the request");
+    r->cv.wait_for(lock, std::chrono::milliseconds(20));
+  }
+}
+
+Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
+    const v1::GenerateRequest& request, Deadline deadline, const std::function<bool()>& cancelled,
+    std::function<void()> on_output) {
+  const v1::GenerateRequest* req = &request;
   auto r = std::make_shared<Request>();
   r->arrival = Clock::now();
-  r->deadline = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.request_timeout_ms));
+  r->deadline = deadline;
+  r->on_output = std::move(on_output);
   r->id = next_id_++;
   r->tag = req->client_request_tag();
   auto prompt = PromptTokens(*req, text_);  // prompt_tokens, or prompt_text encoded
@@ -156,16 +189,11 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
   r->max_tokens = req->max_tokens();
   r->stop.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   ++total_;
-  struct Counted {
-    std::atomic<int>& n;
-    explicit Counted(std::atomic<int>& c) : n(c) { ++n; }
-    ~Counted() { --n; }
-  } counted(handlers_);
 
   auto reject = [&](Status s) {
     ++failed_;
     KV_LOG_WARN << "[req " << r->id << "] rejected: " << s.ToString();
-    return ToGrpc(s);
+    return s;
   };
   if (!admitting_) return reject(Unavailable("decode daemon draining: not admitting new requests"));
   if (!prompt.ok()) return reject(prompt.status());
@@ -202,7 +230,7 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
   // max_queue, queue_timeout_ms and its deadline, rather than failing a burst outright.
   const Deadline queue_deadline =
       std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
-  auto ids = admission_.Acquire(need, queue_deadline, [ctx] { return ctx->IsCancelled(); });
+  auto ids = admission_.Acquire(need, queue_deadline, cancelled);
   if (!ids.ok()) return reject(ids.status());
   r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
   if (observed_.queue) observed_.queue->Observe(double(MicrosSince(r->arrival)) * 1e-6);
@@ -229,30 +257,30 @@ grpc::Status DecodeServer::Generate(grpc::ServerContext* ctx, const v1::Generate
     pending_.push_back(r);
   }
   cv_.notify_all();
+  return r;
+}
 
-  // Stream tokens as the scheduler produces them.
-  std::unique_lock<std::mutex> lock(r->mu);
-  while (true) {
-    while (!r->out.empty()) {
-      v1::GenerateResponse msg = std::move(r->out.front());
-      r->out.pop_front();
-      lock.unlock();
-      bool written = writer->Write(msg);
-      lock.lock();
-      if (!written) {
-        r->client_gone = true;
-        if (r->conn) r->conn->tracker().Fail(r->id, Canceled("client went away"));
-        cv_.notify_all();
-      }
-    }
-    if (r->complete) return ToGrpc(r->final);
-    if (ctx->IsCancelled() && !r->client_gone) {
-      r->client_gone = true;
-      if (r->conn) r->conn->tracker().Fail(r->id, Canceled("client cancelled the request"));
-      cv_.notify_all();
-    }
-    r->cv.wait_for(lock, std::chrono::milliseconds(20));
+bool DecodeServer::Take(Request& r, std::vector<v1::GenerateResponse>* out, Status* final) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  while (!r.out.empty()) {
+    out->push_back(std::move(r.out.front()));
+    r.out.pop_front();
   }
+  if (r.complete && final != nullptr) *final = r.final;
+  return r.complete;
+}
+
+int DecodeServer::PromptLength(const Request& r) { return static_cast<int>(r.prompt.size()); }
+
+void DecodeServer::Cancel(Request& r, const std::string& why) {
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.client_gone) CancelLocked(r, why);
+}
+
+void DecodeServer::CancelLocked(Request& r, const std::string& why) {
+  r.client_gone = true;
+  if (r.conn) r.conn->tracker().Fail(r.id, Canceled(why));
+  cv_.notify_all();
 }
 
 bool DecodeServer::Done(const Request& r, int32_t token) const {
@@ -319,6 +347,7 @@ void DecodeServer::Emit(Request& r, int32_t token) {
     r.out.push_back(std::move(msg));
   }
   r.cv.notify_all();
+  if (r.on_output) r.on_output();
   if (last) Complete(r, OkStatus());
 }
 
@@ -346,6 +375,10 @@ void DecodeServer::Complete(Request& r, Status status) {
                 << " tokens: " << status.ToString();
   }
   r.cv.notify_all();
+  if (r.on_output) {
+    r.on_output();
+    r.on_output = nullptr;
+  }
 }
 
 namespace {

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -54,6 +55,26 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const kvstream::v1::GenerateRequest* req,
                         grpc::ServerWriter<kvstream::v1::GenerateResponse>* writer) override;
+
+  // The internal request API: what Generate does, for the gRPC handler and the HTTP front end
+  // (frontend/) alike; authorization is the caller's.
+  struct Request;  // one call, from Submit to its end
+  // Checks `req`, waits for its KV blocks in the admission line (FIFO; polling `cancelled`),
+  // starts its load and hands it to the scheduler; the error otherwise (counted and logged as a
+  // rejected Generate). `deadline`: the client's, capped at request_timeout_ms by the caller.
+  // `on_output` (may be empty) runs on the scheduler thread, with no lock held, after each
+  // message and once after the end; it must not block. It is dropped once the call ended.
+  Result<std::shared_ptr<Request>> Submit(const kvstream::v1::GenerateRequest& req,
+                                          Deadline deadline, const std::function<bool()>& cancelled,
+                                          std::function<void()> on_output);
+  // Moves the messages produced so far to *out (in order). True once the call has ended: then
+  // every message was taken and *final (when given) is how it ended.
+  bool Take(Request& r, std::vector<kvstream::v1::GenerateResponse>* out, Status* final);
+  // The client went away: the call ends with kCanceled at the scheduler's next pass, its load is
+  // stopped and its blocks are released (as for a cancelled gRPC call).
+  void Cancel(Request& r, const std::string& why);
+  // The prompt's length in tokens (as encoded, for a text prompt).
+  static int PromptLength(const Request& r);
   grpc::Status Stats(grpc::ServerContext* ctx, const kvstream::v1::StatsRequest* req,
                      kvstream::v1::StatsResponse* resp) override;
   // What Stats reports (the metrics reader reads the same: daemon/metrics.h).
@@ -82,7 +103,6 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   void Stop();
 
  private:
-  struct Request;
   void SchedulerLoop();
   void ProbeLoop();
   bool Ready() const;
@@ -103,6 +123,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   LoadState LoadStateOf(const Request& r);
   void Emit(Request& r, int32_t token);
   void Complete(Request& r, Status status);
+  // Cancel with r.mu held.
+  void CancelLocked(Request& r, const std::string& why);
   bool Done(const Request& r, int32_t token) const;
   // config_.first_step_after_load resolved against r's prefill's device (known after the
   // handshake, which may be redone after a prefill restart).
