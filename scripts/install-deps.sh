@@ -27,6 +27,7 @@ PKGS=(
   prometheus-cpp-dev  # the daemons' metrics endpoint (core + civetweb exposer)
   prometheus          # promtool and the server, for the metrics tests (tests/daemons)
   libssl-dev  # SHA-256 of the prefix directory (kvcache/)
+  libhiredis-dev redis-server  # the L4 shared KV tier (kvcache/redis_store.h) and its tests
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
   yamllint python3-yaml systemd  # the deploy files' checks (tests/deploy)
