@@ -138,6 +138,7 @@ class Bench {
       v1::GenerateResponse msg;
       while (reader->Read(&msg)) {
         out.push_back(Token{msg.server_time_us(), WallMicros(), call});
+        ++stream_tokens_;
         if (out.size() == 1) ++started_;
       }
       grpc::Status st = reader->Finish();
@@ -216,6 +217,7 @@ class Bench {
   std::vector<Landed> landed_;
   std::vector<std::string> errors_;
   std::atomic<int> started_{0};
+  std::atomic<int64_t> stream_tokens_{0};  // tokens the streams received so far
   std::mutex mu_;
 
  private:
@@ -247,6 +249,10 @@ int RunBenchItl(std::span<const std::string> args) {
       {"phases", true, "phases of one round, in order: idle, landing", "idle,landing"},
       {"rounds", true, "rounds (each runs every phase once)", "2"},
       {"phase-s", true, "seconds per phase per round", "2"},
+      {"min-samples", true,
+       "a phase runs on past --phase-s (up to 20x) until its windows hold this many stream tokens "
+       "after their settle time (enough for a p99 on a slow machine); 0 = off",
+       "0"},
       {"settle-ms", true, "samples this soon after a phase switch are dropped", "200"},
       {"warmup-s", true, "seconds after every stream started, before the first phase", "1"},
       {"deadline-ms", true, "deadline of each Generate call", "600000"},
@@ -273,7 +279,8 @@ int RunBenchItl(std::span<const std::string> args) {
   auto nlen = flags->GetInt("landing-prompt-len", 2, 1 << 24);
   auto rounds = flags->GetInt("rounds", 1, 1000);
   auto deadline_ms = flags->GetInt("deadline-ms", 1, int64_t(1) << 40);
-  for (auto* r : {&streams, &plen, &smax, &lclients, &nlen, &rounds, &deadline_ms})
+  auto min_samples = flags->GetInt("min-samples", 0, 1 << 30);
+  for (auto* r : {&streams, &plen, &smax, &lclients, &nlen, &rounds, &deadline_ms, &min_samples})
     if (!r->ok()) return ReportError(kCmd, r->status(), true);
   auto phase_s = GetDouble(*flags, "phase-s", 0.05);
   auto settle_ms = GetDouble(*flags, "settle-ms", 0);
@@ -400,7 +407,18 @@ int RunBenchItl(std::span<const std::string> args) {
       w.start_us = WallMicros();
       bench.SetLanding(phase == "landing");
       std::fprintf(stderr, "[bench itl] round %d, %s, %.1f s\n", r + 1, phase.c_str(), *phase_s);
-      std::this_thread::sleep_for(std::chrono::duration<double>(*phase_s));
+      const auto phase_start = Clock::now();
+      const auto settle = std::chrono::duration<double, std::milli>(std::min(*settle_ms, *phase_s * 1e3));
+      std::this_thread::sleep_for(settle);
+      const int64_t tokens_at_settle = bench.stream_tokens_.load();
+      std::this_thread::sleep_until(phase_start + std::chrono::duration<double>(*phase_s));
+      if (*min_samples > 0) {
+        // Each window's share of the samples, plus the first token of every call (no gap).
+        const int64_t want = (*min_samples + *rounds - 1) / *rounds + S;
+        const auto cap = phase_start + std::chrono::duration<double>(20 * *phase_s);
+        while (bench.stream_tokens_.load() - tokens_at_settle < want && Clock::now() < cap)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       w.end_us = WallMicros();
       ds = FetchStats(*dstub, 10000, "Stats");
       if (!ds.ok()) return fail(ds.status());

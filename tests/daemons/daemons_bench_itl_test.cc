@@ -47,7 +47,7 @@ TEST_F(BenchItlTest, MeasuresIdleAndLandingPhases) {
   int rc = 0;
   std::string out = RunBenchItl(
       "--streams 4 --stream-prompt-len 24 --stream-max-tokens 1000 --landing-clients 2"
-      " --landing-prompt-len 200 --rounds 2 --phase-s 0.6 --settle-ms 100 --warmup-s 0.2"
+      " --landing-prompt-len 200 --rounds 2 --phase-s 0.6 --min-samples 120 --settle-ms 100 --warmup-s 0.2"
       " --label cpu-test",
       &rc);
   ASSERT_EQ(rc, 0) << out;
