@@ -154,6 +154,11 @@ TEST_F(MetricsTest, MalformedAndOversizedRequestsAreRefused) {
 
 TEST_F(MetricsTest, IdleConnectionsAndANonReadingClientStallNeitherDaemonNorGrpc) {
   ASSERT_NO_FATAL_FAILURE(StartWithMetrics());
+  // The same three calls with no metrics client: what "at once" means on this machine (a loaded
+  // or sanitized build serves slower, with or without the clients below).
+  const auto b0 = Clock::now();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ServesCorrectly(20 + i));
+  const double baseline_s = std::chrono::duration<double>(Clock::now() - b0).count();
   // 200 connections that send nothing, and one that pipelines 2000 scrapes and never reads.
   std::vector<int> idle;
   for (int i = 0; i < 200; ++i) {
@@ -178,7 +183,7 @@ TEST_F(MetricsTest, IdleConnectionsAndANonReadingClientStallNeitherDaemonNorGrpc
   for (int i = 0; i < 3; ++i) served += ServesCorrectly(10 + i) ? 1 : 0;
   const double serve_s = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(served, 3);
-  EXPECT_LT(serve_s, 10.0);
+  EXPECT_LT(serve_s, std::max(10.0, 3 * baseline_s)) << "baseline " << baseline_s << " s";
   // Then they go: the endpoint serves again within the request timeout.
   for (int fd : idle) close(fd);
   shutdown(greedy, SHUT_RDWR);
