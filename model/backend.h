@@ -18,8 +18,11 @@
 //    from a peer may cover the new tokens' slots and must not overwrite them) and
 //    AfterLayer(l) right after writing them (model/cpu_backend.h).
 //  - A hook's error aborts the forward and is returned as is.
-//  - out->next_tokens gets the greedy (argmax) token of each sequence's last position;
-//    out->logits (if want_logits) gets batch * vocab floats.
+//  - out->next_tokens gets each sequence's token for its last position: greedy (argmax) when
+//    options.sampling is empty, else drawn by options.sampling[s] exactly as
+//    model/sampling.h's SampleRows defines (a pure function of the logits, the parameters and
+//    the token index); out->logprobs as SampleRows gives them; out->logits (if want_logits)
+//    gets batch * vocab floats.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +34,7 @@
 #include "common/status.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/sampling.h"
 
 namespace kvstream::model {
 
@@ -50,12 +54,15 @@ class LayerHooks {
 struct ForwardOutput {
   std::vector<int32_t> next_tokens;  // one per sequence
   std::vector<float> logits;         // batch * vocab, if requested
+  std::vector<TokenLogprobs> logprobs;  // one per sequence when any asked (sampling.h), else empty
 };
 
 struct ForwardOptions {
   bool want_logits = false;
   // Skip the LM head (prefill-only work: no logits are needed).
   bool skip_lm_head = false;
+  // Empty: greedy for every sequence. Else one per sequence of the batch.
+  std::span<const SeqSampling> sampling = {};
 };
 
 class ModelBackend {

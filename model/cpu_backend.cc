@@ -366,6 +366,7 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
   const int64_t B = static_cast<int64_t>(batch.size());
   out->next_tokens.assign(size_t(B), -1);
   out->logits.clear();
+  out->logprobs.clear();
   if (options.skip_lm_head) return OkStatus();
   std::vector<float> last(size_t(B) * H), lastn(size_t(B) * H), logits(size_t(B) * V);
   for (int64_t s = 0; s < B; ++s) {
@@ -374,13 +375,10 @@ Status CpuBackend::Forward(KvPool& kv, std::span<const SeqInput> batch, LayerHoo
   }
   RmsNorm(last.data(), B, final_norm_, lastn.data());
   MatMul(lastn.data(), B, c.tie_word_embeddings ? embed_ : lm_head_, logits.data());
-  for (int64_t s = 0; s < B; ++s) {
-    const float* ls = &logits[s * V];
-    int32_t best = 0;
-    for (int32_t i = 1; i < V; ++i)
-      if (ls[i] > ls[best]) best = i;
-    out->next_tokens[s] = best;
-  }
+  if (!options.sampling.empty() && options.sampling.size() != size_t(B))
+    return InvalidArgument("Forward: " + std::to_string(options.sampling.size()) +
+                           " sampling entries for " + std::to_string(B) + " sequences");
+  SampleRows(logits.data(), int(B), int(V), options.sampling, &out->next_tokens, &out->logprobs);
   if (options.want_logits) out->logits = std::move(logits);
   return OkStatus();
 }

@@ -1,5 +1,6 @@
-// Colocated generation: prefill then greedy decode in one process, on any ModelBackend. The
-// reference every disaggregated path is compared against.
+// Colocated generation: prefill then decode in one process, on any ModelBackend (greedy by
+// default, or sampled: model/sampling.h). The reference every disaggregated path is compared
+// against: the token of index i is drawn with (options.sampling.seed, i), whatever the batch.
 //
 // Blocks come from pool.allocator() through a BlockLease, grown before each step; they are
 // released when the call returns, however it ends (done, error, pool exhausted, hook error).
@@ -18,6 +19,8 @@ namespace kvstream::model {
 struct GenerateOptions {
   int max_new_tokens = 16;              // >= 1
   std::optional<int32_t> stop_token;    // generation ends after producing it (it is returned)
+  std::vector<int32_t> stop_tokens = {};  // more such tokens (e.g. generation_config.json's eos)
+  SamplingParams sampling = {};         // checked with ValidateSamplingParams; greedy by default
   LayerHooks* hooks = nullptr;          // passed to every Forward
 };
 
@@ -27,7 +30,8 @@ struct GenerateResult {
   double ttft_seconds = 0;              // call start to first token: allocation + prefill
   std::vector<double> decode_seconds;   // one per token after the first
   double total_seconds = 0;
-  bool stopped = false;                 // ended on stop_token
+  bool stopped = false;                 // ended on a stop token
+  std::vector<TokenLogprobs> logprobs;  // one per token when sampling asks for them
 };
 
 Result<GenerateResult> Generate(ModelBackend& backend, KvPool& pool,

@@ -599,6 +599,9 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
 
   out->next_tokens.clear();
   out->logits.clear();
+  out->logprobs.clear();
+  if (!options.sampling.empty() && options.sampling.size() != size_t(B))
+    return InvalidArgument("Forward: sampling entries do not match the batch");
   if (options.skip_lm_head) {
     KV_CUDA(cudaStreamSynchronize(stream_));
     out->next_tokens.assign(B, -1);
@@ -614,13 +617,19 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   KV_CUDA(kernels::ArgmaxRows(d_next, logits, B, c.vocab_size, stream_));
   int32_t* h_next = tokens_host_.as<int32_t>();
   KV_CUDA(cudaMemcpyAsync(h_next, d_next, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
-  if (options.want_logits) {
+  const bool sample = NeedsSampling(options.sampling);
+  if (options.want_logits || sample) {
     out->logits.resize(size_t(B) * c.vocab_size);
     KV_CUDA(cudaMemcpyAsync(out->logits.data(), logits, out->logits.size() * 4,
                             cudaMemcpyDeviceToHost, stream_));
   }
   KV_CUDA(cudaStreamSynchronize(stream_));
   out->next_tokens.assign(h_next, h_next + B);
+  if (sample) {
+    SampleRows(out->logits.data(), B, c.vocab_size, options.sampling, &out->next_tokens,
+               &out->logprobs);
+    if (!options.want_logits) out->logits.clear();
+  }
   return OkStatus();
 }
 
