@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/remote.h"
+#include "cli/sampling_flags.h"
 #include "common/time.h"
 #include "model/generate.h"
 #include "model/weights.h"
@@ -84,7 +85,7 @@ Result<std::vector<int>> ParseIntList(const std::string& s, const std::string& f
 }
 
 Result<Sample> RemoteOnce(v1::Decode::Stub& stub, const std::vector<int32_t>& prompt, int max_new,
-                          v1::LoadMode mode, int64_t deadline_ms) {
+                          v1::LoadMode mode, int64_t deadline_ms, const SamplingFlags& sampling) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   v1::GenerateRequest req;
@@ -92,6 +93,7 @@ Result<Sample> RemoteOnce(v1::Decode::Stub& stub, const std::vector<int32_t>& pr
   req.set_max_tokens(max_new);
   req.set_load_mode(mode);
   req.set_client_request_tag("bench");
+  SetRequestSampling(sampling, &req);
   Sample s;
   auto start = Clock::now();
   auto last = start;
@@ -138,6 +140,7 @@ int RunBenchTtft(std::span<const std::string> args) {
   specs.push_back({"json-out", true, "write the JSON lines here instead of stdout", ""});
   specs.push_back({"per-request", false, "also emit one JSON line per request", ""});
   for (auto& s : AuthFlagSpecs()) specs.push_back(s);
+  for (auto& s : SamplingFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError("bench ttft", flags.status(), true);
   if (flags->help()) {
@@ -155,6 +158,8 @@ int RunBenchTtft(std::span<const std::string> args) {
   auto deadline_ms = flags->GetInt("deadline-ms", 1, int64_t(1) << 40);
   for (auto* r : {&requests, &warmup, &max_new, &block_size, &deadline_ms})
     if (!r->ok()) return ReportError("bench ttft", r->status(), true);
+  auto sampling = SamplingFromFlags(*flags);
+  if (!sampling.ok()) return ReportError("bench ttft", sampling.status(), true);
   auto lens = ParseIntList(flags->Get("prompt-lens"), "prompt-lens");
   if (!lens.ok()) return ReportError("bench ttft", lens.status(), true);
   std::vector<std::string> modes;
@@ -248,6 +253,7 @@ int RunBenchTtft(std::span<const std::string> args) {
           if (!pool.ok()) return ReportError("bench ttft", pool.status(), false);
           model::GenerateOptions go;
           go.max_new_tokens = static_cast<int>(*max_new);
+          go.sampling = sampling->params;
           auto r = model::Generate(*local, **pool, prompt, go);
           if (!r.ok()) return ReportError("bench ttft", r.status().WithContext("colocated"), false);
           s.ttft_s = r->ttft_seconds;
@@ -258,7 +264,7 @@ int RunBenchTtft(std::span<const std::string> args) {
           auto r = RemoteOnce(*stub, prompt, static_cast<int>(*max_new),
                               mode == "pipelined" ? v1::LOAD_MODE_PIPELINED
                                                   : v1::LOAD_MODE_NON_PIPELINED,
-                              *deadline_ms);
+                              *deadline_ms, *sampling);
           if (!r.ok())
             return ReportError("bench ttft", r.status().WithContext(mode + " request"), false);
           s = std::move(r).value();

@@ -36,6 +36,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/remote.h"
+#include "cli/sampling_flags.h"
 #include "common/time.h"
 #include "connector/grpc_status.h"
 #include "proto/kvstream.grpc.pb.h"
@@ -113,8 +114,8 @@ struct Landed {
 
 class Bench {
  public:
-  Bench(std::shared_ptr<grpc::Channel> channel, int64_t deadline_ms)
-      : channel_(std::move(channel)), deadline_ms_(deadline_ms) {}
+  Bench(std::shared_ptr<grpc::Channel> channel, int64_t deadline_ms, SamplingFlags sampling)
+      : channel_(std::move(channel)), deadline_ms_(deadline_ms), sampling_(sampling) {}
 
   // One steady stream: Generate calls back to back (a call that reaches max_tokens is
   // followed by another) until Stop().
@@ -134,6 +135,7 @@ class Bench {
       req.set_max_tokens(max_tokens);
       req.set_load_mode(mode);
       req.set_client_request_tag("itl-stream-" + std::to_string(index));
+      SetRequestSampling(sampling_, &req);
       auto reader = stub->Generate(ctx.get(), req);
       v1::GenerateResponse msg;
       while (reader->Read(&msg)) {
@@ -223,6 +225,7 @@ class Bench {
  private:
   std::shared_ptr<grpc::Channel> channel_;
   int64_t deadline_ms_;
+  SamplingFlags sampling_;
   std::condition_variable cv_;
   bool landing_ = false;
   std::atomic<bool> stop_{false};
@@ -260,6 +263,7 @@ int RunBenchItl(std::span<const std::string> args) {
       {"json-out", true, "write the JSON lines here instead of stdout", ""},
   };
   for (auto& s : AuthFlagSpecs()) specs.push_back(s);
+  for (auto& s : SamplingFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError(kCmd, flags.status(), true);
   if (flags->help()) {
@@ -282,6 +286,8 @@ int RunBenchItl(std::span<const std::string> args) {
   auto min_samples = flags->GetInt("min-samples", 0, 1 << 30);
   for (auto* r : {&streams, &plen, &smax, &lclients, &nlen, &rounds, &deadline_ms, &min_samples})
     if (!r->ok()) return ReportError(kCmd, r->status(), true);
+  auto sampling = SamplingFromFlags(*flags);
+  if (!sampling.ok()) return ReportError(kCmd, sampling.status(), true);
   auto phase_s = GetDouble(*flags, "phase-s", 0.05);
   auto settle_ms = GetDouble(*flags, "settle-ms", 0);
   auto warmup_s = GetDouble(*flags, "warmup-s", 0);
@@ -336,7 +342,7 @@ int RunBenchItl(std::span<const std::string> args) {
     jout = &json_file;
   }
 
-  Bench bench(channel, *deadline_ms);
+  Bench bench(channel, *deadline_ms, *sampling);
   const auto landing_prompt = Prompt(int(*nlen), vocab, 1000003);
   const v1::LoadMode landing_mode = ModeOf(lmode);
   // The landing prompt once before anything runs: a prefill with a prompt cache computes it

@@ -1,4 +1,4 @@
-// kvstream generate: colocated prefill + greedy decode, printing tokens and timings.
+// kvstream generate: colocated prefill + decode (greedy, or sampled), printing tokens and timings.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -9,9 +9,11 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/remote.h"
+#include "cli/sampling_flags.h"
 #include "common/time.h"
 #include "model/generate.h"
 #include "tokenizer/text_stream.h"
+#include "model/generation_config.h"
 
 namespace kvstream::cli {
 
@@ -26,6 +28,7 @@ int RunGenerate(std::span<const std::string> args) {
   specs.push_back({"stop-token", true, "stop after generating this token id", ""});
   specs.push_back({"block-size", true, "KV block size in tokens", "16"});
   specs.push_back({"json", false, "print one JSON object instead of text", ""});
+  for (auto& s : SamplingFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError("generate", flags.status(), true);
   if (flags->help()) {
@@ -40,8 +43,11 @@ int RunGenerate(std::span<const std::string> args) {
   if (!max_new.ok()) return ReportError("generate", max_new.status(), true);
   auto block_size = flags->GetInt("block-size", 1, 1 << 16);
   if (!block_size.ok()) return ReportError("generate", block_size.status(), true);
+  auto sampling = SamplingFromFlags(*flags);
+  if (!sampling.ok()) return ReportError("generate", sampling.status(), true);
   model::GenerateOptions gopts;
   gopts.max_new_tokens = static_cast<int>(*max_new);
+  gopts.sampling = sampling->params;
   if (flags->Has("stop-token")) {
     auto stop = flags->GetInt("stop-token", 0, INT32_MAX);
     if (!stop.ok()) return ReportError("generate", stop.status(), true);
@@ -64,6 +70,11 @@ int RunGenerate(std::span<const std::string> args) {
   if (!backend.ok()) return ReportError("generate", backend.status().WithContext("loading model"), false);
   const double load_s = SecondsSince(load_start);
   const model::ModelConfig& cfg = (*backend)->config();
+  if (!sampling->ignore_eos) {
+    auto defaults = model::LoadGenerationDefaults(spec->model, cfg.vocab_size);
+    if (!defaults.ok()) return ReportError("generate", defaults.status(), false);
+    gopts.stop_tokens = defaults->eos_token_ids;
+  }
   auto prompt = flags->Has("prompt") ? tok->Encode(flags->Get("prompt")) : PromptFromFlags(*flags, cfg.vocab_size, spec->seed);
   if (!prompt.ok()) return ReportError("generate", prompt.status(), !flags->Has("prompt"));
   for (const int32_t t : *prompt) {
@@ -117,6 +128,13 @@ int RunGenerate(std::span<const std::string> args) {
     j["decode_mean_s"] = decode_mean;
     j["total_s"] = r->total_seconds;
     j["stopped"] = r->stopped;
+    if (!gopts.sampling.greedy()) j["sample_seed"] = gopts.sampling.seed;
+    if (!r->logprobs.empty()) {
+      nlohmann::ordered_json lps = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < r->logprobs.size(); ++i)
+        lps.push_back(LogprobsJson(r->tokens[i], r->logprobs[i]));
+      j["logprobs"] = lps;
+    }
     std::cout << j.dump() << "\n";
     return kExitOk;
   }
@@ -132,6 +150,11 @@ int RunGenerate(std::span<const std::string> args) {
   for (int32_t t : r->tokens) std::printf(" %d", t);
   std::printf("%s\n", !stop_string.empty() ? ("  (stop string \"" + stop_string + "\")").c_str()
                                             : r->stopped ? "  (stop token)" : "");
+  if (!r->logprobs.empty()) {
+    std::printf("logprobs:");
+    for (const auto& lp : r->logprobs) std::printf(" %.4f", lp.logprob);
+    std::printf("\n");
+  }
   std::printf("prefill: %.3f ms   TTFT: %.3f ms\n", r->prefill_seconds * 1e3, r->ttft_seconds * 1e3);
   std::printf("per-token decode (ms):");
   for (double d : r->decode_seconds) std::printf(" %.3f", d * 1e3);

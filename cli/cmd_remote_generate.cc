@@ -1,4 +1,4 @@
-// kvstream generate --decode HOST:PORT: greedy generation through the daemons, streaming tokens.
+// kvstream generate --decode HOST:PORT: generation through the daemons, streaming tokens.
 #include <cstdio>
 #include <iostream>
 
@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/remote.h"
+#include "cli/sampling_flags.h"
 #include "common/time.h"
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
@@ -47,6 +48,7 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   specs.push_back({"deadline-ms", true, "deadline of the whole call", "60000"});
   specs.push_back({"json", false, "print one JSON object instead of text", ""});
   for (auto& s : AuthFlagSpecs()) specs.push_back(s);
+  for (auto& s : SamplingFlagSpecs()) specs.push_back(s);
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError("generate", flags.status(), true);
   if (flags->help()) {
@@ -61,6 +63,8 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   if (!seed.ok()) return ReportError("generate", seed.status(), true);
   auto mode = ParseLoadMode(flags->Get("mode"));
   if (!mode.ok()) return ReportError("generate", mode.status(), true);
+  auto sampling = SamplingFromFlags(*flags);
+  if (!sampling.ok()) return ReportError("generate", sampling.status(), true);
 
   auto channel = RemoteChannel(*flags, flags->Get("decode"));
   if (!channel.ok()) return ReportError("generate", channel.status(), true);
@@ -92,6 +96,7 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   if (flags->Has("stop")) req.add_stop_strings(flags->Get("stop"));
   req.set_max_tokens(static_cast<int>(*max_new));
   req.set_load_mode(*mode);
+  SetRequestSampling(*sampling, &req);
   if (flags->Has("stop-token")) {
     auto stop = flags->GetInt("stop-token", 0, INT32_MAX);
     if (!stop.ok()) return ReportError("generate", stop.status(), true);
@@ -106,8 +111,9 @@ int RunRemoteGenerate(std::span<const std::string> args) {
   std::vector<int32_t> tokens;
   std::vector<double> arrival_s;
   v1::LoadInfo load;
-  uint64_t request_id = 0;
+  uint64_t request_id = 0, sample_seed = 0;
   std::string text, stop_string;
+  nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();
   if (!json && !text_mode) std::printf("prompt: %zu tokens\ntokens:", prompt->size());
   while (reader->Read(&msg)) {
     arrival_s.push_back(SecondsSince(start));
@@ -116,6 +122,8 @@ int RunRemoteGenerate(std::span<const std::string> args) {
     if (msg.has_load()) load = msg.load();
     text += msg.text();
     if (!msg.stop_string().empty()) stop_string = msg.stop_string();
+    if (tokens.size() == 1) sample_seed = msg.seed();
+    if (msg.has_logprob()) logprobs.push_back(LogprobsJson(msg.token_id(), ResponseLogprobs(msg)));
     if (!json) {
       if (text_mode) std::fwrite(msg.text().data(), 1, msg.text().size(), stdout);
       else std::printf(" %d", msg.token_id());
@@ -150,8 +158,17 @@ int RunRemoteGenerate(std::span<const std::string> args) {
     j["prefill_compute_us"] = load.prefill_compute_us();
     j["transfer_us"] = load.transfer_us();
     j["load_wait_us"] = load.load_wait_us();
+    if (!sampling->params.greedy()) j["sample_seed"] = sample_seed;
+    if (!logprobs.empty()) j["logprobs"] = logprobs;
     std::cout << j.dump() << "\n";
   } else {
+    if (!logprobs.empty()) {
+      std::printf("logprobs:");
+      for (const auto& e : logprobs) std::printf(" %.4f", e["logprob"].get<double>());
+      std::printf("\n");
+    }
+    if (!sampling->params.greedy())
+      std::printf("sample seed: %llu\n", static_cast<unsigned long long>(sample_seed));
     std::printf("request %llu on %s (%s): TTFT %.3f ms, total %.3f ms, %s\n",
                 static_cast<unsigned long long>(request_id), flags->Get("decode").c_str(),
                 stats.model_name().c_str(), ttft * 1e3, total * 1e3,

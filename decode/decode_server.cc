@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "common/log.h"
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
@@ -31,6 +32,7 @@ struct DecodeServer::Request {
   std::vector<int32_t> prompt;
   int max_tokens = 1;
   std::vector<int32_t> stop;
+  model::SamplingParams sampling;
   bool remote = false;     // KV of prompt[0, n-1) comes from the prefill
   // The prefill that loads it (remote only); set before the request is shared, never changed.
   connector::DecodeConnector* conn = nullptr;
@@ -188,6 +190,11 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
   if (prompt.ok()) r->prompt = std::move(prompt).value();
   r->max_tokens = req->max_tokens();
   r->stop.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
+  if (!req->ignore_eos()) r->stop.insert(r->stop.end(), default_stop_.begin(), default_stop_.end());
+  {
+    std::random_device rd;
+    r->sampling = SamplingFromRequest(*req, (uint64_t(rd()) << 32) ^ rd());
+  }
   ++total_;
 
   auto reject = [&](Status s) {
@@ -288,9 +295,18 @@ bool DecodeServer::Done(const Request& r, int32_t token) const {
   return std::find(r.stop.begin(), r.stop.end(), token) != r.stop.end();
 }
 
-void DecodeServer::Emit(Request& r, int32_t token) {
+void DecodeServer::Emit(Request& r, int32_t token, const model::TokenLogprobs* logprobs) {
   v1::GenerateResponse msg;
   msg.set_token_id(token);
+  if (r.sampling.wants_logprobs() && logprobs) {
+    msg.set_logprob(logprobs->logprob);
+    for (const model::TokenLogprob& t : logprobs->top) {
+      v1::TokenLogprob* e = msg.add_top_logprobs();
+      e->set_token_id(t.token);
+      e->set_logprob(t.logprob);
+    }
+  }
+  if (r.generated == 0 && !r.sampling.greedy()) msg.set_seed(r.sampling.seed);
   msg.set_index(r.generated);
   msg.set_server_time_us(WallMicros());
   const int64_t since_arrival_us = MicrosSince(r.arrival);
@@ -427,7 +443,9 @@ class LoadHooks : public model::LayerHooks {
 void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   Request& r = *rp;
   const int n = static_cast<int>(r.prompt.size());
+  const model::SeqSampling sampling{r.sampling, 0};
   model::ForwardOptions fo;
+  fo.sampling = std::span<const model::SeqSampling>(&sampling, 1);
   model::ForwardOutput out;
   Status s;
   if (r.remote) {
@@ -483,7 +501,7 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   }
   r.cache_len = n;
   r.last_token = out.next_tokens.at(0);
-  Emit(r, r.last_token);
+  Emit(r, r.last_token, out.logprobs.empty() ? nullptr : &out.logprobs[0]);
   if (!r.complete) running_.push_back(rp);
 }
 
@@ -506,18 +524,23 @@ DecodeServer::LoadState DecodeServer::LoadStateOf(const Request& r) {
 void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
                               std::vector<std::shared_ptr<Request>>& joining) {
   std::vector<model::SeqInput> seqs;
+  std::vector<model::SeqSampling> sampling;
   seqs.reserve(batch.size() + joining.size());
-  for (auto& r : batch)
+  for (auto& r : batch) {
     seqs.push_back(model::SeqInput{std::span<const int32_t>(&r->last_token, 1), r->cache_len,
                                    r->blocks->ids()});
+    sampling.push_back(model::SeqSampling{r->sampling, uint64_t(r->generated)});
+  }
   // A joiner's first step: its last prompt token over the landed KV of the others (what
   // FirstStep computes once the load settled).
   for (auto& r : joining) {
     const int n = static_cast<int>(r->prompt.size());
     seqs.push_back(model::SeqInput{std::span<const int32_t>(&r->prompt[n - 1], 1), n - 1,
                                    r->blocks->ids()});
+    sampling.push_back(model::SeqSampling{r->sampling, 0});
   }
   model::ForwardOptions fo;
+  fo.sampling = sampling;
   model::ForwardOutput out;
   const auto t0 = Clock::now();
   Status s = backend_->Forward(*pool_, seqs, nullptr, fo, &out);
@@ -530,7 +553,7 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
     }
     r.cache_len += 1;
     r.last_token = out.next_tokens.at(i);
-    Emit(r, r.last_token);
+    Emit(r, r.last_token, out.logprobs.empty() ? nullptr : &out.logprobs[i]);
   }
   for (size_t j = 0; j < joining.size(); ++j) {
     Request& r = *joining[j];
@@ -546,7 +569,7 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
     r.load.set_load_wait_us(0);
     r.cache_len = n;
     r.last_token = out.next_tokens.at(batch.size() + j);
-    Emit(r, r.last_token);
+    Emit(r, r.last_token, out.logprobs.empty() ? nullptr : &out.logprobs[batch.size() + j]);
     if (!r.complete) running_.push_back(joining[j]);
   }
 }

@@ -3,7 +3,8 @@
 // Generate(prompt): allocate blocks for prompt + max_tokens, start_load the first n-1 tokens'
 // KV from a prefill daemon (unless the prompt has one token or LOCAL mode), then a scheduler
 // thread computes the last prompt token itself with wait_for_layer(r, l) before each layer's
-// attention, samples greedily, and decodes every running request together, one token per
+// attention, picks the token (greedy, or sampled as the request asks: the token of index i is
+// drawn with (seed, i), as colocated Generate() draws it), and decodes every running request together, one token per
 // sequence per Forward. Tokens stream back with timestamps. While others decode, a request
 // whose prompt KV has fully landed takes its first step inside the next decode step (one more
 // sequence of the batch), so landing prompts cost the running streams no extra forward.
@@ -92,6 +93,9 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   void StopAdmitting();
   // Generate calls not yet returned.
   int in_flight() const { return handlers_.load(); }
+  // End-of-sequence ids that end every request not asking ignore_eos (generation_config.json's;
+  // set before the server starts; default: none).
+  void set_default_stop_tokens(std::vector<int32_t> ids) { default_stop_ = std::move(ids); }
   // Who may call which method (set before the server starts; default: every caller).
   void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
   // Text in and out (prompt_text, stop_strings, GenerateResponse.text) with this tokenizer, or
@@ -121,7 +125,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   };
   // Asks the tracker (and, with gpu_landed_wait, WaitForLoad) once, without waiting.
   LoadState LoadStateOf(const Request& r);
-  void Emit(Request& r, int32_t token);
+  void Emit(Request& r, int32_t token, const model::TokenLogprobs* logprobs);
   void Complete(Request& r, Status status);
   // Cancel with r.mu held.
   void CancelLocked(Request& r, const std::string& why);
@@ -139,6 +143,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   daemon::DaemonConfig config_;
   std::shared_ptr<const daemon::Authorizer> authz_ = daemon::Authorizer::Open();
   TextSupport text_{nullptr, "no tokenizer was loaded"};
+  std::vector<int32_t> default_stop_;
   std::string device_id_;  // daemon::ComputeDeviceId(config_)
   bool shared_via_mps_;    // daemon::ComputeDeviceSharedViaMps(config_)
   model::ModelBackend* backend_;

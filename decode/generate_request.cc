@@ -26,8 +26,24 @@ Status CheckGenerateRequest(const kvstream::v1::GenerateRequest& req, const Gene
   if (need > limits.pool_blocks)
     return InvalidArgument("request needs " + std::to_string(need) + " KV blocks, the pool has " +
                            std::to_string(limits.pool_blocks));
+  KV_RETURN_IF_ERROR(model::ValidateSamplingParams(SamplingFromRequest(req, 0)));
   if (blocks_needed) *blocks_needed = need;
   return OkStatus();
+}
+
+model::SamplingParams SamplingFromRequest(const kvstream::v1::GenerateRequest& req,
+                                          uint64_t seed_if_unset) {
+  model::SamplingParams p;
+  if (!req.has_sampling()) return p;
+  const kvstream::v1::SamplingParams& s = req.sampling();
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  p.min_p = s.min_p();
+  p.seed = s.has_seed() ? s.seed() : seed_if_unset;
+  p.logprobs = s.logprobs();
+  p.top_logprobs = s.top_logprobs();
+  return p;
 }
 
 }  // namespace kvstream::decode

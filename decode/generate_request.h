@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/status.h"
+#include "model/sampling.h"
 #include "proto/kvstream.pb.h"
 
 namespace kvstream::decode {
@@ -17,8 +18,14 @@ struct GenerateLimits {
 // OK when the request can be served within `limits`, with *blocks_needed (when given) the KV
 // blocks its prompt and max_tokens take. Else kInvalidArgument whose message names what is wrong:
 // an empty prompt, max_tokens < 1, a token outside [0, vocab_size), prompt + max_tokens over
-// max_position, or more blocks than the pool has.
+// max_position, more blocks than the pool has, or sampling parameters that
+// model::ValidateSamplingParams refuses.
 Status CheckGenerateRequest(const kvstream::v1::GenerateRequest& req, const GenerateLimits& limits,
                             int* blocks_needed = nullptr);
+
+// The request's sampling as the model takes it (no `sampling`: greedy); `seed_if_unset` is the
+// seed when the request gives none.
+model::SamplingParams SamplingFromRequest(const kvstream::v1::GenerateRequest& req,
+                                          uint64_t seed_if_unset);
 
 }  // namespace kvstream::decode

@@ -12,6 +12,7 @@
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
 #include "tokenizer/tokenizer.h"
+#include "model/generation_config.h"
 
 using namespace kvstream;
 
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
 
   auto model = daemon::LoadServingModel(*cfg);
   if (!model.ok()) return Fail(model.status().WithContext("loading the model"));
+  auto gen_defaults = model::LoadGenerationDefaults(cfg->model, model->backend->config().vocab_size);
+  if (!gen_defaults.ok()) return Fail(gen_defaults.status().WithContext("loading the model"));
   // One transport and connector per prefill daemon; each registers the same pool.
   std::vector<std::unique_ptr<connector::DecodeConnector>> conns;
   const std::string device_id = daemon::ComputeDeviceId(*cfg);
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
   service.set_authorizer(security->authorizer);
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
+  service.set_default_stop_tokens(gen_defaults->eos_token_ids);
   daemon::ReflectionService reflection({v1::Decode::service_full_name()}, security->authorizer);
   int port = 0;
   auto server = daemon::StartGrpcServer(cfg->listen, {&service, &reflection}, &port,

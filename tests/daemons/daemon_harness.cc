@@ -151,13 +151,18 @@ std::string DaemonProcess::Log() const {
 
 GenerateResult CallGenerate(kvstream::v1::Decode::Stub& stub, const std::vector<int32_t>& prompt,
                             int max_tokens, kvstream::v1::LoadMode mode, int deadline_ms) {
-  GenerateResult r;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   kvstream::v1::GenerateRequest req;
   *req.mutable_prompt_tokens() = {prompt.begin(), prompt.end()};
   req.set_max_tokens(max_tokens);
   req.set_load_mode(mode);
+  return CallGenerate(stub, req, deadline_ms);
+}
+
+GenerateResult CallGenerate(kvstream::v1::Decode::Stub& stub,
+                            const kvstream::v1::GenerateRequest& req, int deadline_ms) {
+  GenerateResult r;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   auto start = Clock::now();
   auto reader = stub.Generate(&ctx, req);
   kvstream::v1::GenerateResponse msg;

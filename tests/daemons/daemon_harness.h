@@ -74,6 +74,8 @@ struct GenerateResult {
 
 GenerateResult CallGenerate(kvstream::v1::Decode::Stub& stub, const std::vector<int32_t>& prompt,
                             int max_tokens, kvstream::v1::LoadMode mode, int deadline_ms);
+GenerateResult CallGenerate(kvstream::v1::Decode::Stub& stub,
+                            const kvstream::v1::GenerateRequest& req, int deadline_ms);
 
 template <typename Stub>
 Result<kvstream::v1::StatsResponse> CallStats(Stub& stub, int deadline_ms = 5000) {

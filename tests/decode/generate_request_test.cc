@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <initializer_list>
 
 namespace kvstream::decode {
@@ -50,6 +51,49 @@ TEST(GenerateRequest, RefusesAMaxTokensThatWouldOverflowTheTotal) {
   ExpectRefused(Request({1, 2}, 2147483647),
                 "prompt + max_tokens = 2147483649 exceeds the model's max_position 64");
   ExpectRefused(Request({1}, 2147483647 - 10), "exceeds the model's max_position 64");
+}
+
+TEST(GenerateRequest, RefusesBadSamplingAndReadsGoodSampling) {
+  auto with = [](auto set) {
+    v1::GenerateRequest r = Request({1, 2}, 4);
+    set(r.mutable_sampling());
+    return r;
+  };
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_temperature(NAN); }), "temperature");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_temperature(-0.5f); }), "temperature");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_temperature(1e9f); }), "temperature");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_k(-1); }), "top_k");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_p(0); }), "top_p");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_p(-1); }), "top_p");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_p(NAN); }), "top_p");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_p(1.5f); }), "top_p");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_min_p(-0.1f); }), "min_p");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_min_p(NAN); }), "min_p");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_logprobs(21); }), "top_logprobs");
+  ExpectRefused(with([](v1::SamplingParams* s) { s->set_top_logprobs(-1); }), "top_logprobs");
+  // Absent fields are off: an empty sampling message is greedy.
+  v1::GenerateRequest empty = with([](v1::SamplingParams*) {});
+  ASSERT_TRUE(CheckGenerateRequest(empty, kLimits).ok());
+  EXPECT_TRUE(SamplingFromRequest(empty, 9).greedy());
+  EXPECT_EQ(SamplingFromRequest(empty, 9).top_p, 1.0f);
+  EXPECT_EQ(SamplingFromRequest(empty, 9).seed, 9u);
+  v1::GenerateRequest good = with([](v1::SamplingParams* s) {
+    s->set_temperature(0.7f);
+    s->set_top_k(40);
+    s->set_top_p(0.9f);
+    s->set_min_p(0.05f);
+    s->set_seed(0);
+    s->set_top_logprobs(20);
+  });
+  ASSERT_TRUE(CheckGenerateRequest(good, kLimits).ok());
+  const model::SamplingParams p = SamplingFromRequest(good, 9);
+  EXPECT_EQ(p.temperature, 0.7f);
+  EXPECT_EQ(p.top_k, 40);
+  EXPECT_EQ(p.top_p, 0.9f);
+  EXPECT_EQ(p.min_p, 0.05f);
+  EXPECT_EQ(p.seed, 0u);  // given, even if 0
+  EXPECT_EQ(p.top_logprobs, 20);
+  EXPECT_TRUE(SamplingFromRequest(Request({1}, 1), 9).greedy());
 }
 
 }  // namespace

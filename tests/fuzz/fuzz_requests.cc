@@ -1,6 +1,7 @@
 // Fuzzes the request checks the daemons run before a request takes resources:
 // decode::CheckGenerateRequest and prefill::CheckPrefillRequest, on a parsed protobuf (bytes
-// after the first 8) and limits taken from the first 8 bytes. What passes must fit the limits.
+// after the first 8) and limits taken from the first 8 bytes. What passes must fit the limits
+// (sampling parameters included).
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -35,6 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (need < 1 || need > limits.pool_blocks || total > limits.max_position ||
           int64_t(need) * limits.block_size < total)
         fuzz::Fail("accepted generate request does not fit the limits");
+      if (!model::ValidateSamplingParams(decode::SamplingFromRequest(g, 1)).ok())
+        fuzz::Fail("accepted generate request has invalid sampling parameters");
+      const model::SamplingParams sp = decode::SamplingFromRequest(g, 1);
+      if (sp.top_logprobs > model::kMaxTopLogprobs || !(sp.top_p > 0) || sp.top_k < 0)
+        fuzz::Fail("accepted generate request with out-of-range sampling");
     }
   }
   v1::PrefillRequest p;
