@@ -26,6 +26,7 @@ BENCH_SOURCES = {
     "decode_under_load": ["bench/decode_under_load.cu"],
     "prefill_attention": ["bench/prefill_attention.cu"],
     "decode_step": ["bench/decode_step.cc"],
+    "sampling_step": ["bench/sampling_step.cc"],
     "copy_load": ["bench/copy_load.cu"],
     "scatter_bench": ["bench/transfer_gpu/scatter_bench.cc"],
     "transfer_gpu": ["bench/transfer_gpu/transfer_gpu.cc", "bench/transfer_gpu/bench_common.h"],

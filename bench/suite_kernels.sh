@@ -123,6 +123,19 @@ suite_step() {
   if [[ $DRY_RUN == 1 ]]; then echo "wait   # decode_step --trace $trace"; else wait "$bg"; fi
 }
 
+# sampling: bench/sampling_step (the CUDA backend's decode step at batch 32, llama-3-8b's
+# 128256-token vocabulary: greedy and sampled configurations interleaved; target <= 1.03 of
+# greedy for top-k + top-p, issue 17). Knobs: SAMPLING_ARGS.
+suite_sampling() {
+  local a j
+  # shellcheck disable=SC2206
+  a=(${SAMPLING_ARGS:---batch 32 --ctx 1024 --iters 40})
+  [[ ${SMOKE:-0} == 1 ]] && a=(--batch 32 --ctx 1024 --iters 5 --layers 4)
+  have sampling_step || return
+  j=$(jtmp sampling_step)
+  step sampling_step sampling_step 150 "$j" "$BIN/sampling_step" "${a[@]}" --json "$j"
+}
+
 # tests: the GPU test binaries of $BIN (each run plainly; the daemons' test finds the daemons
 # through KVSTREAM_PREFILL_BIN / KVSTREAM_DECODE_BIN), then compute-sanitizer over the kernel test.
 # Knobs: TESTS (names in $BIN; default: every *gpu*test* and the kernel/model GPU tests there),

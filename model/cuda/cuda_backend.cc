@@ -18,6 +18,7 @@
 #include "kernels/layer_ops.h"
 #include "kernels/paged_attention.h"
 #include "kernels/prefill_attention.h"
+#include "model/cuda/cuda_sampler.h"
 #include "model/cuda/device_buffer.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -150,6 +151,7 @@ class CudaBackend final : public ModelBackend {
   DeviceBuffer x_, xn_, qkv_, q_, attn_, gate_up_, act_, rope_, last_, last_n_, logits_,
       tokens_out_, meta_, decode_ws_;
   PinnedBuffer meta_host_, tokens_host_;
+  CudaSampler sampler_;  // non-greedy steps (model/cuda/cuda_sampler.h)
 };
 
 Result<std::unique_ptr<PoolMemory>> AllocateDevicePoolMemoryImpl(size_t bytes, int device) {
@@ -614,22 +616,23 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   float* logits = logits_.as<float>();
   KV_RETURN_IF_ERROR(Gemm(logits, last_n_.get(), lm_head_, B, c.vocab_size, H, false));
   int32_t* d_next = tokens_out_.as<int32_t>();
-  KV_CUDA(kernels::ArgmaxRows(d_next, logits, B, c.vocab_size, stream_));
   int32_t* h_next = tokens_host_.as<int32_t>();
-  KV_CUDA(cudaMemcpyAsync(h_next, d_next, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
   const bool sample = NeedsSampling(options.sampling);
-  if (options.want_logits || sample) {
+  if (sample) {
+    KV_RETURN_IF_ERROR(sampler_.Enqueue(logits, B, c.vocab_size, options.sampling, d_next, h_next,
+                                        stream_));
+  } else {
+    KV_CUDA(kernels::ArgmaxRows(d_next, logits, B, c.vocab_size, stream_));
+    KV_CUDA(cudaMemcpyAsync(h_next, d_next, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  if (options.want_logits) {
     out->logits.resize(size_t(B) * c.vocab_size);
     KV_CUDA(cudaMemcpyAsync(out->logits.data(), logits, out->logits.size() * 4,
                             cudaMemcpyDeviceToHost, stream_));
   }
   KV_CUDA(cudaStreamSynchronize(stream_));
   out->next_tokens.assign(h_next, h_next + B);
-  if (sample) {
-    SampleRows(out->logits.data(), B, c.vocab_size, options.sampling, &out->next_tokens,
-               &out->logprobs);
-    if (!options.want_logits) out->logits.clear();
-  }
+  if (sample) sampler_.Collect(options.sampling, &out->logprobs);
   return OkStatus();
 }
 
