@@ -79,6 +79,19 @@ const std::vector<Field>& Fields() {
                "prefill: decode HBM bytes per landed byte (2 same GPU, 1 peer/host)"),
       KV_FIELD(prompt_cache_blocks, kInt,
                "prefill: pool blocks kept for repeated prompts' KV (0 = no prompt cache)"),
+      KV_FIELD(kv_tier_secret_file, kStr,
+               "file with the cluster secret keying the HMAC of every KV block in the host, "
+               "disk and shared tiers (>= 16 printable bytes; chmod 600)"),
+      KV_FIELD(kv_host_tier_mb, kInt,
+               "prefill: MiB of host memory keeping KV blocks that left the pool (0 = off)"),
+      KV_FIELD(kv_disk_tier_dir, kStr,
+               "prefill: directory keeping KV blocks as files (empty = off; needs "
+               "kv_tier_secret_file)"),
+      KV_FIELD(kv_disk_tier_mb, kInt, "prefill: MiB bound of the disk tier's entries"),
+      KV_FIELD(kv_tier_max_age_s, kI64,
+               "prefill: KV tier entries older than this many seconds are dropped (0 = no bound)"),
+      KV_FIELD(kv_disk_tier_erase, kBool,
+               "prefill: erase every entry in kv_disk_tier_dir (any model's) at start (true|false)"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kStr,
                "decode: auto | true | false: first step only after every layer landed (auto: "
@@ -254,6 +267,14 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.prompt_cache_blocks >= c.pool_blocks && c.pool_gpu_fraction == 0)
     return InvalidArgument("prompt_cache_blocks must be below pool_blocks (" +
                            std::to_string(c.pool_blocks) + "): requests need blocks of their own");
+  if (c.kv_host_tier_mb < 0) return InvalidArgument("kv_host_tier_mb must be >= 0");
+  if (c.kv_disk_tier_mb <= 0) return InvalidArgument("kv_disk_tier_mb must be > 0");
+  if (c.kv_tier_max_age_s < 0) return InvalidArgument("kv_tier_max_age_s must be >= 0");
+  if (!c.kv_disk_tier_dir.empty() && c.kv_tier_secret_file.empty())
+    return InvalidArgument("kv_disk_tier_dir needs kv_tier_secret_file (the cluster secret that "
+                           "keys every stored block's HMAC)");
+  if (c.kv_disk_tier_erase && c.kv_disk_tier_dir.empty())
+    return InvalidArgument("kv_disk_tier_erase needs kv_disk_tier_dir");
   if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
   const int tls_files = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
   if (tls_files != 0 && tls_files != 3)

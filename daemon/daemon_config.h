@@ -95,6 +95,14 @@ struct DaemonConfig {
   // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
   // token sequence; a repeated prompt is written from them without a forward (0 = off).
   int prompt_cache_blocks = 0;
+  // The KV tiers below the pool (docs/kv_tiers.md): the cluster secret that keys every stored
+  // block's HMAC (kvcache/block_codec.h), read like a token file (>= 16 printable bytes).
+  std::string kv_tier_secret_file;
+  int kv_host_tier_mb = 0;          // prefill: L2 host-memory tier size (0 = off)
+  std::string kv_disk_tier_dir;     // prefill: L3 disk tier directory (empty = off)
+  int kv_disk_tier_mb = 1024;       // prefill: L3 size bound
+  int64_t kv_tier_max_age_s = 0;    // retention: tier entries older than this are dropped (0 = none)
+  bool kv_disk_tier_erase = false;  // erase every entry in kv_disk_tier_dir at start
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
   int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)

@@ -250,6 +250,38 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
                 {}, double(c.prompt_cache_evictions()));
     out.Counter(p + "prompt_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache",
                 {}, double(c.prompt_cache_hit_tokens()));
+    for (const auto& t : s.kv_tiers()) {
+      const MetricLabels tier = {{"tier", t.name()}};
+      out.Counter(p + "kv_tier_blocks_read_total", "KV blocks read back up into the pool from a tier",
+                  tier, double(t.hit_blocks()));
+      out.Counter(p + "kv_tier_misses_total", "Reads of a block the tier did not hold", tier,
+                  double(t.miss_blocks()));
+      out.Counter(p + "kv_tier_read_failures_total",
+                  "Tier reads refused: damaged, truncated, bad HMAC, I/O error", tier,
+                  double(t.read_failures()));
+      out.Counter(p + "kv_tier_read_bytes_total", "Bytes read from a KV tier", tier,
+                  double(t.bytes_read()));
+      out.Counter(p + "kv_tier_written_bytes_total", "Bytes written to a KV tier", tier,
+                  double(t.bytes_written()));
+      out.Counter(p + "kv_tier_write_failures_total", "Tier writes that stored nothing", tier,
+                  double(t.write_failures()));
+      out.Counter(p + "kv_tier_evicted_blocks_total", "Blocks evicted from a tier (LRU or age)",
+                  tier, double(t.evicted_blocks()));
+      out.Gauge(p + "kv_tier_entries", "Blocks a KV tier holds", tier, double(t.entries()));
+      out.Gauge(p + "kv_tier_used_bytes", "Bytes a KV tier holds", tier, double(t.bytes_used()));
+      out.Gauge(p + "kv_tier_capacity_bytes", "A KV tier's size bound", tier,
+                double(t.capacity_bytes()));
+    }
+    if (s.kv_tiers_size() > 0) {
+      out.Counter(p + "kv_tier_fetched_tokens_total",
+                  "Prompt tokens whose KV came up from a tier below the pool", {},
+                  double(s.kv_tier_fetched_tokens()));
+      out.Counter(p + "kv_tier_fetch_seconds_total",
+                  "Time prefill calls waited for reads from the KV tiers", {},
+                  double(s.kv_tier_fetch_us()) * 1e-6);
+      out.Gauge(p + "kv_tier_queued_blocks", "Blocks waiting to be written down to the tiers", {},
+                double(s.kv_tier_queued_blocks()));
+    }
   }
 }
 

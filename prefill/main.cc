@@ -10,6 +10,7 @@
 #include "daemon/reflection.h"
 #include "daemon/signals.h"
 #include "connector/handshake.h"
+#include "prefill/kv_tiers.h"
 #include "prefill/prefill_server.h"
 
 using namespace kvstream;
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
   daemon::Health health("kvstream.v1.Prefill");
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
   service.set_authorizer(security->authorizer);
+  auto tiers = prefill::CreateKvTiers(*cfg, model->backend->config(), model->pool.get());
+  if (!tiers.ok()) return Fail(tiers.status().WithContext("opening the KV tiers"));
+  service.set_kv_tiers(std::move(tiers).value());
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
   daemon::ReflectionService reflection({v1::Prefill::service_full_name()}, security->authorizer);

@@ -92,7 +92,9 @@ PrefillServer::PrefillServer(const daemon::DaemonConfig& config, model::ModelBac
         o.block_size = pool->layout().block_size;
         o.budget_blocks = config.prompt_cache_blocks;
         return o;
-      }()) {}
+      }()),
+      tiers_(std::make_unique<kvcache::TieredCache>(pool, backend->config().hash(),
+                                                    std::vector<std::unique_ptr<kvcache::KvTier>>{})) {}
 
 grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
                                       v1::HandshakeResponse* resp) {
@@ -207,6 +209,12 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     if (cacheable) {
       cached.lease.Reset();
       cached = cache_.Find(root, tokens);
+      // The blocks that follow the pool's prefix, from the tiers below it.
+      if (tiers_->enabled() && cached.tokens < n) {
+        if (cached.tokens == 0) cached.lease = model::BlockLease(&pool_->allocator(), {});
+        cached.tokens = tiers_->Fetch(root, tokens, cached.tokens, &cached.lease,
+                                      [&](int blocks) { cache_.EvictForAllocation(blocks); });
+      }
       if (cached.tokens == n) forward_lock.unlock();
     }
   }
@@ -276,11 +284,14 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (!s.ok() && stopping_) return Unavailable("prefill daemon shutting down (" + s.message() + ")");
   if (!s.ok()) return s;
   // Only a prompt whose KV was computed completely is kept (a cancelled forward stops early).
-  if (!hit && cacheable) {
+  // A hit re-inserts too: its blocks may have come up from a tier.
+  if (cacheable) {
     const int added = cache_.Insert(root, tokens, lease.ids());
     if (added > 0) {
       KV_LOG_DEBUG << "[req " << id << "] " << added << " blocks of the prompt cached";
     }
+    // Write-through: every block of the prompt to the tiers below (in the background).
+    tiers_->WriteDown(root, tokens, lease.ids());
   }
   if (observed_.compute && !hit) observed_.compute->Observe(double(MicrosBetween(t0, t1)) * 1e-6);
   if (observed_.transfer_seconds) {
@@ -368,6 +379,25 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_model_hash(backend_->config().hash());
   resp->set_backend(backend_->name());
   resp->set_transport(connector_->transport().name());
+  const kvcache::TieredCache::Stats ts = tiers_->stats();
+  for (const auto& t : ts.tiers) {
+    auto* o = resp->add_kv_tiers();
+    o->set_name(t.name);
+    o->set_hit_blocks(t.stats.hit_blocks);
+    o->set_miss_blocks(t.stats.miss_blocks);
+    o->set_read_failures(t.stats.read_failures);
+    o->set_bytes_read(t.stats.bytes_read);
+    o->set_bytes_written(t.stats.bytes_written);
+    o->set_written_blocks(t.stats.written_blocks);
+    o->set_write_failures(t.stats.write_failures);
+    o->set_evicted_blocks(t.stats.evicted_blocks);
+    o->set_entries(t.stats.entries);
+    o->set_bytes_used(t.stats.bytes_used);
+    o->set_capacity_bytes(t.stats.capacity_bytes);
+  }
+  resp->set_kv_tier_fetched_tokens(ts.fetched_tokens);
+  resp->set_kv_tier_fetch_us(ts.fetch_us);
+  resp->set_kv_tier_queued_blocks(ts.queued_writes);
 }
 
 void PrefillServer::EnableMetrics(daemon::MetricsRegistry* registry) {
@@ -399,6 +429,8 @@ void PrefillServer::BeginShutdown() {
   connector_->CancelAll(DeadlineAfterMs(config_.cancel_timeout_ms));
   // Blocks still read by a cancelled write return when its lease does.
   cache_.Clear(/*closing=*/true);
+  // Queued write-downs are dropped (their blocks returned); the tiers keep what they hold.
+  tiers_->Stop();
 }
 
 }  // namespace kvstream::prefill

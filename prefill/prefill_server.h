@@ -13,6 +13,13 @@
 // cache (layer by layer, each write with its notification, as after a forward), concurrently with
 // other requests. Either way the decode receives the whole prompt's KV. A request that finds the
 // pool full evicts unreferenced cached blocks first. BeginShutdown() drops the cache.
+//
+// KV tiers below the pool (prefill/kv_tiers.h, docs/kv_tiers.md): after a successful prefill its
+// blocks are written down to the host / disk tiers in the background (the request does not
+// wait; the blocks stay referenced until copied out). A prompt whose cached prefix in the pool
+// ends where a tier holds the next blocks gets them copied into fresh pool blocks before its
+// forward, which then computes only what no tier held; a tier block that does not read back
+// verified ends the prefix there (a miss, counted), so the tokens never change.
 #pragma once
 
 #include <atomic>
@@ -23,6 +30,7 @@
 #include "daemon/metrics.h"
 #include "connector/prefill_connector.h"
 #include "kvcache/prefix_directory.h"
+#include "kvcache/tiered_cache.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
 
@@ -54,6 +62,9 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   int in_flight() const { return in_flight_.load(); }
   // Who may call which method (set before the server starts; default: every caller).
   void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
+  // The KV tiers below the pool (set before the server starts; default: none).
+  void set_kv_tiers(std::unique_ptr<kvcache::TieredCache> tiers) { tiers_ = std::move(tiers); }
+  kvcache::TieredCache& kv_tiers() { return *tiers_; }
   // New Prefill calls are refused; running ones are cancelled (their writes quiesced).
   void BeginShutdown();
   const std::string& instance_id() const { return instance_id_; }
@@ -70,6 +81,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   std::string instance_id_;
   std::string device_id_;  // sent at handshake: lets decode see a prefill on its own GPU
   kvcache::PrefixDirectory cache_;
+  std::unique_ptr<kvcache::TieredCache> tiers_;
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> admitting_{true};

@@ -231,6 +231,11 @@ TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
        "itl_target_ms"},
       {{"--prompt_cache_blocks=-1"}, "prompt_cache_blocks"},
       {{"--pool_blocks=16", "--prompt_cache_blocks=16"}, "prompt_cache_blocks"},
+      {{"--kv_host_tier_mb=-1"}, "kv_host_tier_mb"},
+      {{"--kv_disk_tier_dir=/tmp/x", "--kv_disk_tier_mb=0"}, "kv_disk_tier_mb"},
+      {{"--kv_tier_max_age_s=-5"}, "kv_tier_max_age_s"},
+      {{"--kv_disk_tier_dir=/tmp/x"}, "kv_tier_secret_file"},
+      {{"--kv_disk_tier_erase"}, "kv_disk_tier_erase"},
   };
   for (const Case& k : cases) {
     auto c = Parse(k.args);

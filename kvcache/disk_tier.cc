@@ -1,0 +1,329 @@
+#include "kvcache/disk_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "common/log.h"
+
+namespace kvstream::kvcache {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr std::string_view kSuffix = ".kvb";
+constexpr std::string_view kTempPrefix = ".tmp-";
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Reads up to `limit` bytes of the file (the whole file when limit is 0).
+Result<std::vector<std::byte>> ReadFile(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound(Errno("open " + path));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return DataLoss(path + ": not a regular file");
+  }
+  size_t want = size_t(st.st_size);
+  if (limit != 0) want = std::min(want, limit);
+  std::vector<std::byte> buf(want);
+  size_t done = 0;
+  while (done < want) {
+    const ssize_t n = ::pread(fd, buf.data() + done, want - done, off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  buf.resize(done);
+  return buf;
+}
+
+bool ParseKeyHex(std::string_view hex, BlockKey* key) {
+  if (hex.size() != 64) return false;
+  for (size_t i = 0; i < 32; ++i) {
+    int v = 0;
+    for (char c : hex.substr(2 * i, 2)) {
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else return false;
+    }
+    (*key)[i] = static_cast<uint8_t>(v);
+  }
+  return true;
+}
+
+}  // namespace
+
+DiskTier::DiskTier(const Options& options)
+    : options_([&] {
+        Options o = options;
+        if (!(o.low_watermark > 0 && o.low_watermark <= 1)) o.low_watermark = 0.9;
+        return o;
+      }()) {
+  stats_.capacity_bytes = options_.capacity_bytes;
+}
+
+Result<std::unique_ptr<DiskTier>> DiskTier::Open(const Options& options) {
+  if (options.dir.empty()) return InvalidArgument("disk KV tier: no directory");
+  if (options.secret.size() < kMinSecretBytes)
+    return InvalidArgument("disk KV tier: needs the cluster secret (kv_tier_secret_file)");
+  if (options.capacity_bytes < EncodedBlockBytes(options.identity.layout))
+    return InvalidArgument("disk KV tier: " + std::to_string(options.capacity_bytes) +
+                           " bytes hold no block of " +
+                           std::to_string(EncodedBlockBytes(options.identity.layout)) + " bytes");
+  std::error_code ec;
+  if (!fs::exists(options.dir, ec)) {
+    fs::create_directories(options.dir, ec);
+    if (ec) return InvalidArgument("disk KV tier: cannot create '" + options.dir + "': " + ec.message());
+    ::chmod(options.dir.c_str(), 0700);
+  }
+  if (!fs::is_directory(options.dir, ec))
+    return InvalidArgument("disk KV tier: '" + options.dir + "' is not a directory");
+  std::unique_ptr<DiskTier> t(new DiskTier(options));
+  if (options.erase_at_open) t->EraseAll();
+  KV_RETURN_IF_ERROR(t->Rebuild());
+  return t;
+}
+
+std::string DiskTier::PathOf(const BlockKey& key) const {
+  return options_.dir + "/" + KeyHex(key) + std::string(kSuffix);
+}
+
+Status DiskTier::Rebuild() {
+  struct Found {
+    BlockKey key;
+    uint64_t bytes;
+    FileClock::time_point written;
+  };
+  std::vector<Found> found;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(options_.dir, ec)) {
+    const std::string name = de.path().filename().string();
+    if (name.rfind(kTempPrefix, 0) == 0) {  // a write a crash cut short
+      fs::remove(de.path(), ec);
+      continue;
+    }
+    BlockKey key;
+    if (name.size() != 64 + kSuffix.size() || name.substr(64) != kSuffix ||
+        !ParseKeyHex(std::string_view(name).substr(0, 64), &key))
+      continue;
+    const std::string path = de.path().string();
+    auto head = ReadFile(path, kBlockHeaderBytes);
+    if (!head.ok()) continue;
+    DecodedBlock peek = PeekBlockHeader(*head);
+    if (peek.ok() && (peek.header.root != options_.identity.root ||
+                      !(peek.header.layout == options_.identity.layout))) {
+      ++report_.foreign_entries;  // another model's: never read further
+      continue;
+    }
+    auto bytes = ReadFile(path, 0);
+    DecodedBlock d = bytes.ok() ? DecodeBlock(*bytes, options_.identity, &key, options_.secret)
+                                : DecodedBlock{BlockError::kTruncated, "unreadable", {}, {}};
+    if (!d.ok()) {
+      KV_LOG_WARN << "disk KV tier: dropping " << path << ": " << d.status().message();
+      ::unlink(path.c_str());
+      ++report_.dropped;
+      continue;
+    }
+    struct stat st {};
+    FileClock::time_point written = FileClock::now();
+    if (::stat(path.c_str(), &st) == 0) written = FileClock::from_time_t(st.st_mtime);
+    found.push_back({key, bytes->size(), written});
+  }
+  if (ec) return InvalidArgument("disk KV tier: cannot list '" + options_.dir + "': " + ec.message());
+  // The most recently written first in the LRU.
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.written > b.written; });
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Found& f : found) {
+    lru_.push_back(f.key);
+    index_.emplace(f.key, Entry{f.bytes, f.written, std::prev(lru_.end())});
+    used_ += f.bytes;
+  }
+  report_.loaded = found.size();
+  // Over a smaller capacity than before: the oldest go.
+  while (used_ > options_.capacity_bytes && !lru_.empty()) {
+    EraseLocked(lru_.back());
+    ++stats_.evicted_blocks;
+  }
+  KV_LOG_INFO << "disk KV tier " << options_.dir << ": " << report_.loaded << " entries ("
+              << used_ << " bytes), " << report_.foreign_entries
+              << " of another model or layout left unread, " << report_.dropped
+              << " that did not verify deleted";
+  return OkStatus();
+}
+
+bool DiskTier::ExpiredLocked(const Entry& e) const {
+  return options_.max_age_s > 0 &&
+         FileClock::now() - e.written > std::chrono::seconds(options_.max_age_s);
+}
+
+void DiskTier::EraseLocked(const BlockKey& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  ::unlink(PathOf(key).c_str());
+  used_ -= it->second.bytes;
+  lru_.erase(it->second.lru);
+  index_.erase(it);
+}
+
+void DiskTier::FailRead(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EraseLocked(key);
+  ++stats_.read_failures;
+}
+
+bool DiskTier::Contains(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  return it != index_.end() && !ExpiredLocked(it->second);
+}
+
+Status DiskTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end() && ExpiredLocked(it->second)) {
+      EraseLocked(key);
+      ++stats_.evicted_blocks;
+      it = index_.end();
+    }
+    if (it == index_.end()) {
+      ++stats_.miss_blocks;
+      return NotFound("disk KV tier: block " + KeyHex(key).substr(0, 16) + " not held");
+    }
+  }
+  const std::string path = PathOf(key);
+  auto bytes = ReadFile(path, 0);
+  if (!bytes.ok()) {
+    FailRead(key);
+    return DataLoss("disk KV tier: " + bytes.status().message());
+  }
+  const DecodedBlock d = DecodeBlock(*bytes, options_.identity, &key, options_.secret);
+  const size_t block_bytes = options_.identity.layout.block_bytes();
+  if (d.ok() && layers.size() != size_t(options_.identity.layout.num_layers))
+    return InvalidArgument("disk KV tier: wrong number of layers asked for");
+  if (!d.ok()) {
+    KV_LOG_WARN << "disk KV tier: " << path << " refused: " << d.status().message();
+    FailRead(key);
+    return d.status();
+  }
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].size() != block_bytes) return InvalidArgument("disk KV tier: a layer buffer of the wrong size");
+    std::memcpy(layers[l].data(), d.payload.data() + l * block_bytes, block_bytes);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it != index_.end()) lru_.splice(lru_.begin(), lru_, it->second.lru);
+  ++stats_.hit_blocks;
+  stats_.bytes_read += bytes->size();
+  return OkStatus();
+}
+
+Status DiskTier::Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) {
+  if (header.root != options_.identity.root || !(header.layout == options_.identity.layout))
+    return InvalidArgument("disk KV tier: a block of another identity");
+  const uint64_t size = EncodedBlockBytes(header.layout);
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.count(header.key) != 0) {
+      lru_.splice(lru_.begin(), lru_, index_[header.key].lru);
+      return OkStatus();
+    }
+    if (used_ + size > options_.capacity_bytes) {
+      const uint64_t low = static_cast<uint64_t>(
+          std::floor(double(options_.capacity_bytes) * options_.low_watermark));
+      while (!lru_.empty() && used_ + size > low) {
+        EraseLocked(lru_.back());
+        ++stats_.evicted_blocks;
+      }
+    }
+    if (used_ + size > options_.capacity_bytes) {
+      ++stats_.write_failures;
+      return ResourceExhausted("disk KV tier: no room");
+    }
+    used_ += size;  // reserved while the file is written
+    seq = ++temp_seq_;
+  }
+  auto fail = [&](Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= size;
+    ++stats_.write_failures;
+    return s;
+  };
+  auto enc = EncodeBlock(header, layers, options_.secret);
+  if (!enc.ok()) return fail(enc.status());
+  const std::string final_path = PathOf(header.key);
+  const std::string temp = options_.dir + "/" + std::string(kTempPrefix) + KeyHex(header.key) +
+                           "-" + std::to_string(::getpid()) + "-" + std::to_string(seq);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return fail(Unavailable(Errno("disk KV tier: create " + temp)));
+  size_t done = 0;
+  while (done < enc->size()) {
+    const ssize_t n = ::write(fd, enc->data() + done, enc->size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  const int write_errno = errno;
+  const bool closed = ::close(fd) == 0;
+  if (done != enc->size() || !closed) {
+    ::unlink(temp.c_str());
+    errno = done != enc->size() ? write_errno : errno;
+    return fail(ResourceExhausted(Errno("disk KV tier: write " + temp)));
+  }
+  // Visible under its name only now, complete (no fsync: a crash may lose it, and a block
+  // that then fails to verify is deleted, never used).
+  if (::rename(temp.c_str(), final_path.c_str()) != 0) {
+    ::unlink(temp.c_str());
+    return fail(Unavailable(Errno("disk KV tier: rename " + temp)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index_.count(header.key) == 0) {
+    lru_.push_front(header.key);
+    index_.emplace(header.key, Entry{size, FileClock::now(), lru_.begin()});
+  } else {
+    used_ -= size;  // written twice at once: one entry
+  }
+  ++stats_.written_blocks;
+  stats_.bytes_written += size;
+  return OkStatus();
+}
+
+void DiskTier::Erase(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EraseLocked(key);
+}
+
+void DiskTier::EraseAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!lru_.empty()) EraseLocked(lru_.back());
+  // Every entry file, of any identity, and every temporary file.
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(options_.dir, ec)) {
+    const std::string name = de.path().filename().string();
+    const bool entry = name.size() == 64 + kSuffix.size() && name.substr(64) == kSuffix;
+    if (entry || name.rfind(kTempPrefix, 0) == 0) fs::remove(de.path(), ec);
+  }
+  report_.foreign_entries = 0;
+}
+
+TierStats DiskTier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TierStats s = stats_;
+  s.entries = index_.size();
+  s.bytes_used = used_;
+  return s;
+}
+
+}  // namespace kvstream::kvcache

@@ -1,0 +1,249 @@
+// Integration: the prefill's KV tiers below its pool (docs/kv_tiers.md) with real
+// kvstream-prefill and kvstream-decode processes (tiny preset, CPU backend, UCX on loopback):
+// tokens equal with and without the tiers, whole and partial prefixes from the host and the
+// disk tier, a restart that finds the disk tier (its own model's, another model's, another
+// secret's), damaged / truncated / deleted block files, every pool block returned.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tests/daemons/disagg_fixture.h"
+
+namespace kvstream::testing {
+namespace {
+
+namespace fs = std::filesystem;
+namespace v1 = kvstream::v1;
+
+const std::vector<std::string> kTiny = {"--model=tiny"};
+
+// The prefill's Stats once nothing is in flight, nothing is queued for the write-down and
+// every pool block is free (no prompt cache in these tests: the tiers alone).
+Result<v1::StatsResponse> WaitForPrefillIdle(const std::string& address, Deadline deadline) {
+  auto stub = PrefillStub(address);
+  std::string last = "no answer";
+  while (Clock::now() < deadline) {
+    auto st = CallStats(*stub);
+    if (st.ok()) {
+      if (st->requests_in_flight() == 0 && st->kv_tier_queued_blocks() == 0 &&
+          st->pool().free_blocks() == st->pool().num_blocks())
+        return st;
+      last = std::to_string(st->pool().free_blocks()) + " free of " +
+             std::to_string(st->pool().num_blocks()) + ", " +
+             std::to_string(st->kv_tier_queued_blocks()) + " queued";
+    } else {
+      last = st.status().ToString();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  return Timeout("prefill: " + last);
+}
+
+const v1::LoadInfo* PrefillFigures(const GenerateResult& r) {
+  for (const auto& m : r.messages)
+    if (m.has_load() && m.load().transfer_us() > 0) return &m.load();
+  return nullptr;
+}
+
+const v1::KvTierStats* Tier(const v1::StatsResponse& s, const std::string& name) {
+  for (const auto& t : s.kv_tiers())
+    if (t.name() == name) return &t;
+  return nullptr;
+}
+
+class KvTiersTest : public DisaggTest {
+ protected:
+  std::string SecretFile(const std::string& name, const std::string& secret) {
+    const std::string path = dir_.path() + "/" + name;
+    std::ofstream(path) << secret << "\n";
+    ::chmod(path.c_str(), 0600);
+    return path;
+  }
+  // Generates and checks the tokens against the colocated model; returns the prefill's
+  // cached-prefix figure (-1 without one) and whether it ran a forward.
+  void Run(const std::vector<std::string>& model, const std::vector<int32_t>& prompt,
+           int32_t* cached, bool* computed) {
+    auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, Colocated(model, prompt, 6));
+    const v1::LoadInfo* f = PrefillFigures(r);
+    ASSERT_NE(f, nullptr);
+    *cached = f->prefix_cached_tokens();
+    *computed = f->prefill_compute_us() > 0;
+  }
+  void Restart(const DaemonPair& pair) {
+    prefill_->Signal(SIGTERM);
+    decode_->Signal(SIGTERM);
+    EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
+    EXPECT_EQ(decode_->Wait(DeadlineAfterMs(15000)), 0);
+    ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  }
+};
+
+TEST_F(KvTiersTest, HostTierServesWholeAndPartialPrefixesWithTheSameTokens) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=32");
+  pair.prefill = {"--kv_host_tier_mb=1"};  // no prompt cache in the pool: the tier alone
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto system = MakePrompt(32, 512, 81);  // two blocks of 16 at the prefill
+  auto with = [&](int n, uint64_t seed) {
+    auto p = system;
+    auto user = MakePrompt(n, 512, seed);
+    p.insert(p.end(), user.begin(), user.end());
+    return p;
+  };
+  const auto first = with(8, 82);  // 39 tokens at the prefill: 2 blocks and 7 tokens
+  int32_t cached = -1;
+  bool computed = false;
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, first, &cached, &computed));
+  EXPECT_EQ(cached, 0);
+  EXPECT_TRUE(computed);
+  auto st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  const v1::KvTierStats* host = Tier(*st, "host");
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(host->written_blocks(), 3u);
+  EXPECT_EQ(host->entries(), 3u);
+  EXPECT_GT(host->capacity_bytes(), 0u);
+
+  // The same prompt: every block from the host tier, no forward.
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, first, &cached, &computed));
+  EXPECT_EQ(cached, 39);
+  EXPECT_FALSE(computed);
+  // Another conversation with the same system prompt: its two blocks, the rest computed.
+  const auto second = with(20, 83);
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, second, &cached, &computed));
+  EXPECT_EQ(cached, 32);
+  EXPECT_TRUE(computed);
+  st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  host = Tier(*st, "host");
+  EXPECT_EQ(host->hit_blocks(), 3u + 2u);
+  EXPECT_EQ(host->read_failures(), 0u);
+  EXPECT_EQ(host->entries(), 3u + 2u);  // second's own 2 blocks (the shared ones were there)
+  EXPECT_EQ(st->kv_tier_fetched_tokens(), 39u + 32u);
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+  prefill_->Signal(SIGTERM);
+  EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
+  EXPECT_NE(prefill_->Log().find("32/32 blocks free"), std::string::npos) << prefill_->Log();
+}
+
+TEST_F(KvTiersTest, DiskTierSurvivesARestartAndRefusesWhatDoesNotVerify) {
+  const std::string tier_dir = dir_.path() + "/kv-disk";
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=32");
+  pair.prefill = {"--kv_disk_tier_dir=" + tier_dir, "--kv_disk_tier_mb=4",
+                  "--kv_tier_secret_file=" + SecretFile("kv.secret", "disk-tier-test-secret-0123")};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto prompt = MakePrompt(40, 512, 91);
+  int32_t cached = -1;
+  bool computed = false;
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  EXPECT_TRUE(computed);
+  auto st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_NE(Tier(*st, "disk"), nullptr);
+  EXPECT_EQ(Tier(*st, "disk")->written_blocks(), 3u);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tier_dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 3u);
+  for (const auto& f : files) {
+    EXPECT_EQ(f.extension(), ".kvb");
+    EXPECT_EQ(fs::status(f).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  }
+
+  // A restart finds the blocks on disk: no forward, the same tokens.
+  ASSERT_NO_FATAL_FAILURE(Restart(pair));
+  EXPECT_NE(prefill_->Log().find("3 entries"), std::string::npos) << prefill_->Log();
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  EXPECT_EQ(cached, 39);
+  EXPECT_FALSE(computed);
+  st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(Tier(*st, "disk")->hit_blocks(), 3u);
+
+  // Another model (other weights: another identity) on the same directory: the entries are
+  // left unread, its tokens are its own.
+  DaemonPair other = pair;
+  other.common.push_back("--seed=7");
+  ASSERT_NO_FATAL_FAILURE(Restart(other));
+  EXPECT_NE(prefill_->Log().find("3 of another model or layout left unread"), std::string::npos)
+      << prefill_->Log();
+  std::vector<std::string> seven = kTiny;
+  seven.push_back("--seed=7");
+  ASSERT_NO_FATAL_FAILURE(Run(seven, prompt, &cached, &computed));
+  EXPECT_EQ(cached, 0);
+  EXPECT_TRUE(computed);
+  st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(Tier(*st, "disk")->hit_blocks(), 0u);
+  EXPECT_EQ(Tier(*st, "disk")->entries(), 3u);  // its own, beside the first model's
+
+  // Back to the first model; its block files damaged: the first flipped, the second cut short,
+  // the third deleted. Each is a miss, counted; the tokens are the same, computed again.
+  ASSERT_NO_FATAL_FAILURE(Restart(pair));
+  std::sort(files.begin(), files.end());
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x7f');
+  }
+  fs::resize_file(files[1], fs::file_size(files[1]) / 2);
+  fs::remove(files[2]);
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  EXPECT_LT(cached, 39);
+  EXPECT_TRUE(computed);
+  st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_GE(Tier(*st, "disk")->read_failures(), 1u);
+
+  // Another cluster secret: entries that do not verify (as a forger's would not) are deleted
+  // at start and never used.
+  DaemonPair rotated = pair;
+  rotated.prefill.back() = "--kv_tier_secret_file=" + SecretFile("kv2.secret", "another-secret-0123456789");
+  ASSERT_NO_FATAL_FAILURE(Restart(rotated));
+  // (The log file holds every start's lines.) Of the first model's 3 files one was deleted
+  // above; the damaged one read above was rewritten, the truncated one never read: both fail
+  // their HMAC under the new secret.
+  EXPECT_NE(prefill_->Log().find(", 2 that did not verify deleted"), std::string::npos)
+      << prefill_->Log();
+  st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(Tier(*st, "disk")->entries(), 0u);
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  EXPECT_EQ(cached, 0);
+  EXPECT_TRUE(computed);
+
+  // Erase everything (any model's) at start.
+  DaemonPair erase = rotated;
+  erase.prefill.push_back("--kv_disk_tier_erase");
+  ASSERT_NO_FATAL_FAILURE(Restart(erase));
+  EXPECT_TRUE(fs::is_empty(tier_dir));
+  st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(Tier(*st, "disk")->entries(), 0u);
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+  prefill_->Signal(SIGTERM);
+  EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
+  EXPECT_NE(prefill_->Log().find("32/32 blocks free"), std::string::npos) << prefill_->Log();
+}
+
+TEST_F(KvTiersTest, DiskTierWithoutASecretIsRefusedAtStart) {
+  std::vector<std::string> args = DefaultDaemonFlags();
+  args.push_back("--model=tiny");
+  args.push_back("--kv_disk_tier_dir=" + dir_.path() + "/kv");
+  DaemonProcess p("prefill-nosecret", PrefillBin(), args, dir_.path());
+  EXPECT_FALSE(p.Start(DeadlineAfterMs(30000)).ok());
+  EXPECT_NE(p.Log().find("kv_tier_secret_file"), std::string::npos) << p.Log();
+  args.push_back("--kv_tier_secret_file=" + SecretFile("short.secret", "short"));
+  DaemonProcess q("prefill-shortsecret", PrefillBin(), args, dir_.path());
+  EXPECT_FALSE(q.Start(DeadlineAfterMs(30000)).ok());
+  EXPECT_NE(q.Log().find("shorter than 16 bytes"), std::string::npos) << q.Log();
+}
+
+}  // namespace
+}  // namespace kvstream::testing
