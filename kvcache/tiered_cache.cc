@@ -82,6 +82,19 @@ void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> token
   if (!enabled() || tokens.empty()) return;
   if (static_cast<int64_t>(ids.size()) * bs < static_cast<int64_t>(tokens.size())) return;
   std::vector<int32_t> mine(ids.begin(), ids.begin() + model::BlocksForTokens(int(tokens.size()), bs));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (queued_blocks_ + mine.size() > uint64_t(pool_->num_blocks()) / 2) {
+      if (skipped_blocks_ % 1000 < mine.size() || skipped_blocks_ == 0) {
+        KV_LOG_WARN << "KV tiers: write-down of " << mine.size() << " blocks skipped: "
+                    << queued_blocks_ << " blocks already queued (half the pool); "
+                    << skipped_blocks_ << " skipped before";
+      }
+      skipped_blocks_ += mine.size();
+      return;
+    }
+  }
   if (!pool_->allocator().Ref(mine).ok()) return;
   Job job{root, std::vector<int32_t>(tokens.begin(), tokens.end()),
           model::BlockLease(&pool_->allocator(), std::move(mine))};
@@ -146,7 +159,7 @@ void TieredCache::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     dropped.swap(queue_);
-    queued_blocks_ = 0;
+    for (const Job& j : dropped) queued_blocks_ -= j.lease.ids().size();
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
@@ -164,6 +177,7 @@ TieredCache::Stats TieredCache::stats() const {
   s.fetch_us = fetch_us_.load();
   std::lock_guard<std::mutex> lock(mu_);
   s.queued_writes = queued_blocks_;
+  s.skipped_blocks = skipped_blocks_;
   return s;
 }
 

@@ -4,7 +4,9 @@
 //
 // Guarantees:
 //  - WriteDown never blocks on a tier: it queues the blocks with a lease of their own, so
-//    they are neither freed nor reused before a background thread has copied them out.
+//    they are neither freed nor reused before a background thread has copied them out. The
+//    queue holds at most half the pool's blocks: past that a write-down is skipped (counted),
+//    so slow tiers never starve requests of pool blocks.
 //  - Fetch extends a cached prefix block by block with blocks found in the tiers (fastest
 //    first), each copied into a fresh pool block of the caller's lease; it stops at the first
 //    block no tier holds or can read back verified. The tokens it reports are exactly the
@@ -61,6 +63,7 @@ class TieredCache {
     uint64_t fetched_tokens = 0;  // tokens whose KV came up from a tier
     uint64_t fetch_us = 0;        // time requests waited for fetches (on their TTFT)
     uint64_t queued_writes = 0;   // blocks waiting for the write-down (gauge)
+    uint64_t skipped_blocks = 0;  // blocks not written down: the queue was full
   };
   Stats stats() const;
 
@@ -83,6 +86,7 @@ class TieredCache {
   bool busy_ = false;
   bool stopping_ = false;
   uint64_t queued_blocks_ = 0;
+  uint64_t skipped_blocks_ = 0;
   std::atomic<uint64_t> fetched_tokens_{0}, fetch_us_{0};
   std::thread worker_;
 };

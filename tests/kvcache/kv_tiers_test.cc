@@ -352,5 +352,29 @@ TEST_F(DiskTierTest, WriteDownAndFetchThroughHostAndDisk) {
   EXPECT_EQ(pool->allocator().free_count(), 32);  // every block returned
 }
 
+// The write-down queue holds at most half the pool: a bigger write-down is skipped, counted.
+TEST(TieredCache, WriteDownBeyondHalfThePoolIsSkipped) {
+  auto pool = model::CreateHostPool(Layout(), 8).value();
+  const BlockKey root = RootKey(1, Layout(), "");
+  std::vector<std::unique_ptr<KvTier>> tiers;
+  tiers.push_back(Host(16));
+  {
+    TieredCache tc(pool.get(), 1, std::move(tiers));
+    model::BlockLease src(&pool->allocator(), {});
+    ASSERT_TRUE(src.GrowToTokens(20, 4).ok());  // 5 blocks
+    V tokens(20);
+    std::iota(tokens.begin(), tokens.end(), 1);
+    tc.WriteDown(root, tokens, src.ids());
+    tc.Flush();
+    EXPECT_EQ(tc.stats().skipped_blocks, 5u);
+    EXPECT_EQ(tc.stats().tiers[0].stats.written_blocks, 0u);
+    tokens.resize(12);  // 3 blocks: within half the pool
+    tc.WriteDown(root, tokens, src.ids());
+    tc.Flush();
+    EXPECT_EQ(tc.stats().tiers[0].stats.written_blocks, 3u);
+  }
+  EXPECT_EQ(pool->allocator().free_count(), 8);
+}
+
 }  // namespace
 }  // namespace kvstream::kvcache
