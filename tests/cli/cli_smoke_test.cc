@@ -71,7 +71,7 @@ TEST(Cli, GeneratePrintsTheConfigItRead) {
   for (const char* words : {"LlamaForCausalLM", "rope llama3 theta=10000 factor=4",
                             "low_freq_factor=1 high_freq_factor=4",
                             "original_max_position_embeddings=32", "tied embeddings yes",
-                            "dtype bf16", "head_dim 16", "context limit 128"})
+                            "dtype bf16", "head_dim 64", "context limit 128"})
     EXPECT_NE(r.output.find(words), std::string::npos) << words << "\n" << r.output;
 }
 
