@@ -197,6 +197,7 @@ TransportOptions Options(const Args& a) {
   o.backend = "ucx";
   o.ucx.tls = a.tls;
   o.ucx.net_devices = a.net_devices;
+  o.ucx.admit_any = true;  // a benchmark: the receiver takes the writer's connection unasked
   return o;
 }
 

@@ -128,6 +128,9 @@ Status DecodeConnector::Handshake(Deadline deadline) {
   if (!gs.ok()) return FromGrpc(gs).WithContext("handshake with prefill " + options_.prefill_address);
   KV_ASSIGN_OR_RETURN(LayoutDescriptor peer, FromProto(resp.layout()));
   KV_RETURN_IF_ERROR(CheckCompatible(local_, peer));
+  // Only the connection of the prefill that answered this authenticated call gets in.
+  KV_RETURN_IF_ERROR(transport_->Admit(resp.transport_admission())
+                         .WithContext("handshake with prefill " + options_.prefill_address));
   {
     std::lock_guard<std::mutex> lock(mu_);
     prefill_instance_id_ = resp.prefill_instance_id();
@@ -565,6 +568,7 @@ DecodeConnectorStats DecodeConnector::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   DecodeConnectorStats s = stats_;
   s.stale_signals_ignored = tracker_.ignored_signals();
+  s.data_connections_refused = transport_->counters().connections_refused;
   int in_flight = 0;
   for (auto& [id, load] : loads_)
     if (!load->done) ++in_flight;

@@ -88,6 +88,7 @@ struct DecodeConnectorStats {
   uint64_t loads_failed = 0;
   uint64_t kv_bytes = 0;
   uint64_t stale_signals_ignored = 0;
+  uint64_t data_connections_refused = 0;  // by the transport (TransportCounters)
   int quarantined_blocks = 0;    // blocks whose writer was lost, still held
   int loads_in_flight = 0;
 };

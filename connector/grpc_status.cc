@@ -85,4 +85,16 @@ Deadline ServerDeadline(const grpc::ServerContext& context, Deadline cap) {
   return converted < cap ? converted : cap;
 }
 
+std::string HostOfGrpcPeer(const std::string& peer) {
+  if (peer.rfind("ipv4:", 0) == 0) {
+    const std::string rest = peer.substr(5);
+    return rest.substr(0, rest.rfind(':'));
+  }
+  if (peer.rfind("ipv6:[", 0) == 0) {
+    const size_t close = peer.find(']');
+    return close == std::string::npos ? "" : peer.substr(6, close - 6);
+  }
+  return "";
+}
+
 }  // namespace kvstream::connector

@@ -28,4 +28,8 @@ Deadline FromGrpcDeadline(std::chrono::system_clock::time_point deadline);
 // The incoming call's deadline, capped at `cap` (an infinite client deadline becomes `cap`).
 Deadline ServerDeadline(const grpc::ServerContext& context, Deadline cap);
 
+// The IP address (without port or brackets) of a gRPC peer string ("ipv4:1.2.3.4:5",
+// "ipv6:[::1]:5"); empty for any other ("unix:...").
+std::string HostOfGrpcPeer(const std::string& peer);
+
 }  // namespace kvstream::connector

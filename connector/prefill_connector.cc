@@ -208,7 +208,8 @@ PrefillConnector::Session PrefillConnector::CheckSession(const std::string& deco
 Status PrefillConnector::AcceptPeer(const std::string& decode_id,
                                     const std::string& session_secret,
                                     const LayoutDescriptor& peer_layout,
-                                    const transport::PeerDescriptor& peer, int peer_pool_blocks) {
+                                    const transport::PeerDescriptor& peer, int peer_pool_blocks,
+                                    std::string* admission_ticket) {
   KV_RETURN_IF_ERROR(CheckCompatible(local_, peer_layout));
   if (decode_id.empty()) return InvalidArgument("handshake: decode_instance_id is empty");
   if (session_secret.size() < kSessionSecretBytes || session_secret.size() > kMaxSessionSecretBytes)
@@ -232,6 +233,7 @@ Status PrefillConnector::AcceptPeer(const std::string& decode_id,
   auto ep = transport_->Connect(peer);
   if (!ep.ok()) return ep.status().WithContext("connecting to decode " + decode_id);
   link->endpoint_ = std::move(ep).value();
+  if (admission_ticket != nullptr) *admission_ticket = link->endpoint_->AdmissionTicket();
   std::lock_guard<std::mutex> lock(mu_);
   // Bound and checked again under the lock: of two first handshakes racing, one wins.
   auto [sit, bound] = sessions_.try_emplace(decode_id, session_secret);

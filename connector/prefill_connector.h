@@ -130,9 +130,11 @@ class PrefillConnector {
   // this connector; a later one with another secret is refused (kFailedPrecondition) and
   // changes nothing. A new handshake with the same secret replaces the link; requests in
   // flight keep the old one. kInvalidArgument: a secret shorter than kSessionSecretBytes.
+  // `admission_ticket` (if given) receives the new endpoint's AdmissionTicket(), which the
+  // decode must admit (HandshakeResponse.transport_admission).
   Status AcceptPeer(const std::string& decode_id, const std::string& session_secret,
                     const LayoutDescriptor& peer_layout, const transport::PeerDescriptor& peer,
-                    int peer_pool_blocks);
+                    int peer_pool_blocks, std::string* admission_ticket = nullptr);
 
   // Whether `secret` proves to be `decode_id` (constant-time comparison; a mismatch is counted
   // in stats().sessions_refused). kNone: no session of that id, so nothing of it can be running.

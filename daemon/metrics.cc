@@ -224,6 +224,9 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
     out.Counter(p + "stale_signals_ignored_total",
                 "Layer notifications for unknown or finished requests, ignored", {},
                 double(c.stale_signals_ignored()));
+    out.Counter(p + "data_connections_refused_total",
+                "Data-plane (UCX) connections refused: no authenticated handshake admitted them",
+                {}, double(c.data_connections_refused()));
     out.Gauge(p + "quarantined_blocks",
               "Blocks held after losing their writer, until it is safe to reuse them", {},
               s.quarantined_blocks());

@@ -115,6 +115,8 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   peer.address = req->transport_address();
   for (const auto& r : req->regions())
     peer.regions.push_back(transport::RemoteRegion{r.addr(), r.length(), r.key()});
+  // A decode whose transport listens on every interface is dialled where its call came from.
+  peer.host = connector::HostOfGrpcPeer(ctx->peer());
   if (connector_->CheckSession(req->decode_instance_id(), req->session_secret()) ==
       connector::PrefillConnector::Session::kMismatch) {
     KV_LOG_WARN << "handshake under decode instance " << req->decode_instance_id()
@@ -124,8 +126,9 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
                             "' belongs to another session");
   }
   // AcceptPeer checks the secret again as it binds (two first handshakes may race).
+  std::string ticket;
   Status s = connector_->AcceptPeer(req->decode_instance_id(), req->session_secret(), *peer_layout,
-                                    peer, req->pool_blocks());
+                                    peer, req->pool_blocks(), &ticket);
   if (!s.ok()) {
     KV_LOG_WARN << "handshake from " << req->decode_instance_id() << " refused: " << s.ToString();
     return ToGrpc(s);
@@ -134,6 +137,7 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
               << ", " << req->pool_blocks() << " blocks) accepted";
   resp->set_prefill_instance_id(instance_id_);
   resp->set_device_id(device_id_);
+  resp->set_transport_admission(ticket);
   connector::ToProto(connector_->local_layout(), resp->mutable_layout());
   return grpc::Status::OK;
 }

@@ -24,6 +24,11 @@ struct UcxOptions {
   // Threads that copy one same-host write (one per 4 MiB of it, up to this many, at most 32).
   // 0 = half this host's cores, 1..8.
   int copy_lanes = 0;
+  // Connections into this transport arrive at a ucp_listener. false (the default): a writer's
+  // connection is accepted only once Transport::Admit() admitted its endpoint's ticket. true:
+  // every connection request is accepted (ucx_staged's inner transports, whose peers connect
+  // both ways inside Connect(); not settable by a flag).
+  bool admit_any = false;
 };
 
 // Rate limit of the writes through one transport (transport/pacing.h). All 0 = unpaced.

@@ -311,6 +311,7 @@ class PacedEndpoint final : public Endpoint {
   }
 
   Status status() const override { return inner_->status(); }
+  std::string AdmissionTicket() const override { return inner_->AdmissionTicket(); }
 
  private:
   // Worker thread: reaps finished chunks, completes writes, posts chunks whose budget is due.
@@ -451,6 +452,8 @@ class PacedTransport final : public Transport {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Endpoint> ep, inner_->Connect(peer));
     return PaceEndpoint(std::move(ep), peer, bucket_, chunk_bytes_);
   }
+  Status Admit(const std::string& ticket) override { return inner_->Admit(ticket); }
+  TransportCounters counters() const override { return inner_->counters(); }
   void SetNotificationSink(NotificationSink sink) override {
     inner_->SetNotificationSink(std::move(sink));
   }

@@ -84,6 +84,10 @@ struct RemoteRegion {
 struct PeerDescriptor {
   std::string address;                 // peer Transport::LocalAddress()
   std::vector<RemoteRegion> regions;
+  // Where the control plane saw the peer (an IP literal, e.g. the gRPC caller's address). A
+  // backend whose address names no host of its own (a listener on every interface) connects
+  // there; empty: the address alone decides (loopback where it names none).
+  std::string host;
 };
 
 struct CopyOp {
@@ -151,6 +155,18 @@ class Endpoint {
   virtual Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) = 0;
   // OK while the peer is reachable; kRemoteDisconnect once it is known lost.
   virtual Status status() const = 0;
+  // What the peer's Transport::Admit() needs before this endpoint's connection is accepted
+  // there (empty: the backend admits nothing itself). Send it back to the peer over the
+  // authenticated control plane; writes posted before the peer admits it wait (then fail with
+  // kRemoteDisconnect when the peer refuses the connection).
+  virtual std::string AdmissionTicket() const { return ""; }
+};
+
+// Connections a backend accepted from or refused to writers, and notifications it dropped
+// (monotonic since the transport was made).
+struct TransportCounters {
+  uint64_t connections_admitted = 0;
+  uint64_t connections_refused = 0;
 };
 
 // Called on a transport thread; must not block.
@@ -171,6 +187,16 @@ class Transport {
     return NotSupported(name() + " transport has no allocator; use Register()");
   }
   virtual Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) = 0;
+  // Receiver: admits the writer whose endpoint's AdmissionTicket() this is. Backends that admit
+  // connections (UCX) accept a writer's connection only once its ticket is admitted (a request
+  // that waits longer than a short hold is refused, counted in counters()); the ticket admits
+  // one connection, within a bounded time. OK for an empty ticket where the backend needs none;
+  // kInvalidArgument for a malformed one.
+  virtual Status Admit(const std::string& ticket) {
+    if (ticket.empty()) return OkStatus();
+    return InvalidArgument(name() + " transport takes no admission tickets");
+  }
+  virtual TransportCounters counters() const { return {}; }
   // Set before peers connect. Notifications that arrive with no sink are dropped.
   virtual void SetNotificationSink(NotificationSink sink) = 0;
   // For a notification with kNotificationLandedOnEvent: makes `stream` (a cudaStream_t on this

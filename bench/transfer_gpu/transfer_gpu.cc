@@ -117,6 +117,7 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
   if (name == "ucx_host") {  // the staged path's own UCX leg, host memory to host memory
     transport::TransportOptions o;
     o.backend = "ucx";
+    o.ucx.admit_any = true;  // a benchmark: the receiver takes the writer's connection unasked
     return transport::ucx::CreateUcxTransport(o);
   }
   if (name.rfind("ucx_staged", 0) == 0) {

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   TransportOptions o;
   o.backend = "ucx";
   o.ucx.tls = tls;
+  o.ucx.admit_any = true;  // both ends connect to each other; a benchmark admits all
   auto a = ucx::CreateUcxTransport(o);
   auto b = ucx::CreateUcxTransport(o);
   if (!a.ok() || !b.ok()) {

@@ -175,5 +175,64 @@ TEST_F(SecurityTest, HijackingHandshakeUnderTheDecodeIdIsRefused) {
               "a second Handshake under a live decode's id, naming another address and key", o);
 }
 
+#ifdef KVSTREAM_UCX_RAW_CLIENT_BIN
+// A raw UCX client (ucp alone) at the decode's UCX listener, putting into the decode: refused
+// at the listener, counted, and the daemons keep serving the right tokens (issue 15, item 3).
+// Before the listener, any host that reached the decode's UCX worker could connect and, over
+// TCP, write anywhere in the decode process.
+TEST_F(SecurityTest, RawUcxClientAtTheDecodesDataPortIsRefused) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  auto prompt = MakePrompt(40, 512, 11);
+  const std::vector<int32_t> want = Colocated(kTiny, prompt, 8);
+  GenerateResult first = CallGenerate(*stub_, prompt, 8, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.tokens, want);
+  // Where the decode listens (it logs it; an attacker would scan for it).
+  const std::string log = decode_->Log();
+  const std::string marker = "writers connect to the listener at ";
+  const size_t at = log.find(marker);
+  ASSERT_NE(at, std::string::npos) << "the decode logged no UCX listener";
+  const std::string where = log.substr(at + marker.size(), log.find(' ', at + marker.size()) -
+                                                                at - marker.size());
+  const std::string ip = where.substr(0, where.rfind(':'));
+  const std::string port = where.substr(where.rfind(':') + 1);
+  const int tries = 3;
+  int refused = 0;
+  for (int i = 0; i < tries; ++i) {
+    int rc = -1;
+    // A put of 64 KiB to an address in the decode, with a key of the attacker's own memory
+    // (over TCP UCX writes wherever a put says): admitted, it would have crashed the decode.
+    const std::string out = RunCapture(std::string(KVSTREAM_UCX_RAW_CLIENT_BIN) + " " +
+                                           (ip == "0.0.0.0" ? "127.0.0.1" : ip) + " " + port +
+                                           " 0 0x10000 - 65536",
+                                       &rc, true);
+    EXPECT_EQ(rc, 0) << "the raw client's put was not refused: " << out;
+    refused += rc == 0;
+  }
+  ASSERT_TRUE(decode_->Running());
+  GenerateResult after = CallGenerate(*stub_, prompt, 8, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, want);
+  EXPECT_TRUE(after.messages.front().load().loaded_remotely());
+  auto st = CallStats(*stub_);
+  ASSERT_TRUE(st.ok());
+  EXPECT_GE(st->counters().data_connections_refused(), uint64_t(tries));
+  FaultOutcome o;
+  o.tries = tries;
+  o.requests = 1;
+  o.lost = after.status.ok() ? 0 : 1;
+  o.wrong_tokens = after.tokens == want ? 0 : 1;
+  o.aborts = prefill_->Running() && decode_->Running() ? 0 : 1;
+  o.outcome = std::to_string(refused) + " of " + std::to_string(tries) +
+              " refused at the decode's UCX listener (counted in Stats); the next request "
+              "loaded remotely with the right tokens";
+  RecordFault("data.raw_ucx_client_at_decode",
+              "a raw UCX client connecting to a running decode's UCX listener and putting 64 KiB "
+              "into the decode process", o);
+}
+#endif
+
 }  // namespace
 }  // namespace kvstream::testing

@@ -1,5 +1,5 @@
 // A real prefill daemon given a Handshake whose transport blobs are malformed inside a valid
-// envelope (a bogus UCX worker address or memory key, truncated, garbage, oversized) answers
+// envelope (a bogus UCX listener address or memory key, truncated, garbage, oversized) answers
 // INVALID_ARGUMENT naming the field and keeps serving (issue 15, item 5). Before the blobs were
 // checked, the first of these aborted the prefill (UCX assertion in ucp_address_unpack).
 #include <random>
@@ -16,6 +16,7 @@ namespace {
 
 namespace v1 = kvstream::v1;
 
+using transport::test::WithPayload;
 using transport::test::WithUcxPart;
 
 TEST_F(DisaggTest, BogusTransportBlobsInAHandshakeAreRefusedAndThePrefillKeepsServing) {
@@ -66,12 +67,12 @@ TEST_F(DisaggTest, BogusTransportBlobsInAHandshakeAreRefusedAndThePrefillKeepsSe
   };
   std::vector<Case> cases;
   for (auto [what, ucx] : std::vector<std::pair<std::string, std::string>>{
-           {"bogus address version", std::string(1, '\x0f') + garbage(63)},
+           {"bogus address payload", std::string(1, '\x0f') + garbage(63)},
            {"garbage address", garbage(200)},
            {"one-byte address", "x"},
            {"oversized address", std::string(1 << 20, '\x41')}}) {
     Case c{what, "address", good};
-    c.req.set_transport_address(WithUcxPart(good.transport_address(), ucx));
+    c.req.set_transport_address(WithPayload(good.transport_address(), ucx));
     cases.push_back(c);
   }
   for (auto [what, ucx] : std::vector<std::pair<std::string, std::string>>{

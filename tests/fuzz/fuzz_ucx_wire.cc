@@ -1,5 +1,5 @@
-// Fuzzes the UCX backend's blob parsers (transport/ucx/ucx_wire.h): DecodeAddress, DecodeKey
-// and DecodeNotification, and the walks of UCX's own address and rkey (ucx_blob_check.h).
+// Fuzzes the UCX backend's blob parsers (transport/ucx/ucx_wire.h): DecodeAddress, DecodeKey,
+// DecodeNotification and DecodeTicket, and the walks of UCX's own address and rkey (ucx_blob_check.h).
 // data[0] picks the parser (bit 0x40: a walk); with bit 0x80 the rest is first sealed as that
 // kind of blob (tag and type taken from an encoded one), so the payload checks are reached.
 // What decodes must encode back to the same bytes.
@@ -41,15 +41,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)ucx::CheckPackedRkey(blob, "fuzz rkey");
     return 0;
   }
-  switch (mode % 3) {
+  switch (mode % 4) {
     case 0: {
-      if (mode & 0x80) blob = SealLike(ucx::EncodeAddress(ucx::HostIdentity{}, &one, 1), blob);
+      if (mode & 0x80) blob = SealLike(ucx::EncodeAddress(ucx::HostIdentity{}, {}), blob);
       auto a = ucx::DecodeAddress(blob);
       if (!a.ok()) break;
-      if (a->worker_address.empty()) Fail("empty worker address accepted");
-      if (ucx::EncodeAddress(a->identity, a->worker_address.data(), a->worker_address.size()) != blob)
+      if (a->listener.port == 0) Fail("a listener without a port accepted");
+      if (ucx::EncodeAddress(a->identity, a->listener) != blob)
         Fail("address does not encode back to its blob");
       (void)ucx::SameHost(a->identity, ucx::HostIdentity{});
+      (void)ucx::ToString(a->listener);
+      break;
+    }
+    case 3: {
+      if (mode & 0x80) blob = SealLike(ucx::EncodeTicket(ucx::UcxTicket{}), blob);
+      auto t = ucx::DecodeTicket(blob);
+      if (!t.ok()) break;
+      if (t->client_id == 0 || t->source.port == 0) Fail("an empty ticket accepted");
+      if (ucx::EncodeTicket(*t) != blob) Fail("ticket does not encode back to its blob");
       break;
     }
     case 1: {

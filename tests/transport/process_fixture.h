@@ -49,4 +49,20 @@ inline std::unique_ptr<RemotePeer> StartPeer(std::string tls, size_t region, siz
   return peer;
 }
 
+// Connects `t` to the peer (`d`: its descriptor, or one made from it) and has the peer admit
+// the connection: the endpoint's ticket goes to it over its stdin.
+inline Result<std::unique_ptr<Endpoint>> ConnectAdmitted(Transport& t, RemotePeer& peer,
+                                                        const PeerDescriptor& d) {
+  auto ep = t.Connect(d);
+  if (!ep.ok()) return ep;
+  if (std::string ticket = (*ep)->AdmissionTicket(); !ticket.empty()) {
+    if (!peer.process.WriteLine("ADMIT " + ToHex(ticket))) return Unavailable("peer gone");
+    // Before the first write: a connection the peer has not admitted yet is refused.
+    std::string line;
+    if (!peer.process.ReadLine(&line, DeadlineAfterMs(10000))) return Unavailable("peer silent");
+    if (line != "ADMITTED OK") return Internal("peer: " + line);
+  }
+  return ep;
+}
+
 }  // namespace kvstream::transport::test

@@ -48,6 +48,19 @@ inline std::vector<BackendConfig> AllConfigs() {
   return out;
 }
 
+// Connects `writer` to `peer` and has the receiver admit the connection (what a daemon's
+// handshake does: Endpoint::AdmissionTicket() back to Transport::Admit()).
+inline Result<std::unique_ptr<Endpoint>> ConnectAdmitted(Transport& writer, Transport& receiver,
+                                                        const PeerDescriptor& peer) {
+  auto ep = writer.Connect(peer);
+  if (!ep.ok()) return ep;
+  if (std::string t = (*ep)->AdmissionTicket(); !t.empty()) {
+    Status s = receiver.Admit(t);
+    if (!s.ok()) return s;
+  }
+  return ep;
+}
+
 inline uint8_t PatternByte(uint64_t seed, uint64_t i) {
   uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
   x ^= x >> 29;

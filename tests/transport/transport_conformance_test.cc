@@ -53,7 +53,7 @@ class TransportConformance : public ::testing::TestWithParam<BackendConfig> {
     peer.address = reader_->LocalAddress();
     peer.regions.push_back(RemoteRegion{reinterpret_cast<uint64_t>(dst_.data()), dst_.size(),
                                         remote_->RemoteKey()});
-    auto ep = writer_->Connect(peer);
+    auto ep = test::ConnectAdmitted(*writer_, *reader_, peer);
     EXPECT_TRUE(ep.ok()) << ep.status().ToString();
     return ep.ok() ? std::move(ep).value() : nullptr;
   }
@@ -308,7 +308,7 @@ TEST_P(TransportConformance, AllocatedMemoryMovesLikeRegistered) {
   PeerDescriptor peer;
   peer.address = reader_->LocalAddress();
   peer.regions.push_back(RemoteRegion{reinterpret_cast<uint64_t>(d), 1 << 20, (*b)->RemoteKey()});
-  auto ep = writer_->Connect(peer);
+  auto ep = test::ConnectAdmitted(*writer_, *reader_, peer);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   WriteRequest r;
   r.local = a->get();

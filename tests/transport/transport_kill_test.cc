@@ -39,7 +39,7 @@ class KillPeer : public ::testing::TestWithParam<std::string> {
 TEST_P(KillPeer, DisconnectSurfacesWithinDeadlineAndTheWriterKeepsWorking) {
   auto peer = test::StartPeer(GetParam(), kChunk * kSlots, kChunk);
   ASSERT_NE(peer, nullptr);
-  auto ep = t_->Connect(peer->descriptor);
+  auto ep = test::ConnectAdmitted(*t_, *peer, peer->descriptor);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
 
   // Stream with 4 writes outstanding; kill the peer after 6 confirmed layers.
@@ -105,7 +105,7 @@ TEST_P(KillPeer, DisconnectSurfacesWithinDeadlineAndTheWriterKeepsWorking) {
   // The stable side keeps working: a new peer, same transport and registration.
   auto peer2 = test::StartPeer(GetParam(), kChunk * kSlots, kChunk);
   ASSERT_NE(peer2, nullptr);
-  auto ep2 = t_->Connect(peer2->descriptor);
+  auto ep2 = test::ConnectAdmitted(*t_, *peer2, peer2->descriptor);
   ASSERT_TRUE(ep2.ok()) << ep2.status().ToString();
   for (size_t l = 0; l < kSlots; ++l) {
     auto h = (*ep2)->Write(Layer(l));
@@ -122,7 +122,7 @@ TEST_P(KillPeer, DisconnectSurfacesWithinDeadlineAndTheWriterKeepsWorking) {
 TEST_P(KillPeer, WriteToAPeerKilledBeforehandFailsFast) {
   auto peer = test::StartPeer(GetParam(), kChunk * kSlots, kChunk);
   ASSERT_NE(peer, nullptr);
-  auto ep = t_->Connect(peer->descriptor);
+  auto ep = test::ConnectAdmitted(*t_, *peer, peer->descriptor);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   peer->process.Kill();
   auto t0 = Clock::now();
@@ -148,7 +148,7 @@ using StalledPeer = KillPeer;
 TEST_P(StalledPeer, WaitTimesOutAndClosingIsBounded) {
   auto peer = test::StartPeer(GetParam(), kChunk * kSlots, kChunk);
   ASSERT_NE(peer, nullptr);
-  auto ep = t_->Connect(peer->descriptor);
+  auto ep = test::ConnectAdmitted(*t_, *peer, peer->descriptor);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   auto first = (*ep)->Write(Layer(0));
   ASSERT_TRUE(first.ok());

@@ -204,14 +204,14 @@ class Paced : public ::testing::TestWithParam<BackendConfig> {
   }
 
   std::unique_ptr<Endpoint> Connect(std::shared_ptr<TokenBucket> bucket, uint64_t chunk) {
-    auto inner = writer_->Connect(peer_);
+    auto inner = test::ConnectAdmitted(*writer_, *reader_, peer_);
     // UCX over TCP sometimes refuses a connection on a heavily loaded machine ("Destination is
     // unreachable", a transport matter the transport tests cover); what is tested here starts
     // once connected, so a refused connection is tried again.
     for (int i = 0; i < 3 && !inner.ok() && inner.status().code() == StatusCode::kRemoteDisconnect; ++i) {
       std::fprintf(stderr, "connect refused (%s), retrying\n", inner.status().ToString().c_str());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      inner = writer_->Connect(peer_);
+      inner = test::ConnectAdmitted(*writer_, *reader_, peer_);
     }
     EXPECT_TRUE(inner.ok()) << inner.status().ToString();
     if (!inner.ok()) return nullptr;
@@ -494,7 +494,7 @@ TEST_P(Paced, ClosingTheEndpointMidWriteStopsItBounded) {
 }
 
 TEST_P(Paced, UnlimitedBucketGivesBackTheInnerEndpoint) {
-  auto inner = writer_->Connect(peer_);
+  auto inner = test::ConnectAdmitted(*writer_, *reader_, peer_);
   ASSERT_TRUE(inner.ok());
   Endpoint* raw = inner->get();
   auto ep = PaceEndpoint(std::move(inner).value(), peer_, std::make_shared<TokenBucket>(0, 0));

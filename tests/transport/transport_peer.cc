@@ -1,5 +1,7 @@
 // The receiving side of the two-process transport tests: registers a region, prints how to
 // reach it, then checks each notified layer's bytes and reports them, until stdin closes.
+// stdin: "ADMIT <hex ticket>" admits a writer's connection (Transport::Admit), answered
+// "ADMITTED OK" (or the error).
 //
 //   transport_peer <backend> <ucx_tls or -> <region bytes> <chunk bytes> [alloc]
 //   (alloc: the region comes from Transport::Allocate() instead of Register())
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(mem)), size,
               test::ToHex((*reg)->RemoteKey()).c_str());
   std::fflush(stdout);
+  std::string input;
   for (;;) {
     Notification n;
     while (notes.Pop(&n, Clock::now())) {
@@ -60,7 +63,16 @@ int main(int argc, char** argv) {
     pollfd p{0, POLLIN, 0};
     if (poll(&p, 1, 5) > 0) {
       char buf[256];
-      if (read(0, buf, sizeof(buf)) <= 0) break;  // stdin closed: done
+      const ssize_t got = read(0, buf, sizeof(buf));
+      if (got <= 0) break;  // stdin closed: done
+      input.append(buf, static_cast<size_t>(got));
+      for (size_t nl; (nl = input.find('\n')) != std::string::npos; input.erase(0, nl + 1)) {
+        const std::string line = input.substr(0, nl);
+        if (line.rfind("ADMIT ", 0) != 0) continue;
+        Status s = (*t)->Admit(test::FromHex(line.substr(6)));
+        std::printf("ADMITTED %s\n", s.ok() ? "OK" : s.ToString().c_str());
+        std::fflush(stdout);
+      }
     }
   }
   (*t)->SetNotificationSink(nullptr);

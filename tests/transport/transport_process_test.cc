@@ -28,7 +28,7 @@ class TwoProcesses : public ::testing::TestWithParam<std::string> {
     for (size_t l = 0; l < layers; ++l) test::FillPattern(src.data() + l * chunk, chunk, seed + l);
     auto reg = (*t)->Register(MemoryRegion{src.data(), src.size()});
     ASSERT_TRUE(reg.ok());
-    auto ep = (*t)->Connect(peer->descriptor);
+    auto ep = test::ConnectAdmitted(**t, *peer, peer->descriptor);
     ASSERT_TRUE(ep.ok()) << ep.status().ToString();
 
     std::vector<std::unique_ptr<WriteHandle>> hs;

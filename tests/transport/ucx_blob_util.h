@@ -1,6 +1,6 @@
 // Test helpers for altering the UCX backend's blobs as an attacker would: the UCX part (the
-// last length-prefixed string of an address or key payload: UCX's worker address or packed
-// rkey) read or replaced, and the blob sealed again with its own tag and type.
+// last length-prefixed string of a key payload: UCX's packed rkey) or a whole payload read or
+// replaced, and the blob sealed again with its own tag and type.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +52,17 @@ inline std::string WithUcxPart(const std::string& blob, const std::string& ucx) 
   out.append(reinterpret_cast<const char*>(&len), 4);
   out += ucx;
   return internal::SealEnvelope(tag, e->type, out);
+}
+
+// The whole payload of `blob` ("" when it is not an envelope) and `blob` sealed again around
+// another payload (the address carries no UCX part: a listener's socket address).
+inline std::string PayloadOf(const std::string& blob) {
+  auto e = internal::OpenEnvelope(TagOf(blob), blob, "test blob");
+  return e.ok() ? std::string(e->payload) : "";
+}
+inline std::string WithPayload(const std::string& blob, const std::string& payload) {
+  auto e = internal::OpenEnvelope(TagOf(blob), blob, "test blob");
+  return e.ok() ? internal::SealEnvelope(TagOf(blob), e->type, payload) : blob;
 }
 
 }  // namespace kvstream::transport::test

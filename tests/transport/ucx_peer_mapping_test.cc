@@ -63,7 +63,7 @@ void MakePair(const std::string& tls, Pair* p) {
   for (Registration* reg : {p->allocated.get(), p->registered.get()}) {
     d.regions.push_back({reinterpret_cast<uint64_t>(reg->region().addr), reg->region().length, reg->RemoteKey()});
   }
-  auto ep = p->tx->Connect(d);
+  auto ep = test::ConnectAdmitted(*p->tx, *p->rx, d);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   p->ep = std::move(ep).value();
 }

@@ -158,7 +158,7 @@ TEST_P(SameHostPeer, HandshakeNamingABystanderWritesNothingIntoIt) {
   }
 
   // The genuine receiver is still reached and its layer lands.
-  auto good = (*t)->Connect(receiver->descriptor);
+  auto good = test::ConnectAdmitted(**t, *receiver, receiver->descriptor);
   ASSERT_TRUE(good.ok()) << good.status().ToString();
   WriteRequest r;
   r.local = reg->get();
@@ -193,14 +193,14 @@ TEST_P(SameHostPeer, GateIsPrivateAndWantsTheToken) {
   ucx::HostIdentity wrong = a->identity;
   wrong.gate_token[0] ^= 1;
   PeerDescriptor d = receiver->descriptor;
-  d.address = ucx::EncodeAddress(wrong, a->worker_address.data(), a->worker_address.size());
+  d.address = ucx::EncodeAddress(wrong, a->listener);
   auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   std::vector<uint8_t> src(kBytes);
   test::FillPattern(src.data(), kBytes, 6);
   auto reg = (*t)->Register(MemoryRegion{src.data(), kBytes});
   ASSERT_TRUE(reg.ok());
-  auto ep = (*t)->Connect(d);
+  auto ep = test::ConnectAdmitted(**t, *receiver, d);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   WriteRequest r;
   r.local = reg->get();

@@ -188,6 +188,9 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& op
   TransportOptions inner;
   inner.backend = "ucx";
   inner.ucx = options.ucx;
+  // Writer and receiver connect to each other inside Connect() (hello, credits), before the
+  // control plane could carry a ticket back: the inner listeners accept every connection.
+  inner.ucx.admit_any = true;
   KV_ASSIGN_OR_RETURN(shared->inner, ucx::CreateUcxTransport(inner));
   auto t = std::make_unique<StagedTransport>(shared);
   KV_RETURN_IF_ERROR(t->Init());

@@ -1,6 +1,9 @@
 #include "transport/ucx/ucx_transport.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -24,11 +27,66 @@
 namespace kvstream::transport::ucx {
 namespace {
 
-// ucp_ep_create can fail with "Destination is unreachable" while the peer's interfaces are
-// still coming up or the host is overloaded (seen under gVisor); it is retried this often.
-constexpr int kConnectAttempts = 4;
 // At most this many memory regions per peer (a daemon publishes one).
 constexpr size_t kMaxRegions = 1024;
+
+// The peer's listener as this writer dials it: its own address, or, for a listener on every
+// interface, the host the control plane saw the peer at (loopback when none is known).
+Result<WireSockAddr> ListenerToDial(WireSockAddr listener, const std::string& host) {
+  if (!IsWildcard(listener)) return listener;
+  WireSockAddr to = listener;
+  std::memset(to.addr, 0, sizeof(to.addr));
+  in6_addr a6;
+  in_addr a4;
+  std::string h = host;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  if (!h.empty() && inet_pton(AF_INET, h.c_str(), &a4) == 1) {
+    to.family = AF_INET;
+    std::memcpy(to.addr, &a4, 4);
+  } else if (!h.empty() && inet_pton(AF_INET6, h.c_str(), &a6) == 1) {
+    to.family = AF_INET6;
+    std::memcpy(to.addr, &a6, 16);
+  } else if (h.empty()) {
+    to.family = AF_INET;
+    to.addr[0] = 127;
+    to.addr[3] = 1;
+  } else {
+    return InvalidArgument("ucx: the peer's host '" + host + "' is not an IP address");
+  }
+  return to;
+}
+
+// The address and a port of this host that a connection to `to` leaves from: the address the
+// kernel routes `to` from, a port it hands out now (bound once, then freed for UCX to bind).
+Result<WireSockAddr> ReserveSource(const WireSockAddr& to) {
+  sockaddr_storage dst, src;
+  unsigned dst_len = 0;
+  FromWire(to, &dst, &dst_len);
+  auto fail = [&](const char* what) {
+    return Unavailable(std::string("ucx: no local address towards ") + ToString(to) + " (" +
+                       what + ": " + std::strerror(errno) + ")");
+  };
+  int s = socket(to.family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return fail("socket");
+  socklen_t len = sizeof(src);
+  const bool routed = connect(s, reinterpret_cast<sockaddr*>(&dst), dst_len) == 0 &&
+                      getsockname(s, reinterpret_cast<sockaddr*>(&src), &len) == 0;
+  close(s);
+  if (!routed) return fail("route");
+  WireSockAddr from = ToWire(reinterpret_cast<sockaddr*>(&src));
+  from.port = 1;
+  unsigned src_len = 0;
+  FromWire(from, &src, &src_len);
+  reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;  // same offset in sockaddr_in6
+  s = socket(to.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return fail("socket");
+  len = sizeof(src);
+  const bool bound = bind(s, reinterpret_cast<sockaddr*>(&src), src_len) == 0 &&
+                     getsockname(s, reinterpret_cast<sockaddr*>(&src), &len) == 0;
+  close(s);
+  if (!bound) return fail("bind");
+  return ToWire(reinterpret_cast<sockaddr*>(&src));
+}
 
 // ---- the transport -----------------------------------------------------------------------
 
@@ -47,6 +105,21 @@ class UcxTransport final : public Transport {
     return c;
   }
   std::string LocalAddress() const override { return worker_->address(); }
+  Status Admit(const std::string& ticket) override {
+    if (ticket.empty()) return InvalidArgument("ucx: an empty admission ticket");
+    KV_ASSIGN_OR_RETURN(UcxTicket t, DecodeTicket(ticket));
+    UcxWorker* w = worker_.get();
+    return worker_->RunSync([w, t] {
+      w->admission().Expect(t);
+      return OkStatus();
+    });
+  }
+  TransportCounters counters() const override {
+    TransportCounters c;
+    c.connections_admitted = worker_->admission().admitted();
+    c.connections_refused = worker_->admission().refused();
+    return c;
+  }
   void SetNotificationSink(NotificationSink sink) override { worker_->SetSink(std::move(sink)); }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
@@ -95,38 +168,14 @@ class UcxTransport final : public Transport {
     for (auto& r : ep->regions) r.key.clear();
     // Before any UCX connection: a same-host peer proves itself and what it registered.
     KV_RETURN_IF_ERROR(SetUpSameHost(*ep, address.identity));
-    UcxWorker* w = worker_.get();
-    auto create = [ep, w, worker_address = address.worker_address, &keys]() -> Status {
-      ucp_ep_params_t p{};
-      p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      p.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      p.err_handler.cb = &OnEndpointError;
-      p.err_handler.arg = ep.get();
-      ucs_status_t st = ucp_ep_create(w->worker(), &p, &ep->ep);
-      if (st != UCS_OK) return FromUcs(st, "ucx: ucp_ep_create");
-      for (size_t i = 0; i < keys.size(); ++i) {
-        ucp_rkey_h rkey = nullptr;
-        st = ucp_ep_rkey_unpack(ep->ep, keys[i].data(), &rkey);
-        if (st != UCS_OK) {
-          Status s = FromUcs(st, "ucx: unpacking the memory key of region " + std::to_string(i));
-          ep->failed.store(true);  // nothing was posted: close it right away
-          BeginClose(ep);
-          return s;
-        }
-        ep->rkeys.push_back(rkey);
-      }
-      return OkStatus();
-    };
-    Status created = worker_->RunSync(create);
-    for (int attempt = 1; attempt < kConnectAttempts && !created.ok() && ep->ep == nullptr &&
-                          created.code() == StatusCode::kRemoteDisconnect;
-         ++attempt) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25 << attempt));
-      created = worker_->RunSync(create);
-    }
-    KV_RETURN_IF_ERROR(created);
+    KV_ASSIGN_OR_RETURN(WireSockAddr to, ListenerToDial(address.listener, peer.host));
+    // The connection is made at the first write, from a socket address fixed now: the ticket
+    // names it, so the receiver can admit it before it arrives (ucx_admission.h).
+    KV_ASSIGN_OR_RETURN(WireSockAddr from, ReserveSource(to));
+    FromWire(to, &ep->dial, &ep->dial_length);
+    FromWire(from, &ep->source, &ep->source_length);
+    for (std::string_view k : keys) ep->packed_keys.emplace_back(k);
+    ep->ticket = EncodeTicket(UcxTicket{worker_->client_id(), from});
     return std::unique_ptr<Endpoint>(new UcxEndpoint(worker_, std::move(ep)));
   }
 

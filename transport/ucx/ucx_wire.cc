@@ -1,5 +1,7 @@
 #include "transport/ucx/ucx_wire.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,10 +18,14 @@ namespace {
 using internal::PayloadReader;
 using internal::PayloadWriter;
 
-// Version 5: the address names a same-host gate instead of a pid, keys carry no memfd. A
+// Version 6: the address names a ucp_listener instead of a UCX worker address; tickets. A
 // mismatch is refused, never misread.
-constexpr internal::WireTag kTag = {{'K', 'V', 'U', 'X'}, 5};
-enum Message : uint16_t { kAddress = 1, kKey = 2, kNotify = 3 };
+constexpr internal::WireTag kTag = {{'K', 'V', 'U', 'X'}, 6};
+enum Message : uint16_t { kAddress = 1, kKey = 2, kNotify = 3, kTicket = 4 };
+
+bool ValidSockAddr(const WireSockAddr& w) {
+  return (w.family == AF_INET || w.family == AF_INET6) && w.port != 0 && w.reserved == 0;
+}
 
 }  // namespace
 
@@ -42,24 +48,94 @@ bool SameHost(const HostIdentity& a, const HostIdentity& b) {
          a.pid_ns == b.pid_ns;
 }
 
-std::string EncodeAddress(const HostIdentity& identity, const void* worker_address, size_t length) {
-  return PayloadWriter()
-      .Record(identity)
-      .Bytes(std::string_view(static_cast<const char*>(worker_address), length))
-      .Seal(kTag, kAddress);
+WireSockAddr ToWire(const sockaddr* sa) {
+  WireSockAddr w;
+  if (sa == nullptr) return w;
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    w.family = AF_INET;
+    w.port = ntohs(in->sin_port);
+    std::memcpy(w.addr, &in->sin_addr, 4);
+  } else if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    w.port = ntohs(in6->sin6_port);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {  // an IPv4 peer seen through an IPv6 socket
+      w.family = AF_INET;
+      std::memcpy(w.addr, reinterpret_cast<const uint8_t*>(&in6->sin6_addr) + 12, 4);
+    } else {
+      w.family = AF_INET6;
+      std::memcpy(w.addr, &in6->sin6_addr, 16);
+    }
+  }
+  return w;
+}
+
+bool FromWire(const WireSockAddr& w, sockaddr_storage* out, unsigned* length) {
+  if (!ValidSockAddr(w)) return false;
+  std::memset(out, 0, sizeof(*out));
+  if (w.family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(out);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(w.port);
+    std::memcpy(&in->sin_addr, w.addr, 4);
+    *length = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(out);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(w.port);
+    std::memcpy(&in6->sin6_addr, w.addr, 16);
+    *length = sizeof(sockaddr_in6);
+  }
+  return true;
+}
+
+bool IsWildcard(const WireSockAddr& w) {
+  static const uint8_t kZero[16] = {};
+  return std::memcmp(w.addr, kZero, w.family == AF_INET ? 4 : 16) == 0;
+}
+
+bool SameEndpoint(const WireSockAddr& a, const WireSockAddr& b) {
+  return a.family == b.family && a.port == b.port &&
+         std::memcmp(a.addr, b.addr, a.family == AF_INET ? 4 : 16) == 0;
+}
+
+std::string ToString(const WireSockAddr& w) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  if (w.family == AF_INET || w.family == AF_INET6) inet_ntop(w.family, w.addr, buf, sizeof(buf));
+  return w.family == AF_INET6 ? "[" + std::string(buf) + "]:" + std::to_string(w.port)
+                              : std::string(buf) + ":" + std::to_string(w.port);
+}
+
+std::string EncodeAddress(const HostIdentity& identity, const WireSockAddr& listener) {
+  return PayloadWriter().Record(identity).Record(listener).Seal(kTag, kAddress);
 }
 
 Result<UcxAddress> DecodeAddress(const std::string& blob) {
   KV_ASSIGN_OR_RETURN(internal::Envelope e, internal::OpenEnvelope(kTag, blob, "peer address"));
   UcxAddress out;
   PayloadReader in(e.payload);
-  if (e.type != kAddress || !in.Record(&out.identity) || !in.Bytes(&out.worker_address) ||
-      !in.done() || out.worker_address.empty() ||
+  if (e.type != kAddress || !in.Record(&out.identity) || !in.Record(&out.listener) ||
+      !in.done() || !ValidSockAddr(out.listener) ||
       std::memchr(out.identity.boot_id, 0, sizeof(out.identity.boot_id)) == nullptr ||
       std::memchr(out.identity.gate_path, 0, sizeof(out.identity.gate_path)) == nullptr) {
-    return InvalidArgument("peer address is not a UCX worker address");
+    return InvalidArgument("peer address is not a UCX listener address");
   }
-  KV_RETURN_IF_ERROR(CheckWorkerAddress(out.worker_address, "peer address"));
+  return out;
+}
+
+std::string EncodeTicket(const UcxTicket& ticket) {
+  return PayloadWriter().Record(ticket.client_id).Record(ticket.source).Seal(kTag, kTicket);
+}
+
+Result<UcxTicket> DecodeTicket(const std::string& blob) {
+  KV_ASSIGN_OR_RETURN(internal::Envelope e,
+                      internal::OpenEnvelope(kTag, blob, "ucx admission ticket"));
+  UcxTicket out;
+  PayloadReader in(e.payload);
+  if (e.type != kTicket || !in.Record(&out.client_id) || !in.Record(&out.source) || !in.done() ||
+      out.client_id == 0 || !ValidSockAddr(out.source)) {
+    return InvalidArgument("ucx admission ticket is malformed");
+  }
   return out;
 }
 

@@ -1,8 +1,11 @@
 // What the UCX backend publishes and sends besides the data (transport/core/envelope.h with the
 // tag "KVUX"): its address (where the worker runs and how a same-host writer reaches its
 // same-host gate, then UCX's worker address), its memory keys (UCX's packed rkey) and the
-// notification that follows a write (an active message's header).
+// notification that follows a write (an active message's header), and the admission ticket a
+// writer's endpoint hands back to the receiver.
 #pragma once
+
+#include <sys/socket.h>
 
 #include <cstdint>
 #include <string>
@@ -33,12 +36,41 @@ HostIdentity LocalHostIdentity();
 // Same boot and pid namespace (and a boot id known at all).
 bool SameHost(const HostIdentity& a, const HostIdentity& b);
 
+// A socket address on the wire: IPv4 or IPv6, the address bytes in network order, the port in
+// host order.
+struct WireSockAddr {
+  uint16_t family = 0;  // AF_INET or AF_INET6
+  uint16_t port = 0;
+  uint8_t addr[16] = {};
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(WireSockAddr) == 24);
+
+// 0 family where `sa` is not an IP address; an IPv4-mapped IPv6 address becomes IPv4.
+WireSockAddr ToWire(const struct sockaddr* sa);
+// False for another family or a port 0.
+bool FromWire(const WireSockAddr& w, struct sockaddr_storage* out, unsigned* length);
+bool IsWildcard(const WireSockAddr& w);  // 0.0.0.0 or ::
+bool SameEndpoint(const WireSockAddr& a, const WireSockAddr& b);  // family, address and port
+std::string ToString(const WireSockAddr& w);  // "1.2.3.4:5" / "[::1]:5"
+
+// The address a UCX transport publishes: where it runs (for the same-host gate) and its
+// ucp_listener's socket address. No UCX worker address: a writer connects to the listener.
 struct UcxAddress {
   HostIdentity identity;
-  std::string_view worker_address;  // into the blob decoded
+  WireSockAddr listener;
 };
-std::string EncodeAddress(const HostIdentity& identity, const void* worker_address, size_t length);
+std::string EncodeAddress(const HostIdentity& identity, const WireSockAddr& listener);
 Result<UcxAddress> DecodeAddress(const std::string& blob);  // kInvalidArgument when not one
+
+// What a receiver admits (Transport::Admit): the writer worker's random client id, sent in its
+// connection request, and the socket address its connection comes from.
+struct UcxTicket {
+  uint64_t client_id = 0;
+  WireSockAddr source;
+};
+std::string EncodeTicket(const UcxTicket& ticket);
+Result<UcxTicket> DecodeTicket(const std::string& blob);  // kInvalidArgument when not one
 
 struct UcxKey {
   std::string_view rkey;  // into the blob decoded

@@ -1,7 +1,11 @@
 #include "transport/ucx/ucx_worker.h"
 
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +49,41 @@ bool TlsAllowsCma(std::string tls) {
     if (t == "sm" || t == "shm" || t == "cma" || t == "all") named = true;
   }
   return exclude ? !named : named;
+}
+
+// Where the listener binds: the first of `net_devices` (UCX's syntax, "eth1,mlx5_0:1") that is
+// a network interface with an address (IPv4 first), else every interface (0.0.0.0).
+WireSockAddr ListenAddress(const std::string& net_devices) {
+  WireSockAddr any;
+  any.family = AF_INET;
+  ifaddrs* list = nullptr;
+  if (net_devices.empty() || getifaddrs(&list) != 0) return any;
+  WireSockAddr found;
+  std::stringstream ss(net_devices);
+  for (std::string dev; found.family == 0 && std::getline(ss, dev, ',');) {
+    dev = dev.substr(0, dev.find(':'));
+    for (int family : {AF_INET, AF_INET6}) {
+      for (ifaddrs* i = list; i != nullptr && found.family == 0; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == family && dev == i->ifa_name) {
+          found = ToWire(i->ifa_addr);
+          // A link-local IPv6 address needs its scope: not worth it here.
+          if (family == AF_INET6 && found.addr[0] == 0xfe && (found.addr[1] & 0xc0) == 0x80) {
+            found = WireSockAddr{};
+          }
+        }
+      }
+    }
+  }
+  freeifaddrs(list);
+  return found.family != 0 ? found : any;
+}
+
+uint64_t RandomClientId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) id = 0;
+  }
+  return id;
 }
 
 }  // namespace
@@ -122,16 +161,44 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
   }
 
   // SERIALIZED: the worker is created here and used only by the progress thread afterwards.
+  // Its client id goes out in every connection request it makes (the peer admits it).
+  w->client_id_ = RandomClientId();
   ucp_worker_params_t wparams{};
-  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
   wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  wparams.client_id = w->client_id_;
   st = ucp_worker_create(w->context_, &wparams, &w->worker_);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_create").WithContext("ucx");
 
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
-  st = ucp_worker_get_address(w->worker_, &addr, &addr_len);
-  if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address").WithContext("ucx");
+  // Writers connect to the listener; no worker address is published (ucx_admission.h).
+  w->admission_ = std::make_unique<Admission>(w.get(), options.admit_any);
+  WireSockAddr listen = ListenAddress(options.net_devices);
+  {
+    sockaddr_storage sa;
+    unsigned sa_len = 0;
+    listen.port = 1;  // FromWire wants a port; the listener's is picked by the kernel (0)
+    FromWire(listen, &sa, &sa_len);
+    reinterpret_cast<sockaddr_in*>(&sa)->sin_port = 0;  // same offset in sockaddr_in6
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+    lp.sockaddr.addrlen = sa_len;
+    lp.conn_handler.cb = &Admission::OnConnRequest;
+    lp.conn_handler.arg = w->admission_.get();
+    st = ucp_listener_create(w->worker_, &lp, &w->listener_);
+    if (st != UCS_OK) {
+      return FromUcs(st, "ucp_listener_create on " + ToString(listen))
+          .WithContext("ucx: cannot listen for writers (UCX needs its tcp connection manager)");
+    }
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    st = ucp_listener_query(w->listener_, &la);
+    if (st != UCS_OK) return FromUcs(st, "ucp_listener_query").WithContext("ucx");
+    listen.port = ToWire(reinterpret_cast<const sockaddr*>(&la.sockaddr)).port;
+    KV_LOG_INFO << "ucx: writers connect to the listener at " << ToString(listen)
+                << (options.admit_any ? " (every connection accepted)"
+                                      : " (only connections a handshake admits)");
+  }
   w->identity_ = LocalHostIdentity();
   w->cma_allowed_ = options.same_host_copy && TlsAllowsCma(options.tls);
   if (w->cma_allowed_) {
@@ -147,8 +214,7 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
                   << gate.status().ToString();
     }
   }
-  w->address_ = EncodeAddress(w->identity_, addr, addr_len);
-  ucp_worker_release_address(w->worker_, addr);
+  w->address_ = EncodeAddress(w->identity_, listen);
 
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -188,6 +254,7 @@ UcxWorker::~UcxWorker() {
   copier_.reset();
   lanes_.clear();
   gate_.reset();
+  if (listener_ != nullptr) ucp_listener_destroy(listener_);  // Create() failed after it
   if (wake_fd_ >= 0) close(wake_fd_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
@@ -261,6 +328,17 @@ void UcxWorker::Loop() {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (!queue_.empty()) continue;
+      }
+      // No new connections; those accepted are closed (bounded).
+      if (listener_ != nullptr) {
+        ucp_listener_destroy(listener_);
+        listener_ = nullptr;
+        admission_->Shutdown();
+        for (auto until = Clock::now() + kCloseFlushTimeout;
+             admission_->closing() && Clock::now() < until;) {
+          if (ucp_worker_progress(worker_) == 0) admission_->Tick();
+        }
+        watchers.erase(admission_.get());
       }
       // Let connection set-up messages UCX still has queued go out before the worker is
       // destroyed (UCX 1.13 asserts on a pending wireup reply when purging it).

@@ -3,7 +3,7 @@
 // thread calls into it after Create). Callers hand work to it through a queue; the thread spins on
 // ucp_worker_progress while anything is in flight and sleeps on the worker's event fd
 // (UCP_FEATURE_WAKEUP) plus an eventfd when idle. Same-host copies run on its copier thread and
-// copy lanes.
+// copy lanes. Writers connect to its ucp_listener, admitted by ucx_admission.h.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "transport/task_thread.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_admission.h"
 #include "transport/ucx/ucx_same_host.h"
 #include "transport/ucx/ucx_wire.h"
 
@@ -39,6 +40,13 @@ class UcxWorker {
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
   const std::string& address() const { return address_; }
+  // Where writers connect (ucx_admission.h admits them) and this worker's own client id, sent
+  // in its connection requests.
+  ucp_listener_h listener() const { return listener_; }
+  uint64_t client_id() const { return client_id_; }
+  // Progress-thread only, except its counters.
+  Admission& admission() { return *admission_; }
+  const Admission& admission() const { return *admission_; }
   bool cuda_memory() const { return cuda_memory_; }
   const HostIdentity& identity() const { return identity_; }
   bool cma_allowed() const { return cma_allowed_; }
@@ -78,6 +86,9 @@ class UcxWorker {
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;
+  std::unique_ptr<Admission> admission_;
+  uint64_t client_id_ = 0;
   std::string address_;
   bool cuda_memory_ = false;
   HostIdentity identity_;

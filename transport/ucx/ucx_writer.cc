@@ -80,13 +80,55 @@ void OnWriteFlushed(void* request, ucs_status_t st, void* user) {
   if (UCS_PTR_IS_ERR(r)) return OnNotifySent(nullptr, UCS_PTR_STATUS(r), op);
 }
 
+bool EnsureConnected(UcxEndpointState* ep) {
+  if (ep->ep != nullptr) return true;
+  if (ep->connect_tried) return false;
+  ep->connect_tried = true;
+  // To the peer's listener, from the socket address our ticket names, never to an address the
+  // peer packed: the peer accepts the connection only if it admitted that ticket first.
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_LOCAL_SOCK_ADDR |
+                 UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ep->dial);
+  p.sockaddr.addrlen = ep->dial_length;
+  p.local_sockaddr.addr = reinterpret_cast<const sockaddr*>(&ep->source);
+  p.local_sockaddr.addrlen = ep->source_length;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = &OnEndpointError;
+  p.err_handler.arg = ep;
+  ucs_status_t st = ucp_ep_create(ep->worker->worker(), &p, &ep->ep);
+  if (st != UCS_OK) {
+    ep->ep = nullptr;
+    ep->MarkFailed(FromUcs(st, "ucx: connecting to the peer's listener"));
+    return false;
+  }
+  for (size_t i = 0; i < ep->packed_keys.size(); ++i) {
+    ucp_rkey_h rkey = nullptr;
+    st = ucp_ep_rkey_unpack(ep->ep, ep->packed_keys[i].data(), &rkey);
+    if (st != UCS_OK) {
+      ep->MarkFailed(
+          FromUcs(st, "ucx: unpacking the memory key of region " + std::to_string(i)));
+      break;
+    }
+    ep->rkeys.push_back(rkey);
+  }
+  ep->packed_keys.clear();
+  return true;
+}
+
 void StartWrite(UcxWriteOp* op) {
   UcxEndpointState* ep = op->ep.get();
   ++ep->inflight;
   ++ep->worker->busy;
   if (ep->closing) return FinishWrite(op, Canceled("ucx: endpoint is closing"));
   if (op->completion->cancel_requested()) return FinishWrite(op, Canceled("ucx: write canceled"));
-  if (ep->failed.load()) return FinishWrite(op, ep->Error());
+  if (!EnsureConnected(ep) || ep->failed.load()) {
+    Status e = ep->Error();
+    return FinishWrite(op, e.ok() ? RemoteDisconnect("ucx: not connected to the peer") : e);
+  }
+  op->rkey = ep->rkeys[op->remote_region];
   if (op->runs.empty() && !op->notify) return FinishWrite(op, OkStatus());
   if (op->host_copy && !op->runs.empty()) {
     // The copier owns the op until it posts it back; the progress thread need not spin.
@@ -177,6 +219,7 @@ static void OnCloseFlushed(void* request, ucs_status_t st, void* user) {
 
 void BeginClose(const std::shared_ptr<UcxEndpointState>& ep) {
   ep->closing = true;
+  if (ep->ep == nullptr) return MaybeSignalClosed(ep.get());  // never connected
   ep->flush_deadline = Clock::now() + kCloseFlushTimeout;
   UcxWorker* w = ep->worker;
   ++w->busy;
@@ -229,7 +272,7 @@ Result<std::unique_ptr<WriteHandle>> UcxEndpoint::Write(const WriteRequest& requ
   op->ep = state_;
   op->reg = local->state();
   op->remote_base = remote.addr;
-  op->rkey = state_->rkeys[request.remote_region];
+  op->remote_region = request.remote_region;  // its key: once connected (StartWrite)
   op->host_copy = state_->cma_pid != 0 && state_->host_copy[request.remote_region];
   if (const UcxEndpointState::PeerMap& m = state_->maps[request.remote_region]; m.ptr != nullptr) {
     op->mapped_dst = m.ptr + (remote.addr - m.base);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
@@ -41,6 +42,13 @@ struct UcxEndpointState {
   ucp_ep_h ep = nullptr;
   std::vector<ucp_rkey_h> rkeys;
   std::vector<RemoteRegion> regions;  // keys cleared; addr and length kept
+  std::string ticket;  // what the peer admits (Endpoint::AdmissionTicket)
+  // Until the first write: where to connect (the peer's listener), from which socket address
+  // (the ticket's), and the peer's packed memory keys. `ep` is made then (EnsureConnected).
+  sockaddr_storage dial{}, source{};
+  unsigned dial_length = 0, source_length = 0;
+  std::vector<std::string> packed_keys;
+  bool connect_tried = false;
 
   // Same-host peer proven by its gate (ucx_same_host.h): its pid from the kernel (0 = none, use
   // UCX puts). Set before use.
@@ -97,6 +105,7 @@ struct UcxWriteOp {
   std::shared_ptr<UcxEndpointState> ep;
   std::shared_ptr<UcxRegionState> reg;
   uint64_t remote_base = 0;
+  int remote_region = 0;
   ucp_rkey_h rkey = nullptr;
   bool host_copy = false;         // copied on this host (ucx_host_copy.cc), not put by UCX
   uint8_t* mapped_dst = nullptr;  // the remote region mapped here (same host, memfd)
@@ -106,6 +115,9 @@ struct UcxWriteOp {
   Status put_error;
 };
 
+// Progress thread: connects to the peer's listener on the first call (a failure marks the
+// endpoint failed). False when there is no connection.
+bool EnsureConnected(UcxEndpointState* ep);
 // Progress thread: starts a write Write() posted.
 void StartWrite(UcxWriteOp* op);
 // Progress thread: completes the write and lets its endpoint's close go on.
@@ -126,6 +138,7 @@ class UcxEndpoint final : public Endpoint {
   ~UcxEndpoint() override;
   Result<std::unique_ptr<WriteHandle>> Write(const WriteRequest& request) override;
   Status status() const override { return state_->failed.load() ? state_->Error() : OkStatus(); }
+  std::string AdmissionTicket() const override { return state_->ticket; }
   const UcxEndpointState& state() const { return *state_; }
 
  private:
