@@ -50,10 +50,17 @@ Result<std::unique_ptr<DecodeConnector>> DecodeConnector::Create(
   c->options_ = options;
   if (c->options_.instance_id.empty()) c->options_.instance_id = NewInstanceId("decode");
   KV_ASSIGN_OR_RETURN(c->session_secret_, NewSessionSecret());
+  c->verifier_ = std::make_unique<NotificationVerifier>(c->session_secret_, c->options_.instance_id);
+  c->verify_macs_ = transport->capabilities().notification_mac;
   c->pool_ = pool;
   c->local_ = std::move(local);
   DecodeConnector* self = c.get();
   transport->SetNotificationSink([self](const transport::Notification& n) {
+    if (self->verify_macs_ && !self->verifier_->Verify(n)) {
+      KV_LOG_DEBUG << "[req " << n.request_id << "] layer " << n.layer
+                   << " notification dropped: its MAC does not verify";
+      return;
+    }
     KV_LOG_DEBUG << "[req " << n.request_id << "] layer " << n.layer << " landed (notification"
                  << ((n.flags & transport::kNotificationLandedOnEvent) ? ", early)" : ")");
     if ((n.flags & transport::kNotificationLandedOnEvent) == 0) {
@@ -107,6 +114,8 @@ DecodeConnector::~DecodeConnector() {
 }
 
 Status DecodeConnector::Handshake(Deadline deadline) {
+  // One at a time, so that the link the prefill keeps is the one of the last epoch set here.
+  std::lock_guard<std::mutex> serial(handshake_call_mu_);
   v1::HandshakeRequest req;
   req.set_decode_instance_id(options_.instance_id);
   req.set_transport_address(transport_->LocalAddress());
@@ -119,6 +128,11 @@ Status DecodeConnector::Handshake(Deadline deadline) {
   req.set_transport_backend(transport_->name());
   req.set_device_id(options_.device_id);
   req.set_session_secret(session_secret_);
+  // From now on only the link this handshake makes may notify (set before the call: a call
+  // that times out here may still have replaced the prefill's link).
+  const uint64_t epoch = ++session_epoch_;
+  req.set_session_epoch(epoch);
+  verifier_->set_epoch(epoch);
 
   grpc::ClientContext ctx;
   ctx.set_deadline(ToGrpcDeadline(deadline));
@@ -569,6 +583,7 @@ DecodeConnectorStats DecodeConnector::stats() const {
   DecodeConnectorStats s = stats_;
   s.stale_signals_ignored = tracker_.ignored_signals();
   s.data_connections_refused = transport_->counters().connections_refused;
+  s.notifications_dropped = verifier_->dropped();
   int in_flight = 0;
   for (auto& [id, load] : loads_)
     if (!load->done) ++in_flight;

@@ -24,7 +24,9 @@
 //
 // Session: each connector makes its own secret (NewSessionSecret) and presents it at every
 // Handshake, Prefill and Cancel; the instance id alone, which Stats and logs show, cannot act
-// for this decode at its prefill.
+// for this decode at its prefill. Where the transport carries notification MACs, a notification
+// counts only if its MAC verifies for the current handshake's epoch (others are dropped and
+// counted in stats().notifications_dropped).
 //
 // Block safety: `keepalive` (the owner of the destination blocks, e.g. a shared BlockLease) is
 // held until no write into those blocks can still arrive: the Prefill call ended with prefill's
@@ -54,6 +56,7 @@
 #include "connector/client_auth.h"
 #include "connector/handshake.h"
 #include "connector/layer_tracker.h"
+#include "connector/notification_mac.h"
 #include "model/kv_cache.h"
 #include "proto/kvstream.grpc.pb.h"
 #include "transport/transport.h"
@@ -89,6 +92,7 @@ struct DecodeConnectorStats {
   uint64_t kv_bytes = 0;
   uint64_t stale_signals_ignored = 0;
   uint64_t data_connections_refused = 0;  // by the transport (TransportCounters)
+  uint64_t notifications_dropped = 0;     // their MAC did not verify (notification_mac.h)
   int quarantined_blocks = 0;    // blocks whose writer was lost, still held
   int loads_in_flight = 0;
 };
@@ -173,6 +177,10 @@ class DecodeConnector {
   LayoutDescriptor local_;
   std::unique_ptr<transport::Registration> registration_;
   std::string session_secret_;  // HandshakeRequest.session_secret; never logged
+  // Checks each notification's MAC where the transport carries one (notification_mac.h).
+  std::unique_ptr<NotificationVerifier> verifier_;
+  bool verify_macs_ = false;
+  std::atomic<uint64_t> session_epoch_{0};  // of the last handshake sent
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<kvstream::v1::Prefill::Stub> stub_;
   LayerTracker tracker_;
@@ -182,6 +190,7 @@ class DecodeConnector {
   std::map<std::pair<uint64_t, int>, transport::Notification> early_;
 
   std::mutex handshake_mu_;           // serialises handshakes
+  std::mutex handshake_call_mu_;      // serialises Handshake() calls (also the probe's)
   std::atomic<uint64_t> handshake_epoch_{0};  // 0 = none valid
   // A handshake succeeded once: from then on, no valid handshake means the peer was lost.
   std::atomic<bool> was_ready_{false};

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "connector/notification_mac.h"
 
 namespace kvstream::connector {
 
@@ -34,6 +35,11 @@ void PeerLink::TearDown(const std::string& why) {
   ep.reset();
 }
 
+std::array<uint8_t, transport::kNotificationMacBytes> PeerLink::NotificationTag(
+    uint64_t request_id, int layer) const {
+  return ComputeNotificationMac(secret_, decode_id_, request_id, layer, epoch_);
+}
+
 // ---- SaveRequest ----------------------------------------------------------------------------
 
 Status SaveRequest::SaveLayer(int layer, void* after_stream) {
@@ -47,6 +53,7 @@ Status SaveRequest::SaveLayer(int layer, void* after_stream) {
   wr.notify = true;
   wr.notification.request_id = request_id_;
   wr.notification.layer = layer;
+  wr.notification.mac = link_->NotificationTag(request_id_, layer);
   wr.after_stream = after_stream;
   uint64_t bytes = 0;
   for (const auto& op : wr.ops) bytes += op.length;
@@ -195,10 +202,17 @@ PrefillConnector::~PrefillConnector() {
   transport_.reset();
 }
 
+std::string PrefillConnector::Scoped(const std::string& peer_identity,
+                                     const std::string& decode_id) {
+  if (peer_identity.empty()) return decode_id;
+  return std::to_string(peer_identity.size()) + ":" + peer_identity + ":" + decode_id;
+}
+
 PrefillConnector::Session PrefillConnector::CheckSession(const std::string& decode_id,
-                                                        const std::string& secret) const {
+                                                        const std::string& secret,
+                                                        const std::string& peer_identity) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(decode_id);
+  auto it = sessions_.find(Scoped(peer_identity, decode_id));
   if (it == sessions_.end()) return Session::kNone;
   if (SecretsEqual(secret, it->second)) return Session::kMatch;
   ++sessions_refused_;
@@ -209,7 +223,8 @@ Status PrefillConnector::AcceptPeer(const std::string& decode_id,
                                     const std::string& session_secret,
                                     const LayoutDescriptor& peer_layout,
                                     const transport::PeerDescriptor& peer, int peer_pool_blocks,
-                                    std::string* admission_ticket) {
+                                    std::string* admission_ticket, uint64_t session_epoch,
+                                    const std::string& peer_identity) {
   KV_RETURN_IF_ERROR(CheckCompatible(local_, peer_layout));
   if (decode_id.empty()) return InvalidArgument("handshake: decode_instance_id is empty");
   if (session_secret.size() < kSessionSecretBytes || session_secret.size() > kMaxSessionSecretBytes)
@@ -218,7 +233,7 @@ Status PrefillConnector::AcceptPeer(const std::string& decode_id,
                            std::to_string(kMaxSessionSecretBytes) + " bytes, got " +
                            std::to_string(session_secret.size()));
   // Refused before connecting anywhere: a foreign handshake under a bound id touches nothing.
-  if (CheckSession(decode_id, session_secret) == Session::kMismatch)
+  if (CheckSession(decode_id, session_secret, peer_identity) == Session::kMismatch)
     return FailedPrecondition("handshake refused: decode instance '" + decode_id +
                               "' belongs to another session");
   if (peer.regions.empty()) return InvalidArgument("handshake: no memory region of the decode pool");
@@ -230,28 +245,33 @@ Status PrefillConnector::AcceptPeer(const std::string& decode_id,
   auto link = std::make_shared<PeerLink>();
   link->decode_id_ = decode_id;
   link->remote_pool_blocks_ = peer_pool_blocks;
+  link->secret_ = session_secret;
+  link->epoch_ = session_epoch;
   auto ep = transport_->Connect(peer);
   if (!ep.ok()) return ep.status().WithContext("connecting to decode " + decode_id);
   link->endpoint_ = std::move(ep).value();
   if (admission_ticket != nullptr) *admission_ticket = link->endpoint_->AdmissionTicket();
   std::lock_guard<std::mutex> lock(mu_);
   // Bound and checked again under the lock: of two first handshakes racing, one wins.
-  auto [sit, bound] = sessions_.try_emplace(decode_id, session_secret);
+  const std::string key = Scoped(peer_identity, decode_id);
+  auto [sit, bound] = sessions_.try_emplace(key, session_secret);
   if (!bound && !SecretsEqual(session_secret, sit->second)) {
     ++sessions_refused_;
     return FailedPrecondition("handshake refused: decode instance '" + decode_id +
                               "' belongs to another session");
   }
-  peers_[decode_id] = std::move(link);
+  peers_[key] = std::move(link);
   ++handshakes_;
   return OkStatus();
 }
 
 Result<std::shared_ptr<SaveRequest>> PrefillConnector::BeginSave(
     const std::string& decode_id, uint64_t request_id, int num_tokens,
-    std::vector<int32_t> local_blocks, std::vector<int32_t> remote_blocks) {
+    std::vector<int32_t> local_blocks, std::vector<int32_t> remote_blocks,
+    const std::string& peer_identity) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto pit = peers_.find(decode_id);
+  const std::string scoped = Scoped(peer_identity, decode_id);
+  auto pit = peers_.find(scoped);
   if (pit == peers_.end())
     return FailedPrecondition("unknown decode instance '" + decode_id + "': handshake first");
   if (Status s = pit->second->status(); !s.ok()) {
@@ -278,7 +298,7 @@ Result<std::shared_ptr<SaveRequest>> PrefillConnector::BeginSave(
   }
   remote_blocks.resize(need);
   local_blocks.resize(need);
-  Key key{decode_id, request_id};
+  Key key{scoped, request_id};
   // Expired tombstones go lazily.
   for (auto it = tombstones_.begin(); it != tombstones_.end();)
     it = Clock::now() > it->second ? tombstones_.erase(it) : std::next(it);
@@ -297,22 +317,25 @@ Result<std::shared_ptr<SaveRequest>> PrefillConnector::BeginSave(
   return r;
 }
 
-void PrefillConnector::EndSave(const std::string& decode_id, uint64_t request_id) {
+void PrefillConnector::EndSave(const std::string& decode_id, uint64_t request_id,
+                               const std::string& peer_identity) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = active_.find({decode_id, request_id});
+  auto it = active_.find({Scoped(peer_identity, decode_id), request_id});
   if (it == active_.end()) return;
   bytes_written_ += it->second->bytes_posted();
   active_.erase(it);
 }
 
 PrefillConnector::CancelResult PrefillConnector::Cancel(const std::string& decode_id,
-                                                         uint64_t request_id, Deadline deadline) {
+                                                         uint64_t request_id, Deadline deadline,
+                                                         const std::string& peer_identity) {
   std::shared_ptr<SaveRequest> r;
+  const std::string scoped = Scoped(peer_identity, decode_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = active_.find({decode_id, request_id});
+    auto it = active_.find({scoped, request_id});
     if (it == active_.end()) {
-      tombstones_[{decode_id, request_id}] = Clock::now() + std::chrono::minutes(5);
+      tombstones_[{scoped, request_id}] = Clock::now() + std::chrono::minutes(5);
       return CancelResult{false, true};
     }
     r = it->second;

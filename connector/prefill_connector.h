@@ -15,6 +15,7 @@
 // Thread-safe: SaveLayer/WaitForSave come from the request's thread, Cancel from any thread.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -52,6 +53,9 @@ class PeerLink {
   Result<std::unique_ptr<transport::WriteHandle>> Write(const transport::WriteRequest& request);
   // After this returns nothing more lands in the peer's memory through this link.
   void TearDown(const std::string& why);
+  // The MAC a notification of (request, layer) through this link carries (notification_mac.h).
+  std::array<uint8_t, transport::kNotificationMacBytes> NotificationTag(uint64_t request_id,
+                                                                        int layer) const;
 
  private:
   friend class PrefillConnector;
@@ -60,6 +64,8 @@ class PeerLink {
   mutable std::mutex mu_;
   std::unique_ptr<transport::Endpoint> endpoint_;
   std::string torn_down_why_;
+  std::string secret_;       // of the session: keys the notification MACs
+  uint64_t epoch_ = 0;       // HandshakeRequest.session_epoch of the handshake that made it
 };
 
 class SaveRequest {
@@ -131,15 +137,23 @@ class PrefillConnector {
   // changes nothing. A new handshake with the same secret replaces the link; requests in
   // flight keep the old one. kInvalidArgument: a secret shorter than kSessionSecretBytes.
   // `admission_ticket` (if given) receives the new endpoint's AdmissionTicket(), which the
-  // decode must admit (HandshakeResponse.transport_admission).
+  // decode must admit (HandshakeResponse.transport_admission). Every notification through the
+  // link carries the MAC of (decode_id, request, layer, session_epoch) keyed by the secret.
+  //
+  // Identity: every call below takes the authenticated identity of its caller (`peer_identity`,
+  // daemon::Authorizer::PeerName; "" where calls are not authenticated). A session belongs to
+  // the identity that made it: the same decode id under another identity is another session,
+  // so a peer cannot claim (or act in) the session of a decode id that another identity uses.
   Status AcceptPeer(const std::string& decode_id, const std::string& session_secret,
                     const LayoutDescriptor& peer_layout, const transport::PeerDescriptor& peer,
-                    int peer_pool_blocks, std::string* admission_ticket = nullptr);
+                    int peer_pool_blocks, std::string* admission_ticket = nullptr,
+                    uint64_t session_epoch = 0, const std::string& peer_identity = "");
 
   // Whether `secret` proves to be `decode_id` (constant-time comparison; a mismatch is counted
   // in stats().sessions_refused). kNone: no session of that id, so nothing of it can be running.
   enum class Session { kNone, kMatch, kMismatch };
-  Session CheckSession(const std::string& decode_id, const std::string& secret) const;
+  Session CheckSession(const std::string& decode_id, const std::string& secret,
+                       const std::string& peer_identity = "") const;
 
   // kFailedPrecondition: unknown decode instance or lost link (handshake again);
   // kInvalidArgument: block ids out of range or too few for num_tokens;
@@ -147,16 +161,19 @@ class PrefillConnector {
   Result<std::shared_ptr<SaveRequest>> BeginSave(const std::string& decode_id,
                                                  uint64_t request_id, int num_tokens,
                                                  std::vector<int32_t> local_blocks,
-                                                 std::vector<int32_t> remote_blocks);
+                                                 std::vector<int32_t> remote_blocks,
+                                                 const std::string& peer_identity = "");
   // Forgets a request; call after Quiesce() or a successful WaitForSave().
-  void EndSave(const std::string& decode_id, uint64_t request_id);
+  void EndSave(const std::string& decode_id, uint64_t request_id,
+               const std::string& peer_identity = "");
 
   struct CancelResult {
     bool known = false;
     bool stopped = false;
   };
   // See the file comment. An unknown request is remembered so a late BeginSave is refused.
-  CancelResult Cancel(const std::string& decode_id, uint64_t request_id, Deadline deadline);
+  CancelResult Cancel(const std::string& decode_id, uint64_t request_id, Deadline deadline,
+                      const std::string& peer_identity = "");
   // Cancels every running request (shutdown).
   void CancelAll(Deadline deadline);
 
@@ -164,14 +181,17 @@ class PrefillConnector {
 
  private:
   PrefillConnector() = default;
+  // The maps' key of a decode id within its identity's sessions.
+  static std::string Scoped(const std::string& peer_identity, const std::string& decode_id);
   using Key = std::pair<std::string, uint64_t>;
   std::unique_ptr<transport::Transport> transport_;
   model::KvPool* pool_ = nullptr;
   LayoutDescriptor local_;
   std::unique_ptr<transport::Registration> registration_;
   mutable std::mutex mu_;
+  // Keyed by Scoped(identity, decode id).
   std::map<std::string, std::shared_ptr<PeerLink>> peers_;
-  std::map<std::string, std::string> sessions_;  // decode id -> its session secret
+  std::map<std::string, std::string> sessions_;  // -> its session secret
   mutable uint64_t sessions_refused_ = 0;
   std::map<Key, std::shared_ptr<SaveRequest>> active_;
   std::map<Key, Clock::time_point> tombstones_;  // cancelled before they started; expire

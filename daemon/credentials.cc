@@ -167,6 +167,25 @@ grpc::Status Authorizer::Check(const grpc::ServerContext& ctx, Method method) co
   return grpc::Status::OK;
 }
 
+std::string Authorizer::PeerName(const grpc::ServerContext& ctx) const {
+  if (open_) return "";
+  if (options_.tls) {
+    const std::shared_ptr<const grpc::AuthContext> ac = ctx.auth_context();
+    if (ac && ac->IsPeerAuthenticated()) {
+      for (const std::string& peer : options_.peer_names) {
+        for (const grpc::AuthProperty& p : *ac) {
+          const std::string_view name = View(p.first);
+          if ((name == GRPC_X509_CN_PROPERTY_NAME || name == GRPC_X509_SAN_PROPERTY_NAME) &&
+              View(p.second) == peer) {
+            return "cert:" + peer;
+          }
+        }
+      }
+    }
+  }
+  return FromToken(ctx) == Identity::kPeer ? "token" : "";
+}
+
 Result<std::shared_ptr<grpc::ChannelCredentials>> ClientChannelCredentials(
     const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key,
     unsigned reload_s) {

@@ -43,6 +43,11 @@ class Authorizer {
   explicit Authorizer(Options options);
 
   grpc::Status Check(const grpc::ServerContext& ctx, Method method) const;
+  // The authenticated peer identity of an admitted caller, what its sessions are bound to:
+  // "cert:<name>" for a verified certificate that names a peer (its first name in peer_names),
+  // else "token" for the peer token (one shared token is one identity), "" when calls are not
+  // authenticated (no credential configured) or the caller is no peer.
+  std::string PeerName(const grpc::ServerContext& ctx) const;
   bool open() const { return open_; }
 
  private:

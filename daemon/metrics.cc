@@ -227,6 +227,9 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
     out.Counter(p + "data_connections_refused_total",
                 "Data-plane (UCX) connections refused: no authenticated handshake admitted them",
                 {}, double(c.data_connections_refused()));
+    out.Counter(p + "notifications_dropped_total",
+                "Layer notifications dropped: their MAC did not verify (forged, stale or foreign)",
+                {}, double(c.notifications_dropped()));
     out.Gauge(p + "quarantined_blocks",
               "Blocks held after losing their writer, until it is safe to reuse them", {},
               s.quarantined_blocks());

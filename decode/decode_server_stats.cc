@@ -31,6 +31,7 @@ void DecodeServer::FillStats(v1::StatsResponse* resp) {
     cs.kv_bytes += one.kv_bytes;
     cs.stale_signals_ignored += one.stale_signals_ignored;
     cs.data_connections_refused += one.data_connections_refused;
+    cs.notifications_dropped += one.notifications_dropped;
     cs.handshakes += one.handshakes;
     cs.quarantined_blocks += one.quarantined_blocks;
   }
@@ -43,6 +44,7 @@ void DecodeServer::FillStats(v1::StatsResponse* resp) {
   c->set_kv_bytes_moved(cs.kv_bytes);
   c->set_stale_signals_ignored(cs.stale_signals_ignored);
   c->set_data_connections_refused(cs.data_connections_refused);
+  c->set_notifications_dropped(cs.notifications_dropped);
   c->set_loads_recomputed(recomputed_);
   c->set_decode_steps(steps_);
   c->set_decode_loop_us(loop_us_);

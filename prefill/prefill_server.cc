@@ -117,7 +117,8 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
     peer.regions.push_back(transport::RemoteRegion{r.addr(), r.length(), r.key()});
   // A decode whose transport listens on every interface is dialled where its call came from.
   peer.host = connector::HostOfGrpcPeer(ctx->peer());
-  if (connector_->CheckSession(req->decode_instance_id(), req->session_secret()) ==
+  const std::string who = authz_->PeerName(*ctx);
+  if (connector_->CheckSession(req->decode_instance_id(), req->session_secret(), who) ==
       connector::PrefillConnector::Session::kMismatch) {
     KV_LOG_WARN << "handshake under decode instance " << req->decode_instance_id()
                 << " refused: its session has another secret";
@@ -128,7 +129,7 @@ grpc::Status PrefillServer::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   // AcceptPeer checks the secret again as it binds (two first handshakes may race).
   std::string ticket;
   Status s = connector_->AcceptPeer(req->decode_instance_id(), req->session_secret(), *peer_layout,
-                                    peer, req->pool_blocks(), &ticket);
+                                    peer, req->pool_blocks(), &ticket, req->session_epoch(), who);
   if (!s.ok()) {
     KV_LOG_WARN << "handshake from " << req->decode_instance_id() << " refused: " << s.ToString();
     return ToGrpc(s);
@@ -148,7 +149,8 @@ grpc::Status PrefillServer::Prefill(grpc::ServerContext* ctx, const v1::PrefillR
     ctx->AddTrailingMetadata(connector::kQuiescedTrailer, "1");  // nothing was posted
     return a;
   }
-  if (connector_->CheckSession(req->decode_instance_id(), req->session_secret()) ==
+  if (connector_->CheckSession(req->decode_instance_id(), req->session_secret(),
+                               authz_->PeerName(*ctx)) ==
       connector::PrefillConnector::Session::kMismatch) {
     KV_LOG_WARN << "[req " << req->request_id() << "] prefill call under decode instance "
                 << req->decode_instance_id() << " refused: wrong session secret";
@@ -238,7 +240,8 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   }
   std::vector<int32_t> dest(req.dest_blocks().begin(), req.dest_blocks().end());
   KV_ASSIGN_OR_RETURN(std::shared_ptr<connector::SaveRequest> save,
-                      connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest));
+                      connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest,
+                                            authz_->PeerName(*ctx)));
   KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined()
                << (hit ? ", from the prefix cache"
                        : from_cache > 0 ? ", " + std::to_string(from_cache) + " from the prefix cache"
@@ -282,7 +285,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   if (!s.ok()) {
     save->Quiesce(DeadlineAfterMs(config_.cancel_timeout_ms), s.ToString());
   }
-  connector_->EndSave(req.decode_instance_id(), id);
+  connector_->EndSave(req.decode_instance_id(), id, authz_->PeerName(*ctx));
   // A shutdown cancels every request: say so, rather than a bare "cancelled" the decode side
   // could mistake for its own cancel.
   if (!s.ok() && stopping_) return Unavailable("prefill daemon shutting down (" + s.message() + ")");
@@ -322,7 +325,8 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
 grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* req,
                                    v1::CancelResponse* resp) {
   if (grpc::Status a = authz_->Check(*ctx, daemon::Method::kCancel); !a.ok()) return a;
-  switch (connector_->CheckSession(req->decode_instance_id(), req->session_secret())) {
+  const std::string who = authz_->PeerName(*ctx);
+  switch (connector_->CheckSession(req->decode_instance_id(), req->session_secret(), who)) {
     case connector::PrefillConnector::Session::kMismatch:
       KV_LOG_WARN << "[req " << req->request_id() << "] cancel under decode instance "
                   << req->decode_instance_id() << " refused: wrong session secret";
@@ -339,7 +343,7 @@ grpc::Status PrefillServer::Cancel(grpc::ServerContext* ctx, const v1::CancelReq
       break;
   }
   Deadline d = connector::ServerDeadline(*ctx, DeadlineAfterMs(config_.cancel_timeout_ms));
-  auto r = connector_->Cancel(req->decode_instance_id(), req->request_id(), d);
+  auto r = connector_->Cancel(req->decode_instance_id(), req->request_id(), d, who);
   resp->set_known(r.known);
   resp->set_stopped(r.stopped);
   KV_LOG_INFO << "[req " << req->request_id() << "] cancel from " << req->decode_instance_id()

@@ -35,6 +35,7 @@
 //    NotificationSink (it runs on the transport's own thread).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -62,6 +63,7 @@ struct Capabilities {
   bool cuda_memory = false;   // can register and move CUDA device memory directly
   bool remote = false;        // can reach another host (else same host only)
   bool notifications = false; // Write(..., notify) supported
+  bool notification_mac = false;  // Notification::mac reaches the receiver's sink
 };
 
 // A registered memory region. RemoteKey() is an opaque blob the peer passes to Connect().
@@ -96,6 +98,9 @@ struct CopyOp {
   uint64_t length = 0;
 };
 
+// Bytes of Notification::mac.
+inline constexpr size_t kNotificationMacBytes = 16;
+
 struct Notification {
   uint64_t request_id = 0;
   int32_t layer = 0;
@@ -103,6 +108,10 @@ struct Notification {
   // Early notifications only (kNotificationLandedOnEvent): the backend's sequence number of
   // the write, what StreamWaitLanded waits for. 0 otherwise.
   uint32_t landed_seq = 0;
+  // A tag the writer's caller sets and the receiver's caller checks (the connector's MAC:
+  // connector/notification_mac.h). Backends with Capabilities::notification_mac deliver it
+  // unchanged; others deliver zeros.
+  std::array<uint8_t, kNotificationMacBytes> mac{};
 };
 
 // Notification::flags bit of an EARLY notification: sent when the write's copy was enqueued,

@@ -306,5 +306,47 @@ TEST_F(SlowPrefillTest, TimeoutSaysWhichLayerAndWhetherThePrefillHadTheRequest) 
   }
 }
 
+// Notifications whose MAC does not verify are dropped and counted (issue 15, item 2): a
+// forger that reaches the decode's transport (here a third fake writer) sends every layer of a
+// running request with a forged tag; none counts as landed, the genuine ones still do.
+TEST_F(SlowPrefillTest, ForgedNotificationsAreDroppedAndCounted) {
+  ASSERT_TRUE(decode_->Handshake(DeadlineAfterMs(5000)).ok());
+  auto forger = FakeTransport::Create();
+  std::vector<uint8_t> nothing(16, 0);
+  auto reg = forger->Register(transport::MemoryRegion{nothing.data(), nothing.size()});
+  ASSERT_TRUE(reg.ok());
+  transport::PeerDescriptor d;
+  d.address = decode_transport_->LocalAddress();
+  const uint64_t base = reinterpret_cast<uint64_t>(decode_model_.pool->base());
+  std::unique_ptr<transport::Endpoint> ep;
+  for (int id = 0; id < 8 && !ep; ++id) {  // the fake's key format is public: guess the id
+    d.regions = {{base, decode_model_.pool->memory().size(), d.address + ":" + std::to_string(id)}};
+    auto e = forger->Connect(d);
+    if (e.ok()) ep = std::move(e).value();
+  }
+  ASSERT_NE(ep, nullptr);
+  auto lease = Lease(20);
+  ASSERT_TRUE(decode_->StartLoad(41, Prompt(20), lease->ids(), true, DeadlineAfterMs(20000), lease).ok());
+  const int layers = decode_model_.pool->layout().num_layers;
+  for (int l = 0; l < layers; ++l) {
+    transport::WriteRequest w;
+    w.local = reg->get();
+    w.notify = true;
+    w.notification.request_id = 41;
+    w.notification.layer = l;
+    w.notification.mac.fill(0x5a);  // no secret: any tag is a guess
+    auto h = ep->Write(w);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(5000)).ok());
+  }
+  EXPECT_EQ(decode_->stats().notifications_dropped, uint64_t(layers));
+  // The prefill sleeps 1 s before each layer: nothing of request 41 has landed yet.
+  EXPECT_EQ(decode_->WaitForLayer(41, 0, DeadlineAfterMs(50)).code(), StatusCode::kTimeout);
+  auto info = decode_->WaitForLoad(41, DeadlineAfterMs(20000));
+  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(decode_->stats().notifications_dropped, uint64_t(layers));
+  decode_->Finished(41);
+}
+
 }  // namespace
 }  // namespace kvstream::connector

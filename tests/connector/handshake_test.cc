@@ -1,4 +1,5 @@
 #include "connector/handshake.h"
+#include "connector/notification_mac.h"
 
 #include <gtest/gtest.h>
 
@@ -104,6 +105,37 @@ TEST(CopyOps, NeighbouringBlocksCoalesce) {
   EXPECT_EQ(ops[1].length, bb);
   // Local gap breaks a run too.
   EXPECT_EQ(LayerCopyOps(layout, 0, 8, {1, 3}, 16, {4, 5}).size(), 2u);
+}
+
+// The decode's check of notification MACs (notification_mac.h): the genuine tag of the current
+// epoch passes; a forged tag, a tag of an earlier epoch (a late or replayed notification of an
+// earlier link), of another session, or moved onto another request or layer is dropped and
+// counted.
+TEST(NotificationMacTest, OnlyTheCurrentEpochsTagForItsRequestAndLayerPasses) {
+  const std::string secret(32, 's');
+  NotificationVerifier v(secret, "decode-1");
+  v.set_epoch(3);
+  auto note = [](uint64_t request, int32_t layer, const NotificationMac& mac) {
+    transport::Notification n;
+    n.request_id = request;
+    n.layer = layer;
+    n.mac = mac;
+    return n;
+  };
+  const NotificationMac good = ComputeNotificationMac(secret, "decode-1", 7, 2, 3);
+  EXPECT_TRUE(v.Verify(note(7, 2, good)));
+  EXPECT_FALSE(v.Verify(note(7, 2, NotificationMac{})));                                 // forged
+  EXPECT_FALSE(v.Verify(note(8, 2, good)));                                   // another request
+  EXPECT_FALSE(v.Verify(note(7, 1, good)));                                     // another layer
+  EXPECT_FALSE(v.Verify(note(7, 2, ComputeNotificationMac(secret, "decode-1", 7, 2, 2))));  // stale
+  EXPECT_FALSE(v.Verify(note(7, 2, ComputeNotificationMac(secret, "decode-2", 7, 2, 3))));  // foreign
+  EXPECT_FALSE(v.Verify(note(7, 2, ComputeNotificationMac(std::string(32, 't'), "decode-1", 7, 2, 3))));
+  EXPECT_EQ(v.dropped(), 6u);
+  v.set_epoch(4);  // a new handshake: the old link's tags stop counting
+  EXPECT_FALSE(v.Verify(note(7, 2, good)));
+  EXPECT_EQ(v.dropped(), 7u);
+  EXPECT_NE(ComputeNotificationMac(secret, "decode-1", 7, 2, 3),
+            ComputeNotificationMac(secret, "decode-1", 7, 2, 4));
 }
 
 }  // namespace

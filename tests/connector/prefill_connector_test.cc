@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -270,6 +271,49 @@ TEST_F(PrefillConnectorTest, SessionBindsTheIdToItsSecretAndRefusesAHijack) {
   EXPECT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
   EXPECT_TRUE(connector_->AcceptPeer("d2", Secret("d2"), Descriptor(), Peer(), kDecodeBlocks).ok());
   EXPECT_EQ(connector_->CheckSession("d2", Secret("d1")), PrefillConnector::Session::kMismatch);
+}
+
+// Sessions belong to the authenticated identity that made them (issue 15, item 2): after a
+// prefill restart, another authenticated peer that claims a known decode id first makes a
+// session of its own; the real decode's handshake under its own identity is still accepted,
+// and neither can act in the other's session. Failed before: the real handshake was refused.
+TEST_F(PrefillConnectorTest, SessionsAreBoundToTheIdentityThatMadeThem) {
+  // The other peer: its own transport and pool, the real decode's id, its own secret.
+  auto other_pool = MakePool(kDecodeBlocks);
+  auto other = FakeTransport::Create();
+  auto other_reg = other->Register(
+      transport::MemoryRegion{other_pool->base(), other_pool->memory().size()});
+  ASSERT_TRUE(other_reg.ok());
+  transport::PeerDescriptor claim;
+  claim.address = other->LocalAddress();
+  claim.regions.push_back(transport::RemoteRegion{reinterpret_cast<uint64_t>(other_pool->base()),
+                                                  other_pool->memory().size(),
+                                                  (*other_reg)->RemoteKey()});
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("ev"), Descriptor(), claim, kDecodeBlocks,
+                                     nullptr, 1, "cert:decode-1").ok());
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks,
+                                     nullptr, 1, "cert:decode-0").ok());
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("d1"), "cert:decode-0"),
+            PrefillConnector::Session::kMatch);
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("d1"), "cert:decode-1"),
+            PrefillConnector::Session::kMismatch);
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("ev"), "cert:decode-0"),
+            PrefillConnector::Session::kMismatch);
+  EXPECT_EQ(connector_->CheckSession("d1", Secret("d1"), "token"), PrefillConnector::Session::kNone);
+  // The real decode's request goes through its own link, into its own pool.
+  std::memset(other_pool->base(), 0, other_pool->memory().size());
+  auto save = connector_->BeginSave("d1", 5, 4, {2}, {7}, "cert:decode-0");
+  ASSERT_TRUE(save.ok()) << save.status().ToString();
+  for (int l = 0; l < Descriptor().layout.num_layers; ++l) ASSERT_TRUE((*save)->SaveLayer(l).ok());
+  ASSERT_TRUE((*save)->WaitForSave(DeadlineAfterMs(5000)).ok());
+  connector_->EndSave("d1", 5, "cert:decode-0");
+  const auto* o = reinterpret_cast<const uint8_t*>(other_pool->base());
+  EXPECT_TRUE(std::all_of(o, o + other_pool->memory().size(), [](uint8_t b) { return b == 0; }))
+      << "the real decode's KV went to the other peer's pool";
+  // A cancel under the other identity touches nothing of the real session.
+  auto c = connector_->Cancel("d1", 6, DeadlineAfterMs(100), "cert:decode-1");
+  EXPECT_FALSE(c.known);
+  EXPECT_TRUE(connector_->BeginSave("d1", 6, 4, {2}, {7}, "cert:decode-0").ok());
 }
 
 TEST(SessionSecretTest, RandomLongAndComparedWhole) {

@@ -1,15 +1,19 @@
 // Control-plane authentication against the real daemons (docs/security.md): bearer tokens per
 // method, mTLS with certificates made here by the openssl CLI, certificate reload, and the
 // start-up rule for non-loopback addresses.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <thread>
 
 #include "connector/client_auth.h"
+#include "connector/handshake.h"
+#include "daemon/daemon_runtime.h"
 #include "daemon/credentials.h"
 #include "tests/daemons/disagg_fixture.h"
 #include "tests/fault_record.h"
+#include "transport/transport.h"
 
 namespace kvstream::testing {
 namespace {
@@ -231,6 +235,99 @@ TEST_F(AuthTest, MutualTlsEndToEnd) {
   RecordFault("control.mtls_untrusted_certificates",
               "callers with no client certificate, plaintext, a peer's name from a rogue CA, and a "
               "client certificate on the prefill's peer methods",
+              o);
+}
+
+// Sessions are bound to the authenticated identity that made them (issue 15, item 2): after a
+// prefill restart, another authenticated peer (its own certificate, also named a peer) that
+// handshakes first under the decode's public instance id binds it only within its own identity;
+// the decode's next request handshakes under its certificate and is served right. Failed
+// before: the decode's handshake was refused (PERMISSION_DENIED) until the prefill restarted.
+TEST_F(AuthTest, AnotherPeerCannotClaimADecodeIdAfterAPrefillRestart) {
+  const std::string d = dir_.path();
+  ASSERT_NO_FATAL_FAILURE(MakeCa(d, "ca"));
+  for (const char* n : {"prefill", "decode", "other", "client"}) {
+    ASSERT_NO_FATAL_FAILURE(MakeCert(d, "ca", n, n));
+  }
+  auto tls_flags = [&](const std::string& n) {
+    return std::vector<std::string>{"--tls_cert=" + d + "/" + n + ".pem",
+                                    "--tls_key=" + d + "/" + n + ".key", "--tls_ca=" + d + "/ca.pem"};
+  };
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.prefill = tls_flags("prefill");
+  pair.prefill.push_back("--tls_peer_names=decode,other");
+  pair.decode = tls_flags("decode");
+  pair.prefill_port = PickFreePort();  // the restarted prefill comes back on the same port
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto prompt = MakePrompt(40, 512, 12);
+  const std::vector<int32_t> want = Colocated(kTiny, prompt, 4);
+  auto stub = v1::Decode::NewStub(Channel(decode_address(), "", Tls(d, "ca", "client")));
+  GenerateResult first = CallGenerate(*stub, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  std::string decode_id;
+  {
+    grpc::ClientContext ctx;
+    v1::StatsResponse resp;
+    ASSERT_TRUE(stub->Stats(WithDeadline(&ctx), v1::StatsRequest(), &resp).ok());
+    decode_id = resp.instance_id();
+  }
+  prefill_->Signal(SIGKILL);
+  prefill_->Wait(DeadlineAfterMs(5000));
+  ASSERT_NO_FATAL_FAILURE(StartPrefill());
+
+  // The other peer claims the decode's id first, with a handshake the prefill accepts: the
+  // tiny layout, a UCX transport and a registered pool of its own.
+  daemon::DaemonConfig cfg;
+  cfg.model = "tiny";
+  cfg.threads = 1;
+  auto model = daemon::LoadServingModel(cfg);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const connector::LayoutDescriptor layout =
+      connector::MakeLayoutDescriptor(model->backend->config(), cfg.block_size);
+  std::vector<uint8_t> pool(layout.layout.pool_bytes(8));
+  transport::TransportOptions to;
+  to.backend = "ucx";
+  to.ucx.tls = "tcp";
+  to.ucx.net_devices = "lo";
+  auto t = transport::CreateTransport(to);
+  if (t.status().code() == StatusCode::kNotSupported) GTEST_SKIP() << t.status().ToString();
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto reg = (*t)->Register(transport::MemoryRegion{pool.data(), pool.size()});
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  v1::HandshakeRequest claim;
+  claim.set_decode_instance_id(decode_id);
+  claim.set_transport_address((*t)->LocalAddress());
+  auto* region = claim.add_regions();
+  region->set_addr(reinterpret_cast<uint64_t>(pool.data()));
+  region->set_length(pool.size());
+  region->set_key((*reg)->RemoteKey());
+  claim.set_pool_blocks(8);
+  connector::ToProto(layout, claim.mutable_layout());
+  claim.set_transport_backend((*t)->name());
+  claim.set_session_secret(std::string(32, 'o'));
+  {
+    auto other = v1::Prefill::NewStub(Channel(prefill_address(), "", Tls(d, "ca", "other")));
+    grpc::ClientContext ctx;
+    v1::HandshakeResponse resp;
+    grpc::Status s = other->Handshake(WithDeadline(&ctx, 20000), claim, &resp);
+    ASSERT_TRUE(s.ok()) << "the other peer's handshake: " << s.error_message();
+  }
+  GenerateResult after = CallGenerate(*stub, prompt, 4, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, want);
+  EXPECT_TRUE(after.messages.front().load().loaded_remotely());
+  FaultOutcome o;
+  o.tries = 1;
+  o.requests = 1;
+  o.lost = after.status.ok() ? 0 : 1;
+  o.wrong_tokens = after.tokens == want ? 0 : 1;
+  o.aborts = prefill_->Running() && decode_->Running() ? 0 : 1;
+  o.outcome = "the claim made a session of the other identity only; the decode handshook under its "
+              "own certificate and its next request loaded remotely with the right tokens";
+  RecordFault("control.claimed_decode_id_after_restart",
+              "after a prefill restart, another authenticated peer handshakes first under a "
+              "running decode's public instance id",
               o);
 }
 

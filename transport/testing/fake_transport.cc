@@ -196,6 +196,7 @@ class FakeTransportImpl final : public FakeTransport {
     Capabilities c;
     c.host_memory = true;
     c.notifications = true;
+    c.notification_mac = true;
     return c;
   }
   std::string LocalAddress() const override { return "fake:" + std::to_string(core_->id); }

@@ -102,6 +102,7 @@ class UcxTransport final : public Transport {
     c.cuda_memory = worker_->cuda_memory();
     c.remote = true;
     c.notifications = true;
+    c.notification_mac = true;
     return c;
   }
   std::string LocalAddress() const override { return worker_->address(); }

@@ -160,6 +160,7 @@ Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what) {
 std::string EncodeNotification(const Notification& n) {
   PayloadWriter out;
   internal::AppendNotification(out, Notification{n.request_id, n.layer, n.flags});
+  out.Record(n.mac);
   return out.Seal(kTag, kNotify);
 }
 
@@ -168,7 +169,8 @@ Result<Notification> DecodeNotification(std::string_view header) {
                       internal::OpenEnvelope(kTag, header, "ucx notification"));
   Notification n;
   PayloadReader in(e.payload);
-  if (e.type != kNotify || !internal::ReadNotification(in, &n) || !in.done()) {
+  if (e.type != kNotify || !internal::ReadNotification(in, &n) || !in.Record(&n.mac) ||
+      !in.done()) {
     return InvalidArgument("ucx notification of another kind");
   }
   return n;

@@ -78,7 +78,8 @@ struct UcxKey {
 std::string EncodeKey(const void* rkey, size_t length);
 Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what);
 
-// The notification's active-message header (its landed_seq is not carried: always 0).
+// The notification's active-message header, its MAC included (its landed_seq is not carried:
+// always 0).
 std::string EncodeNotification(const Notification& n);
 Result<Notification> DecodeNotification(std::string_view header);
 
