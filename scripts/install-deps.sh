@@ -31,6 +31,7 @@ PKGS=(
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
   yamllint python3-yaml systemd  # the deploy files' checks (tests/deploy)
+  python3-jinja2  # the reference the chat template renderer is tested against (tests/frontend)
 )
 # What building UCX from its Debian source needs (this system's packages only).
 UCX_BUILD_PKGS=(
