@@ -246,6 +246,10 @@ Result<Security> SecurityFromConfig(const DaemonConfig& cfg, const std::string& 
       return InvalidArgument("listen " + cfg.listen + " is not a loopback address: " + set_tls +
                              " or client_token_file" + or_insecure);
   }
+  if (decode && !cfg.http.empty() && !cfg.insecure && !IsLoopbackAddress(cfg.http) && !tls &&
+      ao.client_token.empty())
+    return InvalidArgument("http " + cfg.http + " is not a loopback address: " + set_tls +
+                           " or client_token_file" + or_insecure);
   if (decode && !cfg.insecure && !tls && peer_token.empty()) {
     for (const std::string& p : SplitPeers(cfg.peer))
       if (!IsLoopbackAddress(p))

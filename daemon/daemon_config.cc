@@ -57,6 +57,11 @@ const std::vector<Field>& Fields() {
       KV_FIELD(metrics_port_file, kStr, "write the metrics listener's port here once serving"),
       KV_FIELD(metrics_auth_file, kStr,
                "file with user:password that scrapes must present (HTTP basic auth)"),
+      KV_FIELD(http, kStr,
+               "decode: OpenAI-compatible HTTP endpoint host:port (port 0 = pick one; empty = none)"),
+      KV_FIELD(http_port_file, kStr, "write the HTTP endpoint's port here once serving"),
+      KV_FIELD(http_model_name, kStr,
+               "the model id the HTTP endpoint serves (empty = the preset or checkpoint folder name)"),
       KV_FIELD(drain_delay_ms, kI64,
                "SIGTERM: NOT_SERVING at once, keep admitting this long, then refuse new requests"),
       KV_FIELD(drain_grace_ms, kI64,
@@ -223,6 +228,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.drain_delay_ms < 0) return InvalidArgument("drain_delay_ms must be >= 0");
   if (c.drain_grace_ms < 0) return InvalidArgument("drain_grace_ms must be >= 0");
   if (role == "decode" && c.peer.empty()) return InvalidArgument("decode needs --peer (the prefill address)");
+  if (role != "decode" && !c.http.empty())
+    return InvalidArgument("http: only the decode daemon serves the HTTP endpoint");
   if (role == "decode") {
     for (const std::string& p : SplitPeers(c.peer)) {
       const size_t colon = p.rfind(':');

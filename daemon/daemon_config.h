@@ -54,6 +54,13 @@ struct DaemonConfig {
   std::string metrics;
   std::string metrics_port_file;
   std::string metrics_auth_file;
+  // decode: an OpenAI-compatible HTTP endpoint (frontend/http_server.h, docs/http.md) on
+  // host:port; empty = none. Its credentials are the gRPC API's (client_token_file, tls_*), with
+  // the same loopback / insecure rule. Its port goes to http_port_file; http_model_name is the
+  // model id it serves (empty: the preset's name or the checkpoint folder's).
+  std::string http;
+  std::string http_port_file;
+  std::string http_model_name;
   // SIGTERM: readiness NOT_SERVING at once, new requests still admitted for drain_delay_ms, then
   // refused; requests in flight get drain_grace_ms to finish before they are cancelled.
   int64_t drain_delay_ms = 3000;

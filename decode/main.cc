@@ -11,6 +11,7 @@
 #include "daemon/signals.h"
 #include "connector/handshake.h"
 #include "decode/decode_server.h"
+#include "frontend/http_server.h"
 #include "tokenizer/tokenizer.h"
 #include "model/generation_config.h"
 
@@ -18,6 +19,29 @@ using namespace kvstream;
 
 namespace {
 int Fail(const Status& s) { return daemon::DaemonFailure("decode", s); }
+
+// The HTTP endpoint's options: the gRPC API's credentials (daemon/credentials.h).
+Result<frontend::HttpOptions> HttpOptionsFromConfig(const daemon::DaemonConfig& cfg) {
+  frontend::HttpOptions o;
+  o.listen = cfg.http;
+  o.model_id = cfg.http_model_name;
+  if (o.model_id.empty()) {
+    std::string m = cfg.model;
+    while (m.size() > 1 && m.back() == '/') m.pop_back();
+    o.model_id = m.substr(m.find_last_of('/') + 1);
+  }
+  if (!cfg.client_token_file.empty()) {
+    KV_ASSIGN_OR_RETURN(o.client_token, daemon::ReadTokenFile("client_token_file", cfg.client_token_file));
+  }
+  if (!cfg.tls_ca.empty()) {
+    o.tls_cert = cfg.tls_cert;
+    o.tls_key = cfg.tls_key;
+    o.tls_ca = cfg.tls_ca;
+  }
+  o.open = o.client_token.empty() && o.tls_ca.empty();
+  o.request_timeout_ms = cfg.request_timeout_ms;
+  return o;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,6 +113,16 @@ int main(int argc, char** argv) {
   service.SetHealth(&health);
   auto metrics = daemon::StartMetricsEndpoint(*cfg, *security, registry);
   if (!metrics.ok()) return Fail(metrics.status());
+  std::unique_ptr<frontend::HttpServer> http;  // destroyed after service.Stop() below
+  if (!cfg->http.empty()) {
+    auto opt = HttpOptionsFromConfig(*cfg);
+    if (!opt.ok()) return Fail(opt.status());
+    auto started = frontend::HttpServer::Start(*opt, &service, text.tokenizer,
+                                               [&health] { return health.serving(); });
+    if (!started.ok()) return Fail(started.status());
+    http = std::move(started).value();
+    if (Status s = daemon::WritePortFile(cfg->http_port_file, http->port()); !s.ok()) return Fail(s);
+  }
   if (Status s = daemon::WritePortFile(cfg->port_file, port); !s.ok()) return Fail(s);
   KV_LOG_INFO << "kvstream-decode " << conns.front()->instance_id() << " serving on port " << port
               << " (model " << model->backend->config().name << ", "
@@ -100,9 +134,10 @@ int main(int argc, char** argv) {
   KV_LOG_INFO << "signal " << sig << ": draining";
   daemon::Drain("decode", &health, {cfg->drain_delay_ms, cfg->drain_grace_ms,
                                   [&] { service.StopAdmitting(); },
-                                  [&] { return service.in_flight(); }});
+                                  [&] { return service.in_flight() + (http ? http->in_flight() : 0); }});
   KV_LOG_INFO << "shutting down";
   service.BeginShutdown();
+  if (http) http->Stop();
   health.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();

@@ -72,7 +72,8 @@ start_pair() {
   wait_port "$work/prefill$tag.port" "$!"
   pport=$(cat "$work/prefill$tag.port")
   "$build/bin/kvstream-decode" "${margs[@]}" --listen 127.0.0.1:0 --port_file "$work/decode$tag.port" \
-    --peer "127.0.0.1:$pport" --ucx_tls "$tls" --threads 1 2>"$work/decode$tag.log" &
+    --peer "127.0.0.1:$pport" --ucx_tls "$tls" --threads 1 \
+    --http 127.0.0.1:0 --http_port_file "$work/http$tag.port" 2>"$work/decode$tag.log" &
   pids+=($!)
   wait_port "$work/decode$tag.port" "$!"
   dport=$(cat "$work/decode$tag.port")
@@ -94,6 +95,14 @@ for spec in "--prompt-tokens 1,2,3,4,5,6,7,8" "--prompt-len 40" "--prompt-len 30
   echo "prompt [$spec]: TTFT ${ttft} ms, tokens $rt $verdict"
   [ "$rt" = "$lt" ] || exit 1
 done
+
+echo
+echo "-- the same daemons through the OpenAI-compatible HTTP endpoint (docs/http.md) --"
+hport=$(cat "$work/http.port")
+body='{"model":"tiny","prompt":[1,2,3,4,5,6,7,8],"max_tokens":12,"temperature":0,"return_token_ids":true}'
+echo "curl http://127.0.0.1:$hport/v1/completions -H 'Content-Type: application/json' -d '$body'"
+curl -sS "http://127.0.0.1:$hport/v1/completions" -H 'Content-Type: application/json' -d "$body"
+echo
 
 echo
 echo "-- TTFT: pipelined vs non-pipelined vs colocated (kvstream bench ttft) --"

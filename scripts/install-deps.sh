@@ -26,8 +26,10 @@ PKGS=(
   libpcre2-dev libicu-dev libsentencepiece-dev  # tokenizer/: pre-tokenizer patterns, NFC, .model files
   prometheus-cpp-dev  # the daemons' metrics endpoint (core + civetweb exposer)
   prometheus          # promtool and the server, for the metrics tests (tests/daemons)
-  libssl-dev  # SHA-256 of the prefix directory (kvcache/)
+  libssl-dev  # SHA-256 of the prefix directory (kvcache/); TLS of the HTTP endpoint
   libhiredis-dev redis-server  # the L4 shared KV tier (kvcache/redis_store.h) and its tests
+  libboost-dev  # frontend/: the HTTP endpoint (header-only Boost.Beast and Asio)
+  curl          # the HTTP endpoint's tests and the demo
   iproute2 procps python3 openssl
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
   yamllint python3-yaml systemd  # the deploy files' checks (tests/deploy)

@@ -31,32 +31,6 @@ std::string WriteSecret(const std::string& dir, const std::string& name, const s
   return path;
 }
 
-// The openssl CLI: a CA (ca-<ca>.pem/.key) and certificates signed by it whose CN and DNS SAN
-// are `name` (plus localhost and IP 127.0.0.1, the address the tests dial).
-void MakeCa(const std::string& dir, const std::string& ca) {
-  int rc = 0;
-  std::string out = RunCapture(
-      "cd " + dir + " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes " +
-          "-days 1 -subj /CN=" + ca + " -keyout " + ca + ".key -out " + ca + ".pem",
-      &rc, true);
-  ASSERT_EQ(rc, 0) << out;
-}
-void MakeCert(const std::string& dir, const std::string& ca, const std::string& name,
-              const std::string& file) {
-  int rc = 0;
-  std::string out = RunCapture(
-      "cd " + dir + " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=" +
-          name + " -keyout " + file + ".key.new -out " + file + ".csr && printf " +
-          "'subjectAltName=DNS:" + name + ",DNS:localhost,IP:127.0.0.1\\n' > " + file + ".ext && " +
-          "openssl x509 -req -in " + file + ".csr -CA " + ca + ".pem -CAkey " + ca + ".key " +
-          "-CAcreateserial -days 1 -extfile " + file + ".ext -out " + file + ".pem.new && " +
-          // Replaced by rename, so a reader sees the old file or the new one, never a part.
-          "chmod 600 " + file + ".key.new && mv " + file + ".key.new " + file + ".key && mv " +
-          file + ".pem.new " + file + ".pem",
-      &rc, true);
-  ASSERT_EQ(rc, 0) << out;
-}
-
 std::shared_ptr<grpc::Channel> Channel(const std::string& address, const std::string& token,
                                        std::shared_ptr<grpc::ChannelCredentials> creds = nullptr) {
   return connector::CreateAuthChannel(address, {std::move(creds), token});

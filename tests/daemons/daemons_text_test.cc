@@ -5,8 +5,6 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "tests/daemons/disagg_fixture.h"
 #include "tokenizer/tokenizer.h"
 
@@ -14,37 +12,6 @@ namespace kvstream::testing {
 namespace {
 
 namespace v1 = kvstream::v1;
-
-// The committed Llama 3 style test tokenizer cut to its first 500 tokens (bytes, then merges in
-// order) plus <|begin_of_text|> at 500 and special tokens up to 511: the tiny preset's vocabulary.
-std::string SmallTokenizerJson() {
-  std::ifstream in(std::string(KVSTREAM_TOKENIZER_DATA) + "/llama3/tokenizer.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str());
-  nlohmann::json vocab = nlohmann::json::object();
-  for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it) {
-    if (it->get<int>() < 500) vocab[it.key()] = *it;
-  }
-  nlohmann::json merges = nlohmann::json::array();
-  for (const auto& m : j["model"]["merges"]) {
-    const std::string s = m.get<std::string>();
-    const std::string merged = s.substr(0, s.find(' ')) + s.substr(s.find(' ') + 1);
-    if (vocab.contains(merged)) merges.push_back(m);
-  }
-  j["model"]["vocab"] = vocab;
-  j["model"]["merges"] = merges;
-  j["added_tokens"] = nlohmann::json::array({{{"id", 500}, {"content", "<|begin_of_text|>"}, {"special", true},
-                                              {"normalized", false}, {"lstrip", false}, {"rstrip", false},
-                                              {"single_word", false}}});
-  for (int id = 501; id < 512; ++id) {  // the rest of the model's vocabulary: special tokens
-    j["added_tokens"].push_back({{"id", id}, {"content", "<|reserved_" + std::to_string(id) + "|>"},
-                                 {"special", true}, {"normalized", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"single_word", false}});
-  }
-  j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"] = {500};
-  return j.dump();
-}
 
 struct TextResult {
   grpc::Status status;
@@ -80,7 +47,7 @@ TEST_F(DisaggTest, TextInTextOutWithStopStrings) {
   int rc = 0;
   const std::string out = RunCapture(std::string(KVSTREAM_CLI_BIN) + " make-checkpoint --model tiny --out " + ck, &rc, true);
   ASSERT_EQ(rc, 0) << out;
-  std::ofstream(ck + "/tokenizer.json") << SmallTokenizerJson();
+  std::ofstream(ck + "/tokenizer.json") << SmallTokenizerJson(KVSTREAM_TOKENIZER_DATA);
   auto tok = tokenizer::Tokenizer::Load(ck);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
 

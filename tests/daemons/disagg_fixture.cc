@@ -4,6 +4,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 namespace kvstream::testing {
 
@@ -32,6 +36,61 @@ std::string RunCapture(const std::string& cmd, int* rc, bool with_stderr) {
   const int st = pclose(p);
   *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return out;
+}
+
+std::string SmallTokenizerJson(const std::string& tokenizer_data) {
+  std::ifstream in(tokenizer_data + "/llama3/tokenizer.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto j = nlohmann::json::parse(ss.str());
+  nlohmann::json vocab = nlohmann::json::object();
+  for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it) {
+    if (it->get<int>() < 500) vocab[it.key()] = *it;
+  }
+  nlohmann::json merges = nlohmann::json::array();
+  for (const auto& m : j["model"]["merges"]) {
+    const std::string s = m.get<std::string>();
+    const std::string merged = s.substr(0, s.find(' ')) + s.substr(s.find(' ') + 1);
+    if (vocab.contains(merged)) merges.push_back(m);
+  }
+  j["model"]["vocab"] = vocab;
+  j["model"]["merges"] = merges;
+  j["added_tokens"] = nlohmann::json::array({{{"id", 500}, {"content", "<|begin_of_text|>"}, {"special", true},
+                                              {"normalized", false}, {"lstrip", false}, {"rstrip", false},
+                                              {"single_word", false}}});
+  for (int id = 501; id < 512; ++id) {  // the rest of the model's vocabulary: special tokens
+    j["added_tokens"].push_back({{"id", id}, {"content", "<|reserved_" + std::to_string(id) + "|>"},
+                                 {"special", true}, {"normalized", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"single_word", false}});
+  }
+  j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"] = {500};
+  return j.dump();
+}
+
+// The openssl CLI: a CA (ca-<ca>.pem/.key) and certificates signed by it whose CN and DNS SAN
+// are `name` (plus localhost and IP 127.0.0.1, the address the tests dial).
+void MakeCa(const std::string& dir, const std::string& ca) {
+  int rc = 0;
+  std::string out = RunCapture(
+      "cd " + dir + " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes " +
+          "-days 1 -subj /CN=" + ca + " -keyout " + ca + ".key -out " + ca + ".pem",
+      &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+}
+void MakeCert(const std::string& dir, const std::string& ca, const std::string& name,
+              const std::string& file) {
+  int rc = 0;
+  std::string out = RunCapture(
+      "cd " + dir + " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=" +
+          name + " -keyout " + file + ".key.new -out " + file + ".csr && printf " +
+          "'subjectAltName=DNS:" + name + ",DNS:localhost,IP:127.0.0.1\\n' > " + file + ".ext && " +
+          "openssl x509 -req -in " + file + ".csr -CA " + ca + ".pem -CAkey " + ca + ".key " +
+          "-CAcreateserial -days 1 -extfile " + file + ".ext -out " + file + ".pem.new && " +
+          // Replaced by rename, so a reader sees the old file or the new one, never a part.
+          "chmod 600 " + file + ".key.new && mv " + file + ".key.new " + file + ".key && mv " +
+          file + ".pem.new " + file + ".pem",
+      &rc, true);
+  ASSERT_EQ(rc, 0) << out;
 }
 
 std::vector<std::string> DefaultDaemonFlags() {

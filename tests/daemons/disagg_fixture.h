@@ -36,6 +36,17 @@ std::vector<std::string> DefaultDaemonFlags();
 // `with_stderr`); *rc = the exit code, -1 if it did not exit normally or could not start.
 std::string RunCapture(const std::string& cmd, int* rc, bool with_stderr = false);
 
+// The committed Llama 3 style test tokenizer (under `tokenizer_data`, tests/tokenizer/data) cut to
+// its first 500 tokens (bytes, then merges in order) plus <|begin_of_text|> at 500 and special
+// tokens up to 511: the tiny preset's vocabulary, as a tokenizer.json document.
+std::string SmallTokenizerJson(const std::string& tokenizer_data);
+
+// The openssl CLI, in `dir`: a CA (<ca>.pem/.key) and certificates signed by it (<file>.pem/.key)
+// whose CN and DNS SAN are `name` (plus localhost and IP 127.0.0.1, the address the tests dial).
+void MakeCa(const std::string& dir, const std::string& ca);
+void MakeCert(const std::string& dir, const std::string& ca, const std::string& name,
+              const std::string& file);
+
 class DisaggTest : public ::testing::Test {
  protected:
   void TearDown() override;
