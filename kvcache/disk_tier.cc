@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -64,11 +63,8 @@ bool ParseKeyHex(std::string_view hex, BlockKey* key) {
 }  // namespace
 
 DiskTier::DiskTier(const Options& options)
-    : options_([&] {
-        Options o = options;
-        if (!(o.low_watermark > 0 && o.low_watermark <= 1)) o.low_watermark = 0.9;
-        return o;
-      }()) {
+    : options_(options),
+      index_({options.capacity_bytes, options.low_watermark, options.max_age_s}) {
   stats_.capacity_bytes = options_.capacity_bytes;
 }
 
@@ -144,36 +140,21 @@ Status DiskTier::Rebuild() {
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return a.written > b.written; });
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Found& f : found) {
-    lru_.push_back(f.key);
-    index_.emplace(f.key, Entry{f.bytes, f.written, std::prev(lru_.end())});
-    used_ += f.bytes;
-  }
+  for (const Found& f : found) index_.Restore(f.key, f.bytes, 0, f.written);
   report_.loaded = found.size();
   // Over a smaller capacity than before: the oldest go.
-  while (used_ > options_.capacity_bytes && !lru_.empty()) {
-    EraseLocked(lru_.back());
-    ++stats_.evicted_blocks;
-  }
+  stats_.evicted_blocks += index_.EvictDownTo(
+      options_.capacity_bytes,
+      [&](const BlockKey& key, const TierIndex::Entry&) { ::unlink(PathOf(key).c_str()); });
   KV_LOG_INFO << "disk KV tier " << options_.dir << ": " << report_.loaded << " entries ("
-              << used_ << " bytes), " << report_.foreign_entries
+              << index_.used() << " bytes), " << report_.foreign_entries
               << " of another model or layout left unread, " << report_.dropped
               << " that did not verify deleted";
   return OkStatus();
 }
 
-bool DiskTier::ExpiredLocked(const Entry& e) const {
-  return options_.max_age_s > 0 &&
-         FileClock::now() - e.written > std::chrono::seconds(options_.max_age_s);
-}
-
 void DiskTier::EraseLocked(const BlockKey& key) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return;
-  ::unlink(PathOf(key).c_str());
-  used_ -= it->second.bytes;
-  lru_.erase(it->second.lru);
-  index_.erase(it);
+  if (index_.Remove(key)) ::unlink(PathOf(key).c_str());
 }
 
 void DiskTier::FailRead(const BlockKey& key) {
@@ -184,23 +165,33 @@ void DiskTier::FailRead(const BlockKey& key) {
 
 bool DiskTier::Contains(const BlockKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  return it != index_.end() && !ExpiredLocked(it->second);
+  return index_.Contains(key);
+}
+
+bool DiskTier::Pin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.Ref(key);
+}
+
+void DiskTier::Unpin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  index_.Unref(key);
 }
 
 Status DiskTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(key);
-    if (it != index_.end() && ExpiredLocked(it->second)) {
+    const TierIndex::Entry* e = index_.Find(key);
+    if (e != nullptr && index_.Expired(*e) && e->refs == 0) {
       EraseLocked(key);
       ++stats_.evicted_blocks;
-      it = index_.end();
+      e = nullptr;
     }
-    if (it == index_.end()) {
+    if (e == nullptr) {
       ++stats_.miss_blocks;
       return NotFound("disk KV tier: block " + KeyHex(key).substr(0, 16) + " not held");
     }
+    index_.Ref(key);  // not evicted while the file is read
   }
   const std::string path = PathOf(key);
   auto bytes = ReadFile(path, 0);
@@ -209,21 +200,26 @@ Status DiskTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> 
     return DataLoss("disk KV tier: " + bytes.status().message());
   }
   const DecodedBlock d = DecodeBlock(*bytes, options_.identity, &key, options_.secret);
-  const size_t block_bytes = options_.identity.layout.block_bytes();
-  if (d.ok() && layers.size() != size_t(options_.identity.layout.num_layers))
-    return InvalidArgument("disk KV tier: wrong number of layers asked for");
   if (!d.ok()) {
     KV_LOG_WARN << "disk KV tier: " << path << " refused: " << d.status().message();
     FailRead(key);
     return d.status();
   }
-  for (size_t l = 0; l < layers.size(); ++l) {
-    if (layers[l].size() != block_bytes) return InvalidArgument("disk KV tier: a layer buffer of the wrong size");
+  const size_t block_bytes = options_.identity.layout.block_bytes();
+  Status copied = layers.size() == size_t(options_.identity.layout.num_layers)
+                      ? OkStatus()
+                      : InvalidArgument("disk KV tier: wrong number of layers asked for");
+  for (size_t l = 0; l < layers.size() && copied.ok(); ++l) {
+    if (layers[l].size() != block_bytes) {
+      copied = InvalidArgument("disk KV tier: a layer buffer of the wrong size");
+      break;
+    }
     std::memcpy(layers[l].data(), d.payload.data() + l * block_bytes, block_bytes);
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  if (it != index_.end()) lru_.splice(lru_.begin(), lru_, it->second.lru);
+  index_.Unref(key);
+  if (!copied.ok()) return copied;
+  index_.Touch(key);
   ++stats_.hit_blocks;
   stats_.bytes_read += bytes->size();
   return OkStatus();
@@ -236,28 +232,23 @@ Status DiskTier::Put(const BlockHeader& header, std::span<const std::span<const 
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (index_.count(header.key) != 0) {
-      lru_.splice(lru_.begin(), lru_, index_[header.key].lru);
+    if (index_.Find(header.key) != nullptr) {
+      index_.Touch(header.key);
       return OkStatus();
     }
-    if (used_ + size > options_.capacity_bytes) {
-      const uint64_t low = static_cast<uint64_t>(
-          std::floor(double(options_.capacity_bytes) * options_.low_watermark));
-      while (!lru_.empty() && used_ + size > low) {
-        EraseLocked(lru_.back());
-        ++stats_.evicted_blocks;
-      }
-    }
-    if (used_ + size > options_.capacity_bytes) {
+    // Reserved while the file is written.
+    if (!index_.Reserve(size, [&](const BlockKey& key, const TierIndex::Entry&) {
+          ::unlink(PathOf(key).c_str());
+          ++stats_.evicted_blocks;
+        })) {
       ++stats_.write_failures;
       return ResourceExhausted("disk KV tier: no room");
     }
-    used_ += size;  // reserved while the file is written
     seq = ++temp_seq_;
   }
   auto fail = [&](Status s) {
     std::lock_guard<std::mutex> lock(mu_);
-    used_ -= size;
+    index_.Unreserve(size);
     ++stats_.write_failures;
     return s;
   };
@@ -289,12 +280,7 @@ Status DiskTier::Put(const BlockHeader& header, std::span<const std::span<const 
     return fail(Unavailable(Errno("disk KV tier: rename " + temp)));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (index_.count(header.key) == 0) {
-    lru_.push_front(header.key);
-    index_.emplace(header.key, Entry{size, FileClock::now(), lru_.begin()});
-  } else {
-    used_ -= size;  // written twice at once: one entry
-  }
+  index_.Insert(header.key, size, 0, FileClock::now());  // written twice at once: one entry
   ++stats_.written_blocks;
   stats_.bytes_written += size;
   return OkStatus();
@@ -307,7 +293,7 @@ void DiskTier::Erase(const BlockKey& key) {
 
 void DiskTier::EraseAll() {
   std::lock_guard<std::mutex> lock(mu_);
-  while (!lru_.empty()) EraseLocked(lru_.back());
+  index_.Clear([&](const BlockKey& key, const TierIndex::Entry&) { ::unlink(PathOf(key).c_str()); });
   // Every entry file, of any identity, and every temporary file.
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(options_.dir, ec)) {
@@ -321,8 +307,8 @@ void DiskTier::EraseAll() {
 TierStats DiskTier::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TierStats s = stats_;
-  s.entries = index_.size();
-  s.bytes_used = used_;
+  s.entries = index_.entries();
+  s.bytes_used = index_.used();
   return s;
 }
 

@@ -12,19 +12,17 @@
 //  - Every Get verifies the whole entry again (CRC, identity, key, HMAC): a file damaged,
 //    truncated, replaced or deleted since is a counted failure, deleted, never KV.
 //  - At most capacity_bytes of this identity's entries: a Put first evicts least recently used
-//    entries down to low_watermark; a write that fails (e.g. the disk is full) stores nothing.
+//    unpinned entries down to low_watermark (kvcache/tier_index.h); a write that fails (e.g. the
+//    disk is full) stores nothing. A Get pins its entry while it reads the file.
 //  - Entries older than max_age_s (0 = no bound; by the file's time) are dropped when met.
 #pragma once
 
-#include <chrono>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
-#include "kvcache/host_tier.h"  // KeyHasher
 #include "kvcache/tier.h"
+#include "kvcache/tier_index.h"
 
 namespace kvstream::kvcache {
 
@@ -47,6 +45,8 @@ class DiskTier final : public KvTier {
   bool Contains(const BlockKey& key) override;
   Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override;
   Status Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) override;
+  bool Pin(const BlockKey& key) override;
+  void Unpin(const BlockKey& key) override;
   void Erase(const BlockKey& key) override;
   void EraseAll() override;
   TierStats stats() const override;
@@ -60,23 +60,15 @@ class DiskTier final : public KvTier {
   std::string PathOf(const BlockKey& key) const;
 
  private:
-  using FileClock = std::chrono::system_clock;
-  struct Entry {
-    uint64_t bytes;
-    FileClock::time_point written;
-    std::list<BlockKey>::iterator lru;
-  };
+  using FileClock = TierIndex::Clock;
   explicit DiskTier(const Options& options);
   Status Rebuild();
-  bool ExpiredLocked(const Entry& e) const;
   void EraseLocked(const BlockKey& key);  // the index entry and its file
   void FailRead(const BlockKey& key);
 
   const Options options_;
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry, KeyHasher> index_;
-  std::list<BlockKey> lru_;  // front = most recently used
-  uint64_t used_ = 0;
+  TierIndex index_;  // bytes: encoded entries, plus the reservations of files being written
   uint64_t temp_seq_ = 0;
   TierStats stats_;
   OpenReport report_;

@@ -1,16 +1,9 @@
 #include "kvcache/host_tier.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 namespace kvstream::kvcache {
-
-size_t KeyHasher::operator()(const BlockKey& k) const {
-  size_t h;
-  std::memcpy(&h, k.data(), sizeof(h));  // SHA-256 output: already uniform
-  return h;
-}
 
 Result<std::unique_ptr<HostTier>> HostTier::Create(const Options& options,
                                                    std::unique_ptr<model::PoolMemory> memory) {
@@ -26,52 +19,38 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const Options& options,
 }
 
 HostTier::HostTier(const Options& options, std::unique_ptr<model::PoolMemory> memory, int slots)
-    : options_([&] {
-        Options o = options;
-        if (!(o.low_watermark > 0 && o.low_watermark <= 1)) o.low_watermark = 0.9;
-        return o;
-      }()),
+    : options_(options),
       block_bytes_(options.layout.block_bytes()),
       slot_bytes_(size_t(options.layout.num_layers) * block_bytes_),
       memory_(std::move(memory)),
-      slots_(slots) {
+      index_({uint64_t(slots) * slot_bytes_, options.low_watermark, options.max_age_s}) {
   free_.reserve(slots);
   for (int i = slots - 1; i >= 0; --i) free_.push_back(i);
-  stats_.capacity_bytes = uint64_t(slots) * slot_bytes_;
+  stats_.capacity_bytes = index_.capacity();
 }
 
-std::byte* HostTier::SlotPtr(int slot) const {
+std::byte* HostTier::SlotPtr(uint64_t slot) const {
   return static_cast<std::byte*>(memory_->data()) + size_t(slot) * slot_bytes_;
 }
 
-bool HostTier::ExpiredLocked(const Entry& e) const {
-  return options_.max_age_s > 0 &&
-         Clock::now() - e.written > std::chrono::seconds(options_.max_age_s);
-}
-
 void HostTier::EraseLocked(const BlockKey& key) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return;
-  free_.push_back(it->second.slot);
-  lru_.erase(it->second.lru);
-  index_.erase(it);
+  if (auto e = index_.Remove(key)) free_.push_back(int(e->slot));
 }
 
 bool HostTier::Contains(const BlockKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  return it != index_.end() && !ExpiredLocked(it->second);
+  return index_.Contains(key);
 }
 
 Status HostTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  if (it != index_.end() && ExpiredLocked(it->second)) {
+  const TierIndex::Entry* e = index_.Find(key);
+  if (e != nullptr && index_.Expired(*e) && e->refs == 0) {
     EraseLocked(key);
     ++stats_.evicted_blocks;
-    it = index_.end();
+    e = nullptr;
   }
-  if (it == index_.end()) {
+  if (e == nullptr) {
     ++stats_.miss_blocks;
     return NotFound("host KV tier: block " + KeyHex(key).substr(0, 16) + " not held");
   }
@@ -79,7 +58,7 @@ Status HostTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> 
     ++stats_.read_failures;
     return InvalidArgument("host KV tier: wrong number of layers asked for");
   }
-  const std::byte* src = SlotPtr(it->second.slot);
+  const std::byte* src = SlotPtr(e->slot);
   for (size_t l = 0; l < layers.size(); ++l) {
     if (layers[l].size() != block_bytes_) {
       ++stats_.read_failures;
@@ -87,7 +66,7 @@ Status HostTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> 
     }
     std::memcpy(layers[l].data(), src + l * block_bytes_, block_bytes_);
   }
-  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  index_.Touch(key);
   ++stats_.hit_blocks;
   stats_.bytes_read += slot_bytes_;
   return OkStatus();
@@ -99,20 +78,16 @@ Status HostTier::Put(const BlockHeader& header, std::span<const std::span<const 
   for (const auto& l : layers)
     if (l.size() != block_bytes_) return InvalidArgument("host KV tier: a layer of the wrong size");
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(header.key);
-  if (it != index_.end()) {
-    lru_.splice(lru_.begin(), lru_, it->second.lru);
+  if (index_.Find(header.key) != nullptr) {
+    index_.Touch(header.key);
     return OkStatus();
   }
-  if (free_.empty()) {
-    // Down to the low watermark at once, so a full tier does not evict on every Put.
-    const int low = std::max(0, static_cast<int>(std::floor(slots_ * options_.low_watermark)) - 1);
-    while (!lru_.empty() && index_.size() > size_t(low)) {
-      EraseLocked(lru_.back());
-      ++stats_.evicted_blocks;
-    }
-  }
-  if (free_.empty()) {
+  const bool room = index_.Reserve(slot_bytes_, [&](const BlockKey&, const TierIndex::Entry& e) {
+    free_.push_back(int(e.slot));
+    ++stats_.evicted_blocks;
+  });
+  if (!room || free_.empty()) {
+    if (room) index_.Unreserve(slot_bytes_);
     ++stats_.write_failures;
     return ResourceExhausted("host KV tier: no free slot");
   }
@@ -120,11 +95,20 @@ Status HostTier::Put(const BlockHeader& header, std::span<const std::span<const 
   free_.pop_back();
   std::byte* dst = SlotPtr(slot);
   for (size_t l = 0; l < layers.size(); ++l) std::memcpy(dst + l * block_bytes_, layers[l].data(), block_bytes_);
-  lru_.push_front(header.key);
-  index_.emplace(header.key, Entry{slot, Clock::now(), lru_.begin()});
+  index_.Insert(header.key, slot_bytes_, uint64_t(slot), TierIndex::Clock::now());
   ++stats_.written_blocks;
   stats_.bytes_written += slot_bytes_;
   return OkStatus();
+}
+
+bool HostTier::Pin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.Ref(key);
+}
+
+void HostTier::Unpin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  index_.Unref(key);
 }
 
 void HostTier::Erase(const BlockKey& key) {
@@ -134,14 +118,14 @@ void HostTier::Erase(const BlockKey& key) {
 
 void HostTier::EraseAll() {
   std::lock_guard<std::mutex> lock(mu_);
-  while (!lru_.empty()) EraseLocked(lru_.back());
+  index_.Clear([&](const BlockKey&, const TierIndex::Entry& e) { free_.push_back(int(e.slot)); });
 }
 
 TierStats HostTier::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   TierStats s = stats_;
-  s.entries = index_.size();
-  s.bytes_used = uint64_t(index_.size()) * slot_bytes_;
+  s.entries = index_.entries();
+  s.bytes_used = index_.used();
   return s;
 }
 

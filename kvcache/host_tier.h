@@ -3,25 +3,20 @@
 // carved from one allocation made at start.
 //
 // Guarantees (besides kvcache/tier.h's): holds at most capacity / block bytes entries; a Put into
-// a full tier first evicts least recently used entries down to low_watermark of the slots (a
-// Get counts as a use); entries older than max_age_s (0 = no bound) are dropped when met.
+// a full tier first evicts least recently used unpinned entries down to low_watermark of the
+// slots (a Get counts as a use); entries older than max_age_s (0 = no bound) are dropped when
+// met. The bookkeeping is kvcache/tier_index.h's.
 // Entries are kept as raw payload (no codec: the memory never leaves the process).
 #pragma once
 
-#include <chrono>
-#include <list>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "kvcache/tier.h"
+#include "kvcache/tier_index.h"
 
 namespace kvstream::kvcache {
-
-struct KeyHasher {
-  size_t operator()(const BlockKey& k) const;
-};
 
 class HostTier final : public KvTier {
  public:
@@ -40,20 +35,15 @@ class HostTier final : public KvTier {
   bool Contains(const BlockKey& key) override;
   Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override;
   Status Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) override;
+  bool Pin(const BlockKey& key) override;
+  void Unpin(const BlockKey& key) override;
   void Erase(const BlockKey& key) override;
   void EraseAll() override;
   TierStats stats() const override;
 
  private:
-  using Clock = std::chrono::steady_clock;
-  struct Entry {
-    int slot;
-    Clock::time_point written;
-    std::list<BlockKey>::iterator lru;
-  };
   HostTier(const Options& options, std::unique_ptr<model::PoolMemory> memory, int slots);
-  std::byte* SlotPtr(int slot) const;
-  bool ExpiredLocked(const Entry& e) const;
+  std::byte* SlotPtr(uint64_t slot) const;
   void EraseLocked(const BlockKey& key);
 
   const Options options_;
@@ -61,10 +51,8 @@ class HostTier final : public KvTier {
   const size_t slot_bytes_;   // every layer
   std::unique_ptr<model::PoolMemory> memory_;
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry, KeyHasher> index_;
-  std::list<BlockKey> lru_;  // front = most recently used
+  TierIndex index_;  // one slot_bytes_ per entry
   std::vector<int> free_;
-  int slots_;
   TierStats stats_;
 };
 

@@ -10,6 +10,8 @@
 //    names its KV). A tier over its size evicts least recently used entries down to its low
 //    watermark first; an entry that cannot fit is not stored (an error, counted).
 //  - EraseAll removes every entry the tier holds (user data: retention).
+//  - Pin keeps an entry from eviction (by size or age) until as many Unpin: a block about to be
+//    read stays; false when the tier does not hold it. Erase and failed reads still remove it.
 // Thread-safe.
 #pragma once
 
@@ -43,6 +45,8 @@ class KvTier {
   virtual Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) = 0;
   virtual Status Put(const BlockHeader& header,
                      std::span<const std::span<const std::byte>> layers) = 0;
+  virtual bool Pin(const BlockKey& key) { return Contains(key); }
+  virtual void Unpin(const BlockKey& /*key*/) {}
   virtual void Erase(const BlockKey& key) = 0;
   virtual void EraseAll() = 0;
   virtual TierStats stats() const = 0;
