@@ -1,8 +1,14 @@
 #include "kernels/sampling.h"
 
 #include <climits>
+#include <cstdint>
 
 #include "common/sampling_math.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KV_SAMPLE_CLUSTER 1
+#include <cooperative_groups.h>
+#endif
 
 namespace kvstream::kernels {
 namespace {
@@ -18,6 +24,11 @@ using u64 = unsigned long long;
 
 struct Shared {
   u64 hist[kBins];
+  // Written once per launch and read by the other blocks of the row's cluster.
+  float row_max;
+  int row_argmax;
+  u64 row_kept;
+  int row_token;
   float red_f[kWarps];
   int red_i[kWarps];
   u64 red_u[kWarps];
@@ -29,6 +40,37 @@ struct Shared {
   uint32_t collect_key[kMaxCollect];
   int collect_idx[kMaxCollect];
 };
+
+// A row is sampled by a cluster of G blocks (G = 1 below Hopper), block `rank` owning the
+// contiguous slice [lo, hi) of the row. The blocks exchange per-slice figures through
+// distributed shared memory; every block reduces them in rank order, so all take the same
+// decisions and pass the same number of cluster barriers.
+template <int G>
+__device__ inline int ClusterRank() {
+#if KV_SAMPLE_CLUSTER
+  if constexpr (G > 1) return int(cooperative_groups::this_cluster().block_rank());
+#endif
+  return 0;
+}
+template <int G>
+__device__ inline void ClusterSync() {
+#if KV_SAMPLE_CLUSTER
+  if constexpr (G > 1) {
+    cooperative_groups::this_cluster().sync();
+    return;
+  }
+#endif
+  __syncthreads();
+}
+// The block `rank`'s copy of this block's shared variable p.
+template <int G, class T>
+__device__ inline T* ClusterAt(T* p, int rank) {
+#if KV_SAMPLE_CLUSTER
+  if constexpr (G > 1) return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#endif
+  (void)rank;
+  return p;
+}
 
 // The argmax order of layer_ops.cu's ArgmaxRows: larger first, lower index on ties, NaN never.
 __device__ inline bool Better(float v, int i, float bv, int bi) {
@@ -112,23 +154,26 @@ __device__ float BlockSumF(Shared& s, float x) {
   return x;
 }
 
+// Conditions for RadixSelect. SetTotal receives F(floor), the kept count or weight.
 struct CountAtLeast {
   u64 target;
+  __device__ void SetTotal(u64) {}
   __device__ bool operator()(u64 f) const { return f >= target; }
 };
 struct TopPMass {
-  u64 total;
   float top_p;
+  u64 total = 0;
+  __device__ void SetTotal(u64 t) { total = t; }
   __device__ bool operator()(u64 f) const { return sm::TopPReached(f, total, top_p); }
 };
 
 // The largest key t >= floor with cond(F(t)), F(t) = sum over the row's i with
 // key_i >= t of (kMass ? weight_i : 1); floor when no t qualifies. cond must be monotone (true
-// from some F on). Four passes over the row, one per 8-bit digit from the top: a histogram
-// of the candidates (keys agreeing with the digits chosen so far), then the warp 0 picks the
-// highest digit whose suffix sum qualifies.
-template <bool kMass, class Cond>
-__device__ uint32_t RadixSelect(Shared& s, const float* row, int vocab, float max_logit,
+// from some F on). Four passes over the slice, one per 8-bit digit from the top: a histogram
+// of the candidates (keys agreeing with the digits chosen so far), summed over the cluster's
+// slices, then the warp 0 of every block picks the highest digit whose suffix sum qualifies.
+template <int G, bool kMass, class Cond>
+__device__ uint32_t RadixSelect(Shared& s, const float* row, int lo, int hi, float max_logit,
                                 float inv_t, uint32_t floor, Cond cond) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t prefix = 0;
@@ -137,11 +182,11 @@ __device__ uint32_t RadixSelect(Shared& s, const float* row, int vocab, float ma
     for (int b = threadIdx.x; b < kBins; b += kThreads) s.hist[b] = 0;
     __syncthreads();
     const uint32_t hi_mask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
-    for (int i0 = 0; i0 < vocab; i0 += kThreads) {
+    for (int i0 = lo; i0 < hi; i0 += kThreads) {
       const int i = i0 + int(threadIdx.x);
       int bin = kBins;  // not a candidate
       u64 v = 0;
-      if (i < vocab) {
+      if (i < hi) {
         const float z = row[i];
         const uint32_t key = sm::SortKey(z);
         if (key >= floor && (key & hi_mask) == (prefix & hi_mask)) {
@@ -152,18 +197,21 @@ __device__ uint32_t RadixSelect(Shared& s, const float* row, int vocab, float ma
       const unsigned peers = __match_any_sync(kFull, bin);
       if (bin < kBins) {
         // v <= 2^31: the two 16-bit halves' sums over <= 32 lanes fit 32 bits.
-        const unsigned lo = __reduce_add_sync(peers, unsigned(v & 0xFFFFu));
-        const unsigned hi = __reduce_add_sync(peers, unsigned(v >> 16));
-        if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u64(hi) << 16) + u64(lo));
+        const unsigned lo16 = __reduce_add_sync(peers, unsigned(v & 0xFFFFu));
+        const unsigned hi16 = __reduce_add_sync(peers, unsigned(v >> 16));
+        if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u64(hi16) << 16) + u64(lo16));
       }
     }
-    __syncthreads();
+    ClusterSync<G>();  // every slice's histogram complete
     if (warp == 0) {
       u64 h[8], local = 0;
       for (int j = 0; j < 8; ++j) {
-        h[j] = s.hist[lane * 8 + j];
+        h[j] = 0;
+        for (int r = 0; r < G; ++r) h[j] += ClusterAt<G>(s.hist, r)[lane * 8 + j];
         local += h[j];
       }
+      // The first pass sees every key >= floor: its bins add up to F(floor).
+      if (shift == 24) cond.SetTotal(WarpSumU(local));
       u64 incl = local;  // sum over this lane and the lanes above it (higher bins)
       for (int o = 1; o < 32; o <<= 1) {
         const u64 t = __shfl_down_sync(kFull, incl, o);
@@ -187,7 +235,7 @@ __device__ uint32_t RadixSelect(Shared& s, const float* row, int vocab, float ma
         s.sel_above = found_above;
       }
     }
-    __syncthreads();
+    ClusterSync<G>();  // no block reads another's histogram any more
     const bool none = s.sel_found < 0;
     prefix = s.sel_prefix;
     above = s.sel_above;
@@ -197,40 +245,54 @@ __device__ uint32_t RadixSelect(Shared& s, const float* row, int vocab, float ma
   return prefix < floor ? floor : prefix;
 }
 
-// The first kept index (in index order) whose running weight exceeds the draw point. Warp w
-// owns the contiguous indices [w * seg, (w + 1) * seg), read 32 at a time; the sums of those
-// 32-wide steps go to step_sums so that only one step is read again.
-__device__ int Draw(Shared& s, u64* step_sums, const float* row, int vocab, float max_logit,
-                    float inv_t, uint32_t t, u64 min_w, uint32_t u24) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int steps = (vocab + kThreads - 1) / kThreads;
-  const int seg = steps * 32;
-  auto weight = [&](int i) -> u64 {
-    if (i >= vocab) return 0;
+// The draw over the kept tokens of the slice [lo, hi), in two steps. DrawSums: the kept weight
+// of the slice (every thread gets it); warp w owns the contiguous indices
+// [lo + w * seg, lo + (w + 1) * seg), read 32 at a time; the sums of those 32-wide steps go to
+// step_sums so that only one step is read again. DrawFind (the block whose slice holds the
+// draw point r, r < its kept weight): the first kept index whose running weight exceeds r.
+struct Kept {
+  const float* row;
+  int lo, hi;
+  float max_logit, inv_t;
+  uint32_t t;
+  u64 min_w;
+  __device__ u64 operator()(int i) const {
+    if (i >= hi) return 0;
     const float z = row[i];
     if (sm::SortKey(z) < t) return 0;
     const u64 w = sm::SampleWeight(z, max_logit, inv_t);
     return w >= min_w ? w : 0;
-  };
+  }
+  __device__ int Steps() const { return (hi - lo + kThreads - 1) / kThreads; }
+};
+
+__device__ u64 DrawSums(Shared& s, u64* step_sums, const Kept& kept) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int steps = kept.Steps();
+  const int seg = steps * 32;
   u64 warp_total = 0;
   for (int j = 0; j < steps; ++j) {
-    const u64 sum = WarpSumU(weight(warp * seg + j * 32 + lane));
+    const u64 sum = WarpSumU(kept(kept.lo + warp * seg + j * 32 + lane));
     if (lane == 0) step_sums[warp * steps + j] = sum;
     warp_total += sum;
   }
-  if (lane == 0) s.red_u[warp] = warp_total;
-  __syncthreads();
+  return BlockSumU(s, lane == 0 ? warp_total : 0);
+}
+
+__device__ int DrawFind(Shared& s, const u64* step_sums, const Kept& kept, u64 r) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int steps = kept.Steps();
+  const int seg = steps * 32;
   if (warp == 0) {
-    const u64 mine = s.red_u[lane];
+    u64 mine = 0;  // the kept weight of warp `lane`'s segment
+    for (int j = 0; j < steps; ++j) mine += step_sums[lane * steps + j];
     u64 incl = mine;  // inclusive prefix over warps in index order
     for (int o = 1; o < 32; o <<= 1) {
       const u64 x = __shfl_up_sync(kFull, incl, o);
       if (lane >= o) incl += x;
     }
-    const u64 total = __shfl_sync(kFull, incl, 31);
-    const u64 r = sm::DrawPoint(total, u24);
     const unsigned hit = __ballot_sync(kFull, incl > r);
-    const int w = __ffs(hit) - 1;  // total > r: some warp
+    const int w = __ffs(hit) - 1;  // the slice's total > r: some warp
     u64 before = __shfl_sync(kFull, incl - mine, w);
     // The step of warp w, 32 step sums at a time.
     int step = -1;
@@ -250,14 +312,15 @@ __device__ int Draw(Shared& s, u64* step_sums, const float* row, int vocab, floa
         before += __shfl_sync(kFull, c, 31);
       }
     }
-    const u64 v = weight(w * seg + step * 32 + lane);
+    const int base = kept.lo + w * seg + step * 32;
+    const u64 v = kept(base + lane);
     u64 c = v;
     for (int o = 1; o < 32; o <<= 1) {
       const u64 x = __shfl_up_sync(kFull, c, o);
       if (lane >= o) c += x;
     }
     const unsigned h = __ballot_sync(kFull, before + c > r);
-    if (lane == 0) s.token = w * seg + step * 32 + (__ffs(h) - 1);
+    if (lane == 0) s.token = base + (__ffs(h) - 1);
   }
   __syncthreads();
   const int token = s.token;
@@ -267,7 +330,8 @@ __device__ int Draw(Shared& s, u64* step_sums, const float* row, int vocab, floa
 
 // The top n (key descending, index ascending) of the row into ids (n <= kSampleMaxTop).
 __device__ void TopN(Shared& s, const float* row, int vocab, int n, int* ids) {
-  const uint32_t tn = RadixSelect<false>(s, row, vocab, 0.f, 0.f, 0u, CountAtLeast{u64(n)});
+  const uint32_t tn =
+      RadixSelect<1, false>(s, row, 0, vocab, 0.f, 0.f, 0u, CountAtLeast{u64(n)});
   // Everything above the threshold (fewer than n), then the threshold's ties, lowest first.
   for (int pass = 0; pass < 2; ++pass) {
     if (threadIdx.x == 0) s.collect_count = 0;
@@ -336,53 +400,117 @@ __device__ void TopN(Shared& s, const float* row, int vocab, int n, int* ids) {
   }
 }
 
+template <int G>
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(int32_t* tokens, SampleLogprobs* logprobs, const float* logits,
                  const SampleParams* params, int vocab) {
+#if defined(__CUDA_ARCH__) && !defined(KV_SAMPLE_CLUSTER)
+  if constexpr (G > 1) {
+    __trap();  // clusters exist from sm_90 on; the host launches G > 1 only there
+    return;
+  }
+#endif
   __shared__ Shared s;
   extern __shared__ u64 step_sums[];
-  const float* row = logits + size_t(blockIdx.x) * vocab;
-  const SampleParams p = params[blockIdx.x];
+  const int rank = ClusterRank<G>();
+  const int row_index = int(blockIdx.x) / G;
+  const float* row = logits + size_t(row_index) * vocab;
+  const SampleParams p = params[row_index];
+  const int slice = (vocab + G - 1) / G;
+  const int lo = min(vocab, rank * slice), hi = min(vocab, lo + slice);
+
+  // A sampled row's slice is staged in shared memory (G > 1: the launch sized it so): the
+  // passes below read it several times, and from global memory they are latency-bound.
+  const float* src = row;  // src[i]: logit i, for i in [lo, hi)
+  if (G > 1 && p.inv_temperature > 0) {
+    const int steps = (slice + kThreads - 1) / kThreads;
+    float* staged = reinterpret_cast<float*>(step_sums + ((kWarps * steps + 1) & ~1));
+    const float* from = row + lo;
+    const int n = hi - lo;
+    if ((reinterpret_cast<uintptr_t>(from) & 15) == 0) {
+      const float4* from4 = reinterpret_cast<const float4*>(from);
+      float4* to4 = reinterpret_cast<float4*>(staged);
+#pragma unroll 4
+      for (int k = threadIdx.x; k < n / 4; k += kThreads) to4[k] = from4[k];
+      for (int k = (n / 4) * 4 + int(threadIdx.x); k < n; k += kThreads) staged[k] = from[k];
+    } else {
+      for (int k = threadIdx.x; k < n; k += kThreads) staged[k] = from[k];
+    }
+    __syncthreads();
+    src = staged - lo;
+  }
 
   float bv = -INFINITY;
   int bi = INT_MAX;
-  for (int j = threadIdx.x; j < vocab; j += kThreads) {
-    const float v = row[j];
+  for (int j = lo + int(threadIdx.x); j < hi; j += kThreads) {
+    const float v = src[j];
     if (Better(v, j, bv, bi)) {
       bv = v;
       bi = j;
     }
   }
   BlockArgmax(s, bv, bi);
+  if constexpr (G > 1) {
+    if (threadIdx.x == 0) {
+      s.row_max = bv;
+      s.row_argmax = bi;
+    }
+    ClusterSync<G>();
+    for (int r = 0; r < G; ++r) {  // Better is a total order: the same winner in every block
+      const Shared& o = *ClusterAt<G>(&s, r);
+      if (Better(o.row_max, o.row_argmax, bv, bi)) {
+        bv = o.row_max;
+        bi = o.row_argmax;
+      }
+    }
+  }
   const int greedy_token = bi == INT_MAX ? 0 : bi;
   int token = greedy_token;
   if (p.inv_temperature > 0 && bi != INT_MAX && sm::IsFinite(bv)) {
     const float m = bv, inv_t = p.inv_temperature;
     uint32_t t = 0;
     if (p.top_k > 0 && p.top_k < vocab)
-      t = RadixSelect<false>(s, row, vocab, m, inv_t, 0u, CountAtLeast{u64(p.top_k)});
-    if (p.top_p < 1.0f) {
-      u64 mass = 0;
-      for (int j = threadIdx.x; j < vocab; j += kThreads) {
-        const float z = row[j];
-        if (sm::SortKey(z) >= t) mass += sm::SampleWeight(z, m, inv_t);
+      t = RadixSelect<G, false>(s, src, lo, hi, m, inv_t, 0u, CountAtLeast{u64(p.top_k)});
+    if (p.top_p < 1.0f)
+      t = RadixSelect<G, true>(s, src, lo, hi, m, inv_t, t, TopPMass{p.top_p});
+    const Kept kept{src, lo, hi, m, inv_t, t, p.min_weight};
+    const u64 mine = DrawSums(s, step_sums, kept);
+    const uint32_t u24 = sm::PhiloxUniform24(p.seed, p.token_index);
+    if constexpr (G == 1) {
+      token = DrawFind(s, step_sums, kept, sm::DrawPoint(mine, u24));
+    } else {
+      if (threadIdx.x == 0) s.row_kept = mine;
+      ClusterSync<G>();
+      u64 before = 0, total = 0;
+      for (int r = 0; r < G; ++r) {
+        const u64 k = ClusterAt<G>(&s, r)->row_kept;
+        if (r < rank) before += k;
+        total += k;
       }
-      const u64 total = BlockSumU(s, mass);
-      t = RadixSelect<true>(s, row, vocab, m, inv_t, t, TopPMass{total, p.top_p});
+      const u64 point = sm::DrawPoint(total, u24);  // total >= the max logit's weight > 0
+      if (point >= before && point - before < mine) {
+        const int found = DrawFind(s, step_sums, kept, point - before);
+        if (threadIdx.x == 0) ClusterAt<G>(&s, 0)->row_token = found;
+      }
+      ClusterSync<G>();  // the token is in block 0; no block reads another's memory after this
+      if (rank != 0) return;
+      token = s.row_token;
     }
-    token = Draw(s, step_sums, row, vocab, m, inv_t, t, p.min_weight,
-                 sm::PhiloxUniform24(p.seed, p.token_index));
+  } else if constexpr (G > 1) {
+    ClusterSync<G>();  // no block leaves while another may read its shared memory
+    if (rank != 0) return;
   }
-  if (threadIdx.x == 0) tokens[blockIdx.x] = token;
+  if (threadIdx.x == 0) tokens[row_index] = token;
   if (p.top_logprobs < 0 || logprobs == nullptr) return;
 
+  // The log-probabilities: block 0 alone, over the whole row (the bits do not depend on G).
   float e = 0;
   for (int j = threadIdx.x; j < vocab; j += kThreads) {
     const float z = row[j];
     if (!sm::IsNan(z)) e += expf(z - bv);
   }
   const float log_z = bv + logf(BlockSumF(s, e));
-  SampleLogprobs& out = logprobs[blockIdx.x];
+  SampleLogprobs& out = logprobs[row_index];
   if (threadIdx.x == 0) out.logprob = row[token] - log_z;
   const int n = min(p.top_logprobs, min(kSampleMaxTop, vocab));
   if (n == 0) return;
@@ -395,21 +523,60 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The blocks per row: 4 on Hopper and later for vocabularies large enough to split, else 1.
+int ClusterBlocks(int vocab) {
+  static const int major = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  }();
+  // Four blocks stage a quarter of the row each in shared memory: up to 4 x 40k logits.
+  return major >= 9 && vocab >= 16 * kThreads && vocab <= 4 * 40 * 1024 ? 4 : 1;
+}
+
+template <int G>
+cudaError_t Launch(int32_t* tokens, SampleLogprobs* logprobs, const float* logits,
+                   const SampleParams* params, int rows, int vocab, cudaStream_t stream) {
+  const int slice = (vocab + G - 1) / G;
+  const size_t sums = size_t((kWarps * ((slice + kThreads - 1) / kThreads) + 1) & ~1);
+  // Step sums, then (G > 1) the staged slice, 16-byte aligned.
+  const size_t smem = sums * sizeof(u64) + (G > 1 ? size_t(slice) * sizeof(float) : 0);
+  if (smem + sizeof(Shared) > 200 * 1024) return cudaErrorInvalidValue;
+  if (smem > 32 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        SampleKernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(rows) * G);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (G > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = G;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, SampleKernel<G>, tokens, logprobs, logits, params, vocab);
+}
+
 }  // namespace
 
 cudaError_t SampleRows(int32_t* tokens, SampleLogprobs* logprobs, const float* logits,
                        const SampleParams* params, int rows, int vocab, cudaStream_t stream) {
   if (rows < 0 || vocab <= 0 || !tokens || !logits || !params) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  const size_t smem = size_t(kWarps) * size_t((vocab + kThreads - 1) / kThreads) * sizeof(u64);
-  if (smem + sizeof(Shared) > 200 * 1024) return cudaErrorInvalidValue;
-  if (smem > 32 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
-  SampleKernel<<<rows, kThreads, smem, stream>>>(tokens, logprobs, logits, params, vocab);
-  return cudaGetLastError();
+  return ClusterBlocks(vocab) == 4
+             ? Launch<4>(tokens, logprobs, logits, params, rows, vocab, stream)
+             : Launch<1>(tokens, logprobs, logits, params, rows, vocab, stream);
 }
 
 }  // namespace kvstream::kernels

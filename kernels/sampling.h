@@ -1,9 +1,10 @@
 // Token sampling on the GPU: one launch picks the token of every row of a logits batch, greedy
 // or sampled, by the definition of model/sampling.h and with the arithmetic of
 // common/sampling_math.h, so that from the same logits it gives exactly the CPU reference's
-// token. One thread block per row; top-k, top-p and the top-N log-probabilities are thresholds
-// found by radix select over the logits' 32-bit order keys (no sort of the vocabulary); the
-// draw is an exact integer prefix sum. Launches only (no synchronisation, no allocation);
+// token. A row is taken by one thread block, or on Hopper and later (large vocabularies) by a
+// cluster of four that split it and combine their figures exactly; top-k, top-p and the top-N
+// log-probabilities are thresholds found by radix select over the logits' 32-bit order keys
+// (no sort of the vocabulary); the draw is an exact integer prefix sum. Launches only (no synchronisation, no allocation);
 // cudaErrorInvalidValue for bad shapes, else the launch error.
 #pragma once
 
