@@ -13,22 +13,6 @@
 #include "kvcache/redis_store.h"
 
 namespace kvstream::cli {
-namespace {
-
-std::vector<std::string> SplitComma(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const size_t end = comma == std::string::npos ? s.size() : comma;
-    if (end > start) out.push_back(s.substr(start, end - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace
 
 int RunKvStore(std::span<const std::string> args) {
   const std::vector<FlagSpec> specs = {
@@ -59,7 +43,7 @@ int RunKvStore(std::span<const std::string> args) {
   auto timeout = flags->GetInt("timeout-ms", 1, 3600000);
   if (!timeout.ok()) return ReportError("kv-store", timeout.status(), true);
   kvcache::RedisStoreOptions o;
-  o.servers = SplitComma(flags->Get("redis"));
+  o.servers = kvcache::SplitRedisServers(flags->Get("redis"));
   o.auth_file = flags->Get("auth-file");
   o.insecure = flags->Has("insecure");
   o.ns = flags->Get("namespace");

@@ -97,6 +97,18 @@ const std::vector<Field>& Fields() {
                "prefill: KV tier entries older than this many seconds are dropped (0 = no bound)"),
       KV_FIELD(kv_disk_tier_erase, kBool,
                "prefill: erase every entry in kv_disk_tier_dir (any model's) at start (true|false)"),
+      KV_FIELD(kv_store_redis, kStr,
+               "prefill: shared KV tier (L4) on Redis: servers unix:/path or host:port, a,b,... "
+               "(empty = off; needs kv_tier_secret_file; docs/kv_store.md)"),
+      KV_FIELD(kv_store_auth_file, kStr,
+               "prefill: Redis AUTH file (the password, or ACL user and password on two lines)"),
+      KV_FIELD(kv_store_insecure, kBool, "prefill: allow kv_store_redis without an auth file"),
+      KV_FIELD(kv_store_ttl_s, kI64, "prefill: shared-tier entries expire after this many s"),
+      KV_FIELD(kv_store_timeout_ms, kI64, "prefill: deadline of every shared-tier call"),
+      KV_FIELD(kv_store_namespace, kStr,
+               "prefill: shared-tier keys live under '<namespace>:' (erase-everything removes them)"),
+      KV_FIELD(kv_store_max_pending_mb, kInt,
+               "prefill: MiB of blocks waiting for the shared tier's writer (past it: dropped)"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kStr,
                "decode: auto | true | false: first step only after every layer landed (auto: "
@@ -282,6 +294,18 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
                            "keys every stored block's HMAC)");
   if (c.kv_disk_tier_erase && c.kv_disk_tier_dir.empty())
     return InvalidArgument("kv_disk_tier_erase needs kv_disk_tier_dir");
+  if (!c.kv_store_redis.empty()) {
+    if (c.kv_tier_secret_file.empty())
+      return InvalidArgument("kv_store_redis needs kv_tier_secret_file (the cluster secret that "
+                             "keys every stored block's HMAC)");
+    if (c.kv_store_auth_file.empty() && !c.kv_store_insecure)
+      return InvalidArgument("kv_store_redis needs kv_store_auth_file (Redis AUTH), or "
+                             "kv_store_insecure=true for a server without a password");
+    if (c.kv_store_ttl_s <= 0) return InvalidArgument("kv_store_ttl_s must be > 0");
+    if (c.kv_store_timeout_ms <= 0) return InvalidArgument("kv_store_timeout_ms must be > 0");
+    if (c.kv_store_max_pending_mb <= 0)
+      return InvalidArgument("kv_store_max_pending_mb must be > 0");
+  }
   if (c.fault_layer_delay_ms < 0) return InvalidArgument("fault_layer_delay_ms must be >= 0");
   const int tls_files = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
   if (tls_files != 0 && tls_files != 3)

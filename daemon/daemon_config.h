@@ -110,6 +110,19 @@ struct DaemonConfig {
   int kv_disk_tier_mb = 1024;       // prefill: L3 size bound
   int64_t kv_tier_max_age_s = 0;    // retention: tier entries older than this are dropped (0 = none)
   bool kv_disk_tier_erase = false;  // erase every entry in kv_disk_tier_dir at start
+  // prefill: the shared KV tier (L4, docs/kv_store.md): Redis servers, comma-separated
+  // ("unix:/path" or "host:port"), keys sharded over them; empty = off. Needs
+  // kv_tier_secret_file. AUTH comes from kv_store_auth_file (the password, or an ACL user and
+  // password on two lines), required unless kv_store_insecure. Entries expire after
+  // kv_store_ttl_s; every store call is bounded by kv_store_timeout_ms; keys live under
+  // "<kv_store_namespace>:"; at most kv_store_max_pending_mb wait for the writer.
+  std::string kv_store_redis;
+  std::string kv_store_auth_file;
+  bool kv_store_insecure = false;
+  int64_t kv_store_ttl_s = 86400;
+  int64_t kv_store_timeout_ms = 250;
+  std::string kv_store_namespace = "kvstream";
+  int kv_store_max_pending_mb = 256;
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
   int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)

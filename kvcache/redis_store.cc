@@ -13,6 +13,19 @@
 
 namespace kvstream::kvcache {
 
+std::vector<std::string> SplitRedisServers(std::string_view list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = list.find(',', start);
+    const size_t end = comma == std::string_view::npos ? list.size() : comma;
+    if (end > start) out.emplace_back(list.substr(start, end - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
 struct RedisStore::Shard {
   RedisEndpoint endpoint;
   std::string name;

@@ -57,6 +57,9 @@ struct RedisStoreStats {
   uint64_t bytes_sent = 0, bytes_received = 0;  // on the wire, commands and replies
 };
 
+// "a,b,..." as server addresses (empty items skipped).
+std::vector<std::string> SplitRedisServers(std::string_view list);
+
 // Reads a Redis auth file (see Open). `key` names the setting in errors.
 Result<RedisCredentials> ReadRedisAuthFile(const std::string& key, const std::string& path);
 

@@ -148,4 +148,45 @@ StoreTierStats StoreTier::stats() const {
   return s;
 }
 
+Status StoreKvTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) {
+  const model::KvLayout& layout = store_->identity().layout;
+  if (layers.size() != size_t(layout.num_layers))
+    return InvalidArgument("store KV tier: wrong number of layers asked for");
+  for (const auto& l : layers)
+    if (l.size() != layout.block_bytes())
+      return InvalidArgument("store KV tier: a layer buffer of the wrong size");
+  std::optional<std::vector<std::byte>> payload = store_->Read(key);
+  if (!payload) return NotFound("store KV tier: block " + KeyHex(key).substr(0, 16) + " not read");
+  for (size_t l = 0; l < layers.size(); ++l)
+    std::memcpy(layers[l].data(), payload->data() + l * layout.block_bytes(), layout.block_bytes());
+  return OkStatus();
+}
+
+Status StoreKvTier::Put(const BlockHeader& header,
+                        std::span<const std::span<const std::byte>> layers) {
+  std::vector<std::byte> payload;
+  for (const auto& l : layers) payload.insert(payload.end(), l.begin(), l.end());
+  if (!store_->Write(header, std::move(payload)))
+    return ResourceExhausted("store KV tier: block dropped (queue full or another layout)");
+  return OkStatus();
+}
+
+void StoreKvTier::EraseAll() {
+  auto erased = store_->EraseAll();
+  if (!erased.ok()) KV_LOG_WARN << "kv store: erase-everything failed: " << erased.status().ToString();
+}
+
+TierStats StoreKvTier::stats() const {
+  const StoreTierStats s = store_->stats();
+  TierStats t;
+  t.hit_blocks = s.read_hits;
+  t.read_failures = s.verify_failures;
+  t.miss_blocks = s.read_misses - s.verify_failures;
+  t.bytes_read = s.read_bytes;
+  t.bytes_written = s.written_bytes;
+  t.written_blocks = s.written_blocks;
+  t.write_failures = s.write_failures + s.dropped_blocks;
+  return t;
+}
+
 }  // namespace kvstream::kvcache

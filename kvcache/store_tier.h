@@ -26,6 +26,7 @@
 
 #include "kvcache/block_codec.h"
 #include "kvcache/redis_store.h"
+#include "kvcache/tier.h"
 
 namespace kvstream::kvcache {
 
@@ -83,6 +84,27 @@ class StoreTier {
   std::atomic<uint64_t> written_blocks_{0}, written_bytes_{0}, skipped_present_{0};
   std::atomic<uint64_t> dropped_blocks_{0}, write_failures_{0};
   std::atomic<uint64_t> read_hits_{0}, read_misses_{0}, read_bytes_{0}, verify_failures_{0};
+};
+
+// The store tier as the last KvTier of a TieredCache (kvcache/tier.h): Put queues (Write), Get
+// reads and verifies (Read), Present is the batched match-time query, Contains asks for one
+// key. Erase does nothing (entries expire by their TTL; EraseAll erases the namespace).
+class StoreKvTier final : public KvTier {
+ public:
+  explicit StoreKvTier(std::unique_ptr<StoreTier> store) : store_(std::move(store)) {}
+  std::string_view name() const override { return "store"; }
+  bool remote() const override { return true; }
+  bool Contains(const BlockKey& key) override { return store_->Present({&key, 1})[0]; }
+  std::vector<bool> Present(std::span<const BlockKey> keys) override { return store_->Present(keys); }
+  Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override;
+  Status Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) override;
+  void Erase(const BlockKey& /*key*/) override {}
+  void EraseAll() override;
+  TierStats stats() const override;
+  StoreTier& store() { return *store_; }
+
+ private:
+  std::unique_ptr<StoreTier> store_;
 };
 
 // A BlockKey as the store's opaque key bytes.

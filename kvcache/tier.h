@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "kvcache/block_codec.h"
@@ -45,6 +46,16 @@ class KvTier {
   virtual Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) = 0;
   virtual Status Put(const BlockHeader& header,
                      std::span<const std::span<const std::byte>> layers) = 0;
+  // Which of `keys` the tier holds: for a remote tier one batched query, and only a hint (a
+  // later Get may still miss).
+  virtual std::vector<bool> Present(std::span<const BlockKey> keys) {
+    std::vector<bool> out;
+    for (const BlockKey& k : keys) out.push_back(Contains(k));
+    return out;
+  }
+  // A tier shared across machines (L4): Present is a hint, Put only queues (the tier checks
+  // presence itself before it writes), reads are slow.
+  virtual bool remote() const { return false; }
   virtual bool Pin(const BlockKey& key) { return Contains(key); }
   virtual void Unpin(const BlockKey& /*key*/) {}
   virtual void Erase(const BlockKey& key) = 0;

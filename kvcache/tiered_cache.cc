@@ -26,6 +26,33 @@ std::vector<BlockKey> TieredCache::Keys(const BlockKey& root, std::span<const in
   return keys;
 }
 
+std::vector<KvTier*> TieredCache::Locate(std::span<const BlockKey> keys, size_t first) {
+  std::vector<KvTier*> where(keys.size(), nullptr);
+  // Local tiers block by block (an index lookup each), up to the first block none holds.
+  auto local = [&](size_t b) {
+    for (; b < keys.size(); ++b) {
+      for (auto& t : tiers_)
+        if (!t->remote() && t->Contains(keys[b])) {
+          where[b] = t.get();
+          break;
+        }
+      if (where[b] == nullptr) break;
+    }
+    return b;
+  };
+  size_t end = local(first);
+  // A remote tier: one batched query for the rest of the chain (a hint: a Get may still miss);
+  // past its run, local tiers may hold more.
+  for (auto& t : tiers_) {
+    if (!t->remote() || end >= keys.size()) continue;
+    const std::vector<bool> present = t->Present(keys.subspan(end));
+    size_t b = end;
+    while (b < keys.size() && present[b - end]) where[b++] = t.get();
+    if (b > end) end = local(b);
+  }
+  return where;
+}
+
 int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
                        model::BlockLease* lease, const std::function<void(int)>& make_room) {
   const int bs = pool_->layout().block_size;
@@ -35,11 +62,13 @@ int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, in
   const std::vector<BlockKey> keys = Keys(root, tokens);
   const int nl = pool_->layout().num_layers;
   const size_t block_bytes = pool_->layout().block_bytes();
+  const std::vector<KvTier*> where = Locate(keys, from_tokens / bs);
   int covered = from_tokens;
   for (size_t b = from_tokens / bs; b < keys.size(); ++b) {
-    KvTier* from = nullptr;
+    // Local tiers asked again: an earlier block's copy into a faster tier may have evicted it.
+    KvTier* from = where[b] != nullptr && where[b]->remote() ? where[b] : nullptr;
     for (auto& t : tiers_)
-      if (t->Contains(keys[b])) {
+      if (!t->remote() && t->Contains(keys[b])) {
         from = t.get();
         break;
       }
@@ -120,7 +149,8 @@ void TieredCache::WriteJob(const Job& job) {
     const int held = std::min<int>(bs, int(job.tokens.size()) - int(b) * bs);
     BlockHeader h{job.root, keys[b], model_hash_, pool_->layout(), uint32_t(held)};
     for (auto& t : tiers_) {
-      if (t->Contains(keys[b])) continue;
+      // A remote tier checks presence itself, batched, before it writes.
+      if (!t->remote() && t->Contains(keys[b])) continue;
       Status s = t->Put(h, layers);
       if (!s.ok()) {
         KV_LOG_DEBUG << "KV tier " << t->name() << ": block not written: " << s.ToString();

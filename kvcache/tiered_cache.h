@@ -8,7 +8,7 @@
 //    queue holds at most half the pool's blocks: past that a write-down is skipped (counted),
 //    so slow tiers never starve requests of pool blocks.
 //  - Fetch extends a cached prefix block by block with blocks found in the tiers (fastest
-//    first), each copied into a fresh pool block of the caller's lease; it stops at the first
+//    first; a remote tier is asked once, batched, for the whole rest of the prompt), each copied into a fresh pool block of the caller's lease; it stops at the first
 //    block no tier holds or can read back verified. The tokens it reports are exactly the
 //    blocks copied: a failed read is a miss (counted), never KV of other tokens.
 //  - Stop (or the destructor) drops queued writes and joins the thread: every lease returned.
@@ -76,6 +76,8 @@ class TieredCache {
   void Worker();
   void WriteJob(const Job& job);
   std::vector<BlockKey> Keys(const BlockKey& root, std::span<const int32_t> tokens) const;
+  // The fastest tier holding each of keys[first...] (null from the first no tier holds on).
+  std::vector<KvTier*> Locate(std::span<const BlockKey> keys, size_t first);
 
   model::KvPool* pool_;
   const uint64_t model_hash_;

@@ -4,6 +4,7 @@
 #include "daemon/credentials.h"  // ReadTokenFile
 #include "kvcache/disk_tier.h"
 #include "kvcache/host_tier.h"
+#include "kvcache/store_tier.h"
 
 namespace kvstream::prefill {
 
@@ -11,10 +12,16 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
                                                             const model::ModelConfig& model,
                                                             model::KvPool* pool) {
   std::vector<std::unique_ptr<kvcache::KvTier>> tiers;
-  const bool any = config.kv_host_tier_mb > 0 || !config.kv_disk_tier_dir.empty();
+  const bool any = config.kv_host_tier_mb > 0 || !config.kv_disk_tier_dir.empty() ||
+                   !config.kv_store_redis.empty();
   if (any && pool->memory().on_device())
-    return NotSupported("kv_host_tier_mb / kv_disk_tier_dir: the KV tiers copy with the host "
-                        "for now and need a host pool (backend cpu)");
+    return NotSupported("kv_host_tier_mb / kv_disk_tier_dir / kv_store_redis: the KV tiers copy "
+                        "with the host for now and need a host pool (backend cpu)");
+  std::string secret;
+  if (!config.kv_disk_tier_dir.empty() || !config.kv_store_redis.empty()) {
+    KV_ASSIGN_OR_RETURN(secret,
+                        daemon::ReadTokenFile("kv_tier_secret_file", config.kv_tier_secret_file));
+  }
   const kvcache::BlockKey root = kvcache::RootKey(model.hash(), pool->layout(), /*salt=*/"");
   constexpr uint64_t kMiB = 1 << 20;
   if (config.kv_host_tier_mb > 0) {
@@ -32,14 +39,33 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
     o.dir = config.kv_disk_tier_dir;
     o.identity = {root, pool->layout()};
     o.model_hash = model.hash();
-    KV_ASSIGN_OR_RETURN(o.secret,
-                        daemon::ReadTokenFile("kv_tier_secret_file", config.kv_tier_secret_file));
+    o.secret = secret;
     o.capacity_bytes = uint64_t(config.kv_disk_tier_mb) * kMiB;
     o.max_age_s = config.kv_tier_max_age_s;
     o.erase_at_open = config.kv_disk_tier_erase;
     auto disk = kvcache::DiskTier::Open(o);
     if (!disk.ok()) return disk.status().WithContext("kv_disk_tier_dir");
     tiers.push_back(std::move(disk).value());
+  }
+  if (!config.kv_store_redis.empty()) {
+    kvcache::StoreTierOptions o;
+    o.redis.servers = kvcache::SplitRedisServers(config.kv_store_redis);
+    o.redis.auth_file = config.kv_store_auth_file;
+    o.redis.insecure = config.kv_store_insecure;
+    o.redis.ns = config.kv_store_namespace;
+    o.redis.timeout = std::chrono::milliseconds(config.kv_store_timeout_ms);
+    o.redis.ttl = std::chrono::seconds(config.kv_store_ttl_s);
+    o.secret = secret;
+    o.identity = {root, pool->layout()};
+    o.model_hash = model.hash();
+    o.max_pending_bytes = size_t(config.kv_store_max_pending_mb) * kMiB;
+    auto store = kvcache::StoreTier::Open(std::move(o));
+    if (!store.ok()) return store.status().WithContext("kv_store_redis");
+    // A refused AUTH is a configuration error; a server that is down is only a miss for now.
+    const Status probe = (*store)->Probe();
+    if (probe.code() == StatusCode::kFailedPrecondition) return probe.WithContext("kv_store_redis");
+    if (!probe.ok()) KV_LOG_WARN << "kv_store_redis: " << probe.ToString() << " (reads miss until it answers)";
+    tiers.push_back(std::make_unique<kvcache::StoreKvTier>(std::move(store).value()));
   }
   if (!tiers.empty()) {
     KV_LOG_INFO << "KV tiers below the pool:" << (config.kv_host_tier_mb > 0 ? " host " : "")
@@ -48,6 +74,7 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
                         ? ""
                         : " disk " + config.kv_disk_tier_dir + " " +
                               std::to_string(config.kv_disk_tier_mb) + " MiB")
+                << (config.kv_store_redis.empty() ? "" : " store " + config.kv_store_redis)
                 << " (write-through)";
   }
   return std::make_unique<kvcache::TieredCache>(pool, model.hash(), std::move(tiers));

@@ -236,6 +236,14 @@ TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
       {{"--kv_tier_max_age_s=-5"}, "kv_tier_max_age_s"},
       {{"--kv_disk_tier_dir=/tmp/x"}, "kv_tier_secret_file"},
       {{"--kv_disk_tier_erase"}, "kv_disk_tier_erase"},
+      {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_store_insecure"}, "kv_tier_secret_file"},
+      {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s"}, "kv_store_auth_file"},
+      {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s", "--kv_store_insecure",
+        "--kv_store_ttl_s=0"}, "kv_store_ttl_s"},
+      {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s", "--kv_store_insecure",
+        "--kv_store_timeout_ms=0"}, "kv_store_timeout_ms"},
+      {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s", "--kv_store_insecure",
+        "--kv_store_max_pending_mb=0"}, "kv_store_max_pending_mb"},
   };
   for (const Case& k : cases) {
     auto c = Parse(k.args);

@@ -1,0 +1,114 @@
+// Integration: the shared KV tier (L4, docs/kv_store.md) in real daemons: prefills sharing one
+// real redis-server (unix socket, requirepass) through --kv_store_*. A prefill that starts with
+// nothing local gets the prefix another prefill computed, with the colocated model's tokens; a
+// redis-server killed mid-run turns reads into misses (computed, same tokens, by the deadline)
+// and a restarted one serves again.
+#include <chrono>
+
+#include "tests/daemons/kv_tiers_fixture.h"
+#include "tests/kvcache/redis_server.h"
+
+namespace kvstream::testing {
+namespace {
+
+using kvcache::testing::RedisServer;
+
+class KvStoreTest : public KvTiersTest {
+ protected:
+  DaemonPair Pair(const RedisServer& redis) {
+    DaemonPair pair;
+    pair.common = kTiny;
+    pair.common.push_back("--pool_blocks=32");
+    pair.prefill = {"--kv_tier_secret_file=" + SecretFile("kv.secret", std::string(32, 's')),
+                    "--kv_store_redis=unix:" + redis.socket(),
+                    "--kv_store_auth_file=" + redis.AuthFile(redis.password()),
+                    "--kv_store_timeout_ms=200"};
+    return pair;
+  }
+  // Waits until the prefill's store tier has written `blocks` blocks.
+  void WaitForStoreWrites(uint64_t blocks) {
+    const Deadline deadline = DeadlineAfterMs(10000);
+    uint64_t written = 0;
+    while (Clock::now() < deadline) {
+      auto st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      const v1::KvTierStats* store = Tier(*st, "store");
+      ASSERT_NE(store, nullptr);
+      written = store->written_blocks();
+      if (written >= blocks) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    FAIL() << "store tier: " << written << " of " << blocks << " blocks written";
+  }
+};
+
+TEST_F(KvStoreTest, ASecondPrefillGetsThePrefixTheFirstComputed) {
+  RedisServer redis;
+  const DaemonPair pair = Pair(redis);
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto prompt = MakePrompt(40, 512, 91);  // 39 tokens at the prefill: 2 blocks and 7
+  int32_t cached = -1;
+  bool computed = false;
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  EXPECT_EQ(cached, 0);
+  EXPECT_TRUE(computed);
+  ASSERT_NO_FATAL_FAILURE(WaitForStoreWrites(3));
+  EXPECT_EQ(redis.Cli({"DBSIZE"}), "3");
+
+  // Another prefill process with nothing of its own: every block from the store, no forward.
+  ASSERT_NO_FATAL_FAILURE(Restart(pair));
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  EXPECT_EQ(cached, 39);
+  EXPECT_FALSE(computed);
+  // A longer conversation on the same prefix: the two full blocks from the store.
+  auto longer = prompt;
+  const auto more = MakePrompt(12, 512, 92);
+  longer.insert(longer.end(), more.begin(), more.end());
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, longer, &cached, &computed));
+  EXPECT_EQ(cached, 32);
+  EXPECT_TRUE(computed);
+  auto st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  const v1::KvTierStats* store = Tier(*st, "store");
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->hit_blocks(), 5u);
+  EXPECT_EQ(store->read_failures(), 0u);
+  EXPECT_EQ(st->kv_tier_fetched_tokens(), 39u + 32u);
+}
+
+TEST_F(KvStoreTest, RedisKilledMidRunMeansMissesNotWrongTokensNorHangs) {
+  RedisServer redis;
+  const DaemonPair pair = Pair(redis);
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto prompt = MakePrompt(40, 512, 93);
+  int32_t cached = -1;
+  bool computed = false;
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, &cached, &computed));
+  ASSERT_NO_FATAL_FAILURE(WaitForStoreWrites(3));
+  redis.Kill();
+  // The store is the only tier: the prompt is computed again, by the deadline, same tokens.
+  for (uint64_t seed : {93, 94}) {
+    const auto p = seed == 93 ? prompt : MakePrompt(40, 512, seed);
+    const auto t0 = Clock::now();
+    ASSERT_NO_FATAL_FAILURE(Run(kTiny, p, &cached, &computed));
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+    EXPECT_EQ(cached, 0);
+    EXPECT_TRUE(computed);
+  }
+  // Back (empty: no persistence), the store takes writes and serves them again.
+  redis.Restart();
+  const auto after = MakePrompt(40, 512, 95);
+  const Deadline deadline = DeadlineAfterMs(15000);
+  uint64_t hits = 0;
+  while (Clock::now() < deadline && hits == 0) {
+    ASSERT_NO_FATAL_FAILURE(Run(kTiny, after, &cached, &computed));
+    auto st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    hits = Tier(*st, "store")->hit_blocks();
+    if (hits == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_GT(hits, 0u);
+}
+
+}  // namespace
+}  // namespace kvstream::testing
