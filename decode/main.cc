@@ -20,8 +20,10 @@ using namespace kvstream;
 namespace {
 int Fail(const Status& s) { return daemon::DaemonFailure("decode", s); }
 
-// The HTTP endpoint's options: the gRPC API's credentials (daemon/credentials.h).
-Result<frontend::HttpOptions> HttpOptionsFromConfig(const daemon::DaemonConfig& cfg) {
+// The HTTP endpoint's options: the gRPC API's credentials (daemon/credentials.h); the
+// checkpoint's chat template when it has one and a tokenizer.
+Result<frontend::HttpOptions> HttpOptionsFromConfig(const daemon::DaemonConfig& cfg,
+                                                    const decode::TextSupport& text) {
   frontend::HttpOptions o;
   o.listen = cfg.http;
   o.model_id = cfg.http_model_name;
@@ -40,6 +42,15 @@ Result<frontend::HttpOptions> HttpOptionsFromConfig(const daemon::DaemonConfig& 
   }
   o.open = o.client_token.empty() && o.tls_ca.empty();
   o.request_timeout_ms = cfg.request_timeout_ms;
+  if (text.tokenizer == nullptr) {
+    o.chat_template_missing = "no tokenizer: " + text.why_none;
+  } else if (auto tmpl = frontend::LoadChatTemplate(cfg.model); tmpl.ok()) {
+    o.chat_template = std::make_shared<const frontend::ChatTemplate>(std::move(tmpl).value());
+    KV_LOG_INFO << "chat template loaded (" << o.chat_template->source.size() << " bytes)";
+  } else {
+    o.chat_template_missing = tmpl.status().message();
+    if (tmpl.status().code() != StatusCode::kNotFound) KV_LOG_WARN << "chat template not loaded: " << tmpl.status().ToString();
+  }
   return o;
 }
 }  // namespace
@@ -115,7 +126,7 @@ int main(int argc, char** argv) {
   if (!metrics.ok()) return Fail(metrics.status());
   std::unique_ptr<frontend::HttpServer> http;  // destroyed after service.Stop() below
   if (!cfg->http.empty()) {
-    auto opt = HttpOptionsFromConfig(*cfg);
+    auto opt = HttpOptionsFromConfig(*cfg, text);
     if (!opt.ok()) return Fail(opt.status());
     auto started = frontend::HttpServer::Start(*opt, &service, text.tokenizer,
                                                [&health] { return health.serving(); });

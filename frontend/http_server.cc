@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -79,6 +80,7 @@ constexpr std::string_view kStreamHead =
 struct HttpServer::Impl {
   HttpOptions opt;
   decode::DecodeServer* server = nullptr;
+  const tokenizer::Tokenizer* tokenizer = nullptr;
   std::function<bool()> ready;
   std::unique_ptr<TokenizerText> token_text;
   net::io_context ioc;
@@ -98,7 +100,30 @@ struct HttpServer::Impl {
 
   void Accept();
   std::optional<ApiError> Authorize(const http::request<http::string_body>& req) const;
+  // The chat's prompt: the template rendered, encoded into g's prompt_tokens.
+  std::optional<ApiError> RenderChatPrompt(const ChatRequest& chat, v1::GenerateRequest* g) const;
 };
+
+std::optional<ApiError> HttpServer::Impl::RenderChatPrompt(const ChatRequest& chat,
+                                                           v1::GenerateRequest* g) const {
+  ChatRenderOptions o;
+  o.add_generation_prompt = chat.add_generation_prompt;
+  auto text = RenderChatJson(*opt.chat_template, chat.messages, o);
+  if (!text.ok()) {
+    const StatusCode c = text.status().code();
+    return ApiError{400, text.status().message(), "invalid_request_error", "messages",
+                    c == StatusCode::kNotSupported        ? "chat_template_not_supported"
+                    : c == StatusCode::kResourceExhausted ? "chat_template_limit"
+                                                          : "chat_template_error"};
+  }
+  // As apply_chat_template(tokenize=True): the template writes the special tokens itself.
+  auto ids = tokenizer->Encode(*text, /*add_special_tokens=*/false);
+  if (!ids.ok()) return ApiError{400, "the rendered chat: " + ids.status().message(), "invalid_request_error", "messages", ""};
+  if (ids->empty()) return ApiError{400, "the chat template rendered an empty prompt", "invalid_request_error", "messages", ""};
+  g->clear_prompt_text();
+  *g->mutable_prompt_tokens() = {ids->begin(), ids->end()};
+  return std::nullopt;
+}
 
 std::optional<ApiError> HttpServer::Impl::Authorize(
     const http::request<http::string_body>& req) const {
@@ -212,33 +237,43 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     const bool models = target == "/v1/models";
     const bool completions = target == "/v1/completions";
-    if (!models && !completions) {
-      const std::string what = target == "/v1/chat/completions"
-                                   ? "POST /v1/chat/completions is not implemented yet (docs/http.md)"
-                                   : "no such path: " + std::string(target);
-      return SendError({404, what, "invalid_request_error", "", "not_found"}, keep);
-    }
+    const bool chat = target == "/v1/chat/completions";
+    if (!models && !completions && !chat)
+      return SendError({404, "no such path: " + std::string(target), "invalid_request_error", "", "not_found"}, keep);
     if (auto e = impl_->Authorize(req)) return SendError(*e, keep);
     if (models) {
       if (method != http::verb::get) return NotAllowed(keep);
       return Send(RawResponse(200, ModelsBody(impl_->opt.model_id, std::time(nullptr)), keep), After::kRead);
     }
     if (method != http::verb::post) return NotAllowed(keep);
+    if (chat) {
+      auto parsed = ParseChatRequest(req.body(), impl_->opt.model_id);
+      if (auto* e = std::get_if<ApiError>(&parsed)) return SendError(*e, keep);
+      if (!impl_->opt.chat_template || impl_->tokenizer == nullptr)
+        return SendError({400, "the model '" + impl_->opt.model_id + "' has no chat template (" +
+                                   impl_->opt.chat_template_missing + "): use /v1/completions",
+                          "invalid_request_error", "model", "chat_template_not_found"}, keep);
+      auto c = std::get<ChatRequest>(std::move(parsed));
+      CompletionRequest creq = std::move(c.completion);
+      return StartCompletion(std::move(creq), std::move(c));
+    }
     auto parsed = ParseCompletionRequest(req.body(), impl_->opt.model_id);
     if (auto* e = std::get_if<ApiError>(&parsed)) return SendError(*e, keep);
-    StartCompletion(std::get<CompletionRequest>(std::move(parsed)));
+    StartCompletion(std::get<CompletionRequest>(std::move(parsed)), std::nullopt);
   }
 
   void NotAllowed(bool keep) {
     SendError({405, "method not allowed on this path", "invalid_request_error", "", ""}, keep);
   }
 
-  void StartCompletion(CompletionRequest creq) {
+  // A completion, or a chat (`chat` set: its prompt is rendered off the I/O threads).
+  void StartCompletion(CompletionRequest creq, std::optional<ChatRequest> chat) {
     if (impl_->stopping) return SendError({503, "the HTTP endpoint is stopping", "service_unavailable", "", ""}, false);
     stream_mode_ = creq.stream;
     include_usage_ = creq.include_usage;
-    builder_.emplace(impl_->id_prefix + std::to_string(sid_), int64_t(std::time(nullptr)),
-                     impl_->opt.model_id, creq, impl_->token_text.get());
+    builder_.emplace((chat ? "chat" : "") + impl_->id_prefix + std::to_string(sid_),
+                     int64_t(std::time(nullptr)), impl_->opt.model_id, creq,
+                     impl_->token_text.get(), chat.has_value());
     ++impl_->in_flight;
     running_ = true;
     beast::get_lowest_layer(stream_).expires_never();
@@ -252,13 +287,25 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       std::lock_guard<std::mutex> lock(impl_->mu);
       ++impl_->submitting;
     }
-    // Submit may wait in the admission line: off the I/O threads.
-    std::thread([self, g = ToGenerateRequest(creq), on_output = std::move(on_output)]() mutable {
+    // Rendering and Submit (which may wait in the admission line): off the I/O threads.
+    std::thread([self, g = ToGenerateRequest(creq), chat = std::move(chat),
+                 on_output = std::move(on_output)]() mutable {
       HttpServer::Impl* impl = self->impl_;
-      auto call = impl->server->Submit(g, DeadlineAfterMs(impl->opt.request_timeout_ms),
-                                       [self] { return self->gone_.load(); }, std::move(on_output));
-      net::post(self->stream_.get_executor(),
-                [self, call = std::move(call)]() mutable { self->OnSubmitted(std::move(call)); });
+      std::variant<std::shared_ptr<Call>, ApiError> call;
+      std::optional<ApiError> bad;
+      if (chat) bad = impl->RenderChatPrompt(*chat, &g);
+      if (bad) {
+        call = *bad;
+      } else {
+        auto submitted = impl->server->Submit(g, DeadlineAfterMs(impl->opt.request_timeout_ms),
+                                              [self] { return self->gone_.load(); }, std::move(on_output));
+        if (submitted.ok()) call = std::move(submitted).value();
+        else call = ErrorFromStatus(submitted.status());
+      }
+      std::vector<int32_t> ids(g.prompt_tokens().begin(), g.prompt_tokens().end());
+      net::post(self->stream_.get_executor(), [self, call = std::move(call), ids = std::move(ids)]() mutable {
+        self->OnSubmitted(std::move(call), std::move(ids));
+      });
       std::lock_guard<std::mutex> lock(impl->mu);
       --impl->submitting;
       impl->cv.notify_all();
@@ -276,19 +323,23 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                             });
   }
 
-  void OnSubmitted(Result<std::shared_ptr<Call>> call) {
-    if (!call.ok()) {
+  void OnSubmitted(std::variant<std::shared_ptr<Call>, ApiError> call, std::vector<int32_t> prompt_ids) {
+    if (auto* e = std::get_if<ApiError>(&call)) {
       EndCall();
-      return SendError(ErrorFromStatus(call.status()), false);
+      return SendError(*e, false);
     }
-    call_ = std::move(call).value();
+    call_ = std::get<std::shared_ptr<Call>>(std::move(call));
     prompt_len_ = decode::DecodeServer::PromptLength(*call_);
+    builder_->set_prompt_token_ids(std::move(prompt_ids));
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
       impl_->calls[sid_] = call_;
     }
     if (gone_ || impl_->stopping) impl_->server->Cancel(*call_, "the HTTP client closed its connection");
-    if (stream_mode_) out_ += kStreamHead;
+    if (stream_mode_) {
+      out_ += kStreamHead;
+      if (std::string first = builder_->FirstChunk(); !first.empty()) out_ += HttpChunk(SseEvent(first));
+    }
     Pump();
   }
 
@@ -313,7 +364,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     EndCall();
     if (stream_mode_) {
       if (!final.ok()) out_ += HttpChunk(SseEvent(ErrorBody(ErrorFromStatus(final))));
-      else if (include_usage_) out_ += HttpChunk(SseEvent(builder_->UsageChunk(prompt_len_)));
+      if (std::string last = builder_->FinishChunk(); final.ok() && !last.empty())
+        out_ += HttpChunk(SseEvent(last));
+      if (final.ok() && include_usage_) out_ += HttpChunk(SseEvent(builder_->UsageChunk(prompt_len_)));
       out_ += HttpChunk(kSseDone);
       out_ += kLastChunk;
       return Send("", After::kClose);
@@ -435,6 +488,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions& options
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
   impl->server = server;
+  impl->tokenizer = tokenizer;
   impl->ready = std::move(ready);
   impl->token_text = std::make_unique<TokenizerText>(tokenizer);
   std::random_device rd;

@@ -1,8 +1,12 @@
 // The decode daemon's OpenAI-compatible HTTP endpoint (docs/http.md): Boost.Beast over Asio,
-// HTTP/1.1, plaintext or TLS. GET /v1/models, POST /v1/completions (JSON or server-sent events),
-// GET /health (liveness), GET /ready (readiness: the gRPC health status of kvstream.v1.Decode).
+// HTTP/1.1, plaintext or TLS. GET /v1/models, POST /v1/completions and /v1/chat/completions (JSON
+// or server-sent events), GET /health (liveness), GET /ready (readiness: the gRPC health status of
+// kvstream.v1.Decode).
 //
 // Guarantees:
+//  - A chat's prompt is the checkpoint's chat template rendered (frontend/chat_template.h) and
+//    encoded without added special tokens, as transformers' apply_chat_template(tokenize=True);
+//    without a template, or when rendering fails, it is a 400 saying why.
 //  - Completions go through DecodeServer::Submit, the path of gRPC Generate: the same checks,
 //    admission line, scheduler and tokens. An open stream holds no thread: a few I/O threads
 //    serve every connection; only a request waiting in the admission line for KV blocks holds a
@@ -22,6 +26,7 @@
 
 #include "common/status.h"
 #include "decode/decode_server.h"
+#include "frontend/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvstream::frontend {
@@ -35,6 +40,10 @@ struct HttpOptions {
   int64_t request_timeout_ms = 600000;
   int io_threads = 2;
   size_t max_body_bytes = 16 << 20;
+  // The checkpoint's chat template for /v1/chat/completions; null: chats are refused with 400
+  // and chat_template_missing (why there is none).
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string chat_template_missing;
 };
 
 class HttpServer {

@@ -9,6 +9,7 @@ namespace kvstream::frontend {
 namespace {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 ApiError Bad(std::string message, std::string param) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
@@ -16,10 +17,10 @@ ApiError Bad(std::string message, std::string param) {
 
 json NullIfEmpty(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
 
-bool IsInt(const json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
+bool IsInt(const ojson& v) { return v.is_number_integer() || v.is_number_unsigned(); }
 
 // A JSON integer within [lo, hi] (a float with an integral value is accepted, as OpenAI does).
-std::optional<int64_t> IntIn(const json& v, int64_t lo, int64_t hi) {
+std::optional<int64_t> IntIn(const ojson& v, int64_t lo, int64_t hi) {
   double d;
   if (IsInt(v)) {
     if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
@@ -34,7 +35,7 @@ std::optional<int64_t> IntIn(const json& v, int64_t lo, int64_t hi) {
 }
 
 // Fields kvstream accepts only at their no-op value (what a client sends by default).
-bool IsNoOp(const std::string& key, const json& v) {
+bool IsNoOp(const std::string& key, const ojson& v) {
   if (v.is_null()) return true;
   if (key == "n" || key == "best_of") return IntIn(v, 1, 1).has_value();
   if (key == "echo") return v.is_boolean() && !v.get<bool>();
@@ -48,10 +49,10 @@ bool IsNoOp(const std::string& key, const json& v) {
   return false;
 }
 
-std::optional<ApiError> ParsePrompt(const json& p, CompletionRequest* out) {
-  auto tokens = [&](const json& a) -> std::optional<ApiError> {
+std::optional<ApiError> ParsePrompt(const ojson& p, CompletionRequest* out) {
+  auto tokens = [&](const ojson& a) -> std::optional<ApiError> {
     if (a.empty()) return Bad("prompt is an empty list of token ids", "prompt");
-    for (const json& t : a) {
+    for (const ojson& t : a) {
       auto id = IntIn(t, 0, std::numeric_limits<int32_t>::max());
       if (!id) return Bad("prompt: token ids are integers >= 0", "prompt");
       out->prompt_tokens.push_back(int32_t(*id));
@@ -74,7 +75,7 @@ std::optional<ApiError> ParsePrompt(const json& p, CompletionRequest* out) {
   return Bad("prompt must be a string, a list of token ids, or a list of one of them", "prompt");
 }
 
-std::optional<ApiError> Number(const json& v, const char* key, std::optional<double>* out) {
+std::optional<ApiError> Number(const ojson& v, const char* key, std::optional<double>* out) {
   if (v.is_null()) return std::nullopt;
   if (!v.is_number()) return Bad(std::string(key) + " must be a number", key);
   *out = v.get<double>();
@@ -106,94 +107,89 @@ ApiError ErrorFromStatus(const Status& s) {
   }
 }
 
-std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_view body,
-                                                                 const std::string& model_id) {
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+namespace {
+
+// The body as a JSON object naming the served model (key order kept, as Python's json.loads).
+std::variant<ojson, ApiError> ParseBody(std::string_view body, const std::string& model_id) {
+  ojson j = ojson::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("the body is not valid JSON", "");
   if (!j.is_object()) return Bad("the body must be a JSON object", "");
-  CompletionRequest r;
   if (!j.contains("model") || !j["model"].is_string())
     return Bad("model is required (a string: GET /v1/models lists it)", "model");
   if (j["model"].get<std::string>() != model_id)
     return ApiError{404, "The model '" + j["model"].get<std::string>() + "' does not exist (this server serves '" + model_id + "')",
                     "invalid_request_error", "model", "model_not_found"};
-  if (!j.contains("prompt")) return Bad("prompt is required", "prompt");
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const json& v = it.value();
-    std::optional<ApiError> e;
-    if (k == "model" || k == "user") {
-      continue;
-    } else if (k == "prompt") {
-      e = ParsePrompt(v, &r);
-    } else if (k == "max_tokens") {
-      if (v.is_null()) continue;
-      auto n = IntIn(v, 1, std::numeric_limits<int32_t>::max());
-      if (!n) return Bad("max_tokens must be an integer >= 1 (at most the context less the prompt)", k);
-      r.max_tokens = int(*n);
-    } else if (k == "stream") {
-      if (!v.is_boolean()) return Bad("stream must be a boolean", k);
-      r.stream = v.get<bool>();
-    } else if (k == "stream_options") {
-      if (v.is_null()) continue;
-      if (!v.is_object()) return Bad("stream_options must be an object", k);
-      for (auto o = v.begin(); o != v.end(); ++o) {
-        if (o.key() != "include_usage" || !o.value().is_boolean())
-          return Bad("stream_options: only include_usage (a boolean) is supported", k);
-        r.include_usage = o.value().get<bool>();
-      }
-    } else if (k == "stop") {
-      if (v.is_null()) continue;
-      if (v.is_string()) {
-        r.stop.push_back(v.get<std::string>());
-      } else if (v.is_array() && v.size() <= 16) {
-        for (const json& s : v) {
-          if (!s.is_string()) return Bad("stop must be a string or a list of strings", k);
-          r.stop.push_back(s.get<std::string>());
-        }
-      } else {
-        return Bad("stop must be a string or a list of at most 16 strings", k);
-      }
-    } else if (k == "temperature") {
-      e = Number(v, "temperature", &r.temperature);
-    } else if (k == "top_p") {
-      e = Number(v, "top_p", &r.top_p);
-    } else if (k == "min_p") {
-      e = Number(v, "min_p", &r.min_p);
-    } else if (k == "top_k") {
-      if (v.is_null()) continue;
-      auto n = IntIn(v, -1, std::numeric_limits<int32_t>::max());
-      if (!n) return Bad("top_k must be an integer >= -1 (-1 or 0: off)", k);
-      r.top_k = *n < 0 ? 0 : int(*n);
-    } else if (k == "seed") {
-      if (v.is_null()) continue;
-      if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
-        r.seed = v.get<uint64_t>();
-      } else {
-        return Bad("seed must be an integer >= 0", k);
-      }
-    } else if (k == "logprobs") {
-      if (v.is_null()) continue;
-      auto n = IntIn(v, 0, 20);
-      if (!n) return Bad("logprobs must be an integer in [0, 20]", k);
-      r.logprobs = int(*n);
-    } else if (k == "ignore_eos") {
-      if (!v.is_boolean()) return Bad("ignore_eos must be a boolean", k);
-      r.ignore_eos = v.get<bool>();
-    } else if (k == "return_token_ids") {
-      if (!v.is_boolean()) return Bad("return_token_ids must be a boolean", k);
-      r.return_token_ids = v.get<bool>();
-    } else if (IsNoOp(k, v)) {
-      continue;
-    } else if (k == "n" || k == "best_of" || k == "echo" || k == "presence_penalty" ||
-               k == "frequency_penalty" || k == "repetition_penalty" || k == "logit_bias" ||
-               k == "suffix" || k == "min_tokens" || k == "skip_special_tokens") {
-      return Bad(k + " = " + v.dump() + " is not supported by kvstream (docs/http.md lists what is)", k);
-    } else {
-      return Bad("unknown parameter " + k + " (docs/http.md lists the supported ones)", k);
-    }
-    if (e) return *e;
+  return j;
+}
+
+// A field both APIs share, parsed into *r: true when `k` is one of them (*e set when it is bad).
+bool CommonField(const std::string& k, const ojson& v, CompletionRequest* r, std::optional<ApiError>* e) {
+  if (k == "model" || k == "user") return true;
+  if (v.is_null() && k != "stream" && k != "ignore_eos" && k != "return_token_ids") {
+    return k == "max_tokens" || k == "stream_options" || k == "stop" || k == "temperature" ||
+           k == "top_p" || k == "min_p" || k == "top_k" || k == "seed";
   }
+  if (k == "max_tokens") {
+    auto n = IntIn(v, 1, std::numeric_limits<int32_t>::max());
+    if (!n) *e = Bad("max_tokens must be an integer >= 1 (at most the context less the prompt)", k);
+    else r->max_tokens = int(*n);
+  } else if (k == "stream" || k == "ignore_eos" || k == "return_token_ids") {
+    if (!v.is_boolean()) *e = Bad(k + " must be a boolean", k);
+    else (k == "stream" ? r->stream : k == "ignore_eos" ? r->ignore_eos : r->return_token_ids) = v.get<bool>();
+  } else if (k == "stream_options") {
+    if (!v.is_object()) *e = Bad("stream_options must be an object", k);
+    for (auto o = v.begin(); !*e && o != v.end(); ++o) {
+      if (o.key() != "include_usage" || !o.value().is_boolean())
+        *e = Bad("stream_options: only include_usage (a boolean) is supported", k);
+      else r->include_usage = o.value().get<bool>();
+    }
+  } else if (k == "stop") {
+    if (v.is_string()) {
+      r->stop.push_back(v.get<std::string>());
+    } else if (v.is_array() && v.size() <= 16) {
+      for (const ojson& s : v) {
+        if (!s.is_string()) {
+          *e = Bad("stop must be a string or a list of strings", k);
+          return true;
+        }
+        r->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      *e = Bad("stop must be a string or a list of at most 16 strings", k);
+    }
+  } else if (k == "temperature") {
+    *e = Number(v, "temperature", &r->temperature);
+  } else if (k == "top_p") {
+    *e = Number(v, "top_p", &r->top_p);
+  } else if (k == "min_p") {
+    *e = Number(v, "min_p", &r->min_p);
+  } else if (k == "top_k") {
+    auto n = IntIn(v, -1, std::numeric_limits<int32_t>::max());
+    if (!n) *e = Bad("top_k must be an integer >= -1 (-1 or 0: off)", k);
+    else r->top_k = *n < 0 ? 0 : int(*n);
+  } else if (k == "seed") {
+    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) r->seed = v.get<uint64_t>();
+    else *e = Bad("seed must be an integer >= 0", k);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Fields both APIs accept only at their no-op value (completions also suffix).
+bool IsNoOpField(const std::string& k) {
+  return k == "n" || k == "best_of" || k == "echo" || k == "presence_penalty" ||
+         k == "frequency_penalty" || k == "repetition_penalty" || k == "logit_bias" ||
+         k == "min_tokens" || k == "skip_special_tokens";
+}
+
+// Fields kvstream implements only at their no-op value: any other value is a 400 naming it.
+std::optional<ApiError> NoOpOnly(const std::string& k, const ojson& v) {
+  if (IsNoOp(k, v)) return std::nullopt;
+  return Bad(k + " = " + v.dump() + " is not supported by kvstream (docs/http.md lists what is)", k);
+}
+
+std::optional<ApiError> FinalChecks(const CompletionRequest& r) {
   if (r.temperature && *r.temperature < 0) return Bad("temperature must be >= 0", "temperature");
 #if !KVSTREAM_PROTO_HAS_SAMPLING
   // Until sampling is in the API (issue 17): greedy only, and greedy is the default.
@@ -206,7 +202,128 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_vie
   if (sampled != nullptr)
     return Bad(std::string(sampled) + ": this build decodes greedily only (sampling is not in it yet)", sampled);
 #endif
+  return std::nullopt;
+}
+
+// messages: a non-empty list of objects with a string role and a string, null or text-parts
+// content (joined with "\n"); other keys go to the template as they are.
+std::optional<ApiError> ParseMessages(const ojson& v, ojson* out) {
+  if (!v.is_array() || v.empty()) return Bad("messages must be a non-empty list of messages", "messages");
+  *out = ojson::array();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    const ojson& m = v[i];
+    if (!m.is_object()) return Bad(at + " must be an object", "messages");
+    if (!m.contains("role") || !m["role"].is_string() || m["role"].get<std::string>().empty())
+      return Bad(at + ".role must be a non-empty string", "messages");
+    ojson msg = m;
+    if (m.contains("content") && m["content"].is_array()) {
+      std::string text;
+      for (size_t p = 0; p < m["content"].size(); ++p) {
+        const ojson& part = m["content"][p];
+        const std::string pat = at + ".content[" + std::to_string(p) + "]";
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+          return Bad(pat + " must be an object with a type", "messages");
+        if (part["type"] != "text")
+          return Bad(pat + ".type " + part["type"].dump() + " is not supported (text parts only)", "messages");
+        if (!part.contains("text") || !part["text"].is_string())
+          return Bad(pat + ".text must be a string", "messages");
+        text += (p == 0 ? "" : "\n") + part["text"].get<std::string>();
+      }
+      msg["content"] = text;
+    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+      return Bad(at + ".content must be a string, a list of text parts or null", "messages");
+    }
+    out->push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+// Chat fields about tools and output formats: accepted only when they ask for nothing.
+bool IsChatNoOp(const std::string& k, const ojson& v) {
+  if (v.is_null()) return true;
+  if (k == "tools" || k == "functions") return v.is_array() && v.empty();
+  if (k == "tool_choice" || k == "function_call") return v == "none";
+  if (k == "parallel_tool_calls") return v.is_boolean();
+  if (k == "response_format") return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
+  return false;
+}
+
+}  // namespace
+
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_view body,
+                                                                 const std::string& model_id) {
+  auto parsed = ParseBody(body, model_id);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const ojson& j = std::get<ojson>(parsed);
+  CompletionRequest r;
+  if (!j.contains("prompt")) return Bad("prompt is required", "prompt");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const ojson& v = it.value();
+    std::optional<ApiError> e;
+    if (CommonField(k, v, &r, &e)) {
+    } else if (k == "prompt") {
+      e = ParsePrompt(v, &r);
+    } else if (k == "logprobs") {
+      if (v.is_null()) continue;
+      auto n = IntIn(v, 0, 20);
+      if (!n) return Bad("logprobs must be an integer in [0, 20]", k);
+      r.logprobs = int(*n);
+    } else if (IsNoOpField(k) || k == "suffix") {
+      e = NoOpOnly(k, v);
+    } else {
+      return Bad("unknown parameter " + k + " (docs/http.md lists the supported ones)", k);
+    }
+    if (e) return *e;
+  }
+  if (auto e = FinalChecks(r)) return *e;
   return r;
+}
+
+std::variant<ChatRequest, ApiError> ParseChatRequest(std::string_view body,
+                                                     const std::string& model_id) {
+  auto parsed = ParseBody(body, model_id);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const ojson& j = std::get<ojson>(parsed);
+  ChatRequest c;
+  CompletionRequest& r = c.completion;
+  if (!j.contains("messages")) return Bad("messages is required", "messages");
+  bool logprobs = false;
+  std::optional<int> top_logprobs;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const ojson& v = it.value();
+    std::optional<ApiError> e;
+    if (CommonField(k == "max_completion_tokens" ? "max_tokens" : k, v, &r, &e)) {
+    } else if (k == "messages") {
+      e = ParseMessages(v, &c.messages);
+    } else if (k == "logprobs") {
+      if (!v.is_null() && !v.is_boolean()) return Bad("logprobs must be a boolean", k);
+      logprobs = v.is_boolean() && v.get<bool>();
+    } else if (k == "top_logprobs") {
+      if (v.is_null()) continue;
+      auto n = IntIn(v, 0, 20);
+      if (!n) return Bad("top_logprobs must be an integer in [0, 20]", k);
+      top_logprobs = int(*n);
+    } else if (k == "add_generation_prompt") {
+      if (!v.is_boolean()) return Bad("add_generation_prompt must be a boolean", k);
+      c.add_generation_prompt = v.get<bool>();
+    } else if (k == "tools" || k == "tool_choice" || k == "functions" || k == "function_call" ||
+               k == "parallel_tool_calls" || k == "response_format") {
+      if (!IsChatNoOp(k, v))
+        return Bad(k + " is not supported by kvstream (no tool calling or structured output; docs/http.md)", k);
+    } else if (IsNoOpField(k)) {
+      e = NoOpOnly(k, v);
+    } else {
+      return Bad("unknown parameter " + k + " (docs/http.md lists the supported ones)", k);
+    }
+    if (e) return *e;
+  }
+  if (top_logprobs && !logprobs) return Bad("top_logprobs needs logprobs: true", "top_logprobs");
+  if (logprobs) r.logprobs = top_logprobs.value_or(0);
+  if (auto e = FinalChecks(r)) return *e;
+  return c;
 }
 
 kvstream::v1::GenerateRequest ToGenerateRequest(const CompletionRequest& c) {
@@ -241,13 +358,45 @@ std::string FinishReason(const kvstream::v1::GenerateResponse& last, int generat
 }
 
 CompletionBuilder::CompletionBuilder(std::string id, int64_t created, std::string model,
-                                     const CompletionRequest& req, const TokenText* token_text)
-    : id_(std::move(id)), model_(std::move(model)), created_(created), req_(req),
+                                     const CompletionRequest& req, const TokenText* token_text,
+                                     bool chat)
+    : id_(std::move(id)), model_(std::move(model)), created_(created), chat_(chat), req_(req),
       token_text_(token_text) {}
 
-std::string CompletionBuilder::Head() const {
-  return R"({"id":)" + json(id_).dump() + R"(,"object":"text_completion","created":)" +
+std::string CompletionBuilder::Head(bool chunk) const {
+  const char* object = !chat_ ? "text_completion" : chunk ? "chat.completion.chunk" : "chat.completion";
+  return R"({"id":)" + json(id_).dump() + R"(,"object":")" + object + R"(","created":)" +
          std::to_string(created_) + R"(,"model":)" + json(model_).dump();
+}
+
+std::string CompletionBuilder::ChatChoice(const json& delta, const json& logprobs,
+                                          const std::string& finish) const {
+  json choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs},
+                 {"finish_reason", NullIfEmpty(finish)}};
+  return Head(true) + R"(,"choices":[)" + choice.dump(-1, ' ', false, json::error_handler_t::replace) + "]}";
+}
+
+// Chat's logprobs entry of token i: {"token","logprob","bytes","top_logprobs":[...]}.
+json CompletionBuilder::ChatLogprob(size_t i) const {
+  auto entry = [](const std::string& tok, double v) {
+    json bytes = json::array();
+    for (const unsigned char ch : tok) bytes.push_back(int(ch));
+    return json{{"token", tok}, {"logprob", std::isnan(v) ? json(nullptr) : json(v)}, {"bytes", bytes}};
+  };
+  json e = entry(lp_tokens_[i], lp_values_[i]);
+  e["top_logprobs"] = json::array();
+  for (const auto& [s, v] : lp_top_[i]) e["top_logprobs"].push_back(entry(s, v));
+  return e;
+}
+
+std::string CompletionBuilder::FirstChunk() const {
+  if (!chat_) return "";
+  return ChatChoice({{"role", "assistant"}, {"content", ""}}, nullptr, "");
+}
+
+std::string CompletionBuilder::FinishChunk() const {
+  if (!chat_) return "";
+  return ChatChoice(json::object(), nullptr, finish_);
 }
 
 std::string CompletionBuilder::Chunk(const kvstream::v1::GenerateResponse& msg) {
@@ -277,23 +426,32 @@ std::string CompletionBuilder::Chunk(const kvstream::v1::GenerateResponse& msg) 
     lp_values_.push_back(msg.has_logprob() ? msg.logprob() : std::nan(""));
     lp_top_.push_back(std::move(tops));
     lp_offsets_.push_back(offset);
+    if (chat_) lp = json{{"content", json::array({ChatLogprob(lp_tokens_.size() - 1)})}};
   }
 #endif
+  if (chat_) {
+    json delta = {{"content", msg.text()}};
+    if (req_.return_token_ids) delta["token_ids"] = json::array({msg.token_id()});
+    return ChatChoice(delta, lp, "");
+  }
   json choice = {{"index", 0}, {"text", msg.text()}, {"logprobs", lp},
                  {"finish_reason", NullIfEmpty(msg.last() ? finish_ : "")}};
   if (req_.return_token_ids) choice["token_ids"] = json::array({msg.token_id()});
-  return Head() + R"(,"choices":[)" + choice.dump(-1, ' ', false, json::error_handler_t::replace) + "]}";
+  return Head(true) + R"(,"choices":[)" + choice.dump(-1, ' ', false, json::error_handler_t::replace) + "]}";
 }
 
 std::string CompletionBuilder::UsageChunk(int prompt_tokens) const {
-  return Head() + R"(,"choices":[],"usage":{"prompt_tokens":)" + std::to_string(prompt_tokens) +
+  return Head(true) + R"(,"choices":[],"usage":{"prompt_tokens":)" + std::to_string(prompt_tokens) +
          R"(,"completion_tokens":)" + std::to_string(generated()) + R"(,"total_tokens":)" +
          std::to_string(prompt_tokens + generated()) + "}}";
 }
 
 std::string CompletionBuilder::Response(int prompt_tokens) const {
   json lp = nullptr;
-  if (req_.logprobs) {
+  if (req_.logprobs && chat_) {
+    lp = json{{"content", json::array()}};
+    for (size_t i = 0; i < lp_tokens_.size(); ++i) lp["content"].push_back(ChatLogprob(i));
+  } else if (req_.logprobs) {
     json values = json::array(), tops = json::array();
     for (double v : lp_values_) values.push_back(std::isnan(v) ? json(nullptr) : json(v));
     for (const auto& t : lp_top_) {
@@ -308,13 +466,16 @@ std::string CompletionBuilder::Response(int prompt_tokens) const {
     lp["top_logprobs"] = tops;
     lp["text_offset"] = lp_offsets_;
   }
-  json choice = {{"index", 0}, {"text", text_}, {"logprobs", lp},
-                 {"finish_reason", NullIfEmpty(finish_)}};
+  json choice = {{"index", 0}, {"logprobs", lp}, {"finish_reason", NullIfEmpty(finish_)}};
+  if (chat_) choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  else choice["text"] = text_;
   if (req_.return_token_ids) choice["token_ids"] = tokens_;
   json usage = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", generated()},
                 {"total_tokens", prompt_tokens + generated()}};
-  return Head() + R"(,"choices":[)" + choice.dump(-1, ' ', false, json::error_handler_t::replace) +
-         R"(],"usage":)" + usage.dump() + "}";
+  std::string out = Head(false) + R"(,"choices":[)" +
+                    choice.dump(-1, ' ', false, json::error_handler_t::replace) + R"(],"usage":)" + usage.dump();
+  if (req_.return_token_ids && chat_) out += R"(,"prompt_token_ids":)" + json(prompt_ids_).dump();
+  return out + "}";
 }
 
 std::string ModelsBody(const std::string& model_id, int64_t created) {

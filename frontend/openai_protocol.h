@@ -1,6 +1,7 @@
-// OpenAI's completions API as JSON (docs/http.md): the request parsed and checked into a
-// GenerateRequest, the responses and server-sent-event chunks built from GenerateResponses, and
-// errors in OpenAI's shape. Pure (no I/O, no server state): unit-tested on its own.
+// OpenAI's completions and chat completions APIs as JSON (docs/http.md): the request parsed and
+// checked into a GenerateRequest (chat: the messages for the chat template), the responses and
+// server-sent-event chunks built from GenerateResponses, and errors in OpenAI's shape. Pure (no
+// I/O, no server state): unit-tested on its own.
 //
 // Guarantees:
 //  - A body is accepted only when every field is known and of the right type; a field kvstream
@@ -15,6 +16,8 @@
 #include <string_view>
 #include <variant>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "proto/kvstream.pb.h"
@@ -52,13 +55,27 @@ struct CompletionRequest {
 // Parses a POST /v1/completions body; `model_id` is the one model served.
 std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_view body,
                                                                  const std::string& model_id);
+// A POST /v1/chat/completions body: the sampling and output fields as a completion's (prompt
+// empty: the chat template renders `messages`), tools and response formats refused (400 naming
+// the field). `messages` keeps each message's keys in order, its content a string (a list of
+// {"type":"text"} parts joined with "\n", as vLLM does for string-content templates) or null.
+struct ChatRequest {
+  CompletionRequest completion;
+  nlohmann::ordered_json messages;
+  bool add_generation_prompt = true;  // vLLM's extension; OpenAI's behaviour is true
+};
+std::variant<ChatRequest, ApiError> ParseChatRequest(std::string_view body,
+                                                     const std::string& model_id);
+
 // The gRPC request the completion asks for.
 kvstream::v1::GenerateRequest ToGenerateRequest(const CompletionRequest& req);
 
 // Why a completion ended: "stop" (a stop string or token), "length" (max_tokens reached).
 std::string FinishReason(const kvstream::v1::GenerateResponse& last, int generated, int max_tokens);
 
-// The completion's text and log-probabilities as they build up, message by message. `token_text`
+// The completion's text and log-probabilities as they build up, message by message, in the
+// completions shape (text_completion) or the chat shape (chat.completion, chat.completion.chunk
+// with a first chunk carrying the role and a last one carrying finish_reason). `token_text`
 // gives a token's text for logprobs (may be empty: ids shown as "token_id:N").
 struct TokenText {
   virtual ~TokenText() = default;
@@ -67,9 +84,15 @@ struct TokenText {
 class CompletionBuilder {
  public:
   CompletionBuilder(std::string id, int64_t created, std::string model, const CompletionRequest& req,
-                    const TokenText* token_text);
+                    const TokenText* token_text, bool chat = false);
+  // The stream's first chunk (chat: the assistant role), or "" (completions).
+  std::string FirstChunk() const;
   // Adds one message; returns the SSE chunk object for it (stream mode).
   std::string Chunk(const kvstream::v1::GenerateResponse& msg);
+  // The chunk after the last message (chat: finish_reason), or "" (completions: it was on the last).
+  std::string FinishChunk() const;
+  // The prompt as encoded, returned with return_token_ids (chat: "prompt_token_ids").
+  void set_prompt_token_ids(std::vector<int32_t> ids) { prompt_ids_ = std::move(ids); }
   // The stream's last chunk with usage (stream_options.include_usage).
   std::string UsageChunk(int prompt_tokens) const;
   // The whole non-streamed response.
@@ -77,9 +100,14 @@ class CompletionBuilder {
   int generated() const { return static_cast<int>(tokens_.size()); }
 
  private:
-  std::string Head() const;
+  std::string Head(bool chunk) const;
+  std::string ChatChoice(const nlohmann::json& delta, const nlohmann::json& logprobs,
+                         const std::string& finish) const;
+  nlohmann::json ChatLogprob(size_t i) const;
   const std::string id_, model_;
   const int64_t created_;
+  const bool chat_;
+  std::vector<int32_t> prompt_ids_;
   const CompletionRequest req_;
   const TokenText* token_text_;
   std::vector<int32_t> tokens_;

@@ -141,6 +141,12 @@ TEST_F(HttpTest, CompletionsEqualGrpcAndEveryErrorCase) {
   out = Curl("-w ' %{http_code}' " + Url("/v1/models"), &rc);
   EXPECT_NE(out.find("\"id\":\"ck\""), std::string::npos) << out;
   EXPECT_NE(out.find(" 200"), std::string::npos) << out;
+  // A checkpoint without a chat template: chats are a 400 saying so.
+  out = Curl("-w ' %{http_code}' -d '{\"model\":\"ck\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}' " +
+                 Url("/v1/chat/completions"), &rc);
+  EXPECT_NE(out.find("\"code\":\"chat_template_not_found\""), std::string::npos) << out;
+  EXPECT_NE(out.find("no chat template"), std::string::npos) << out;
+  EXPECT_NE(out.find(" 400"), std::string::npos) << out;
   EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(10000)), 0);
 
   // A client closing mid-stream cancels its request: every block comes back.
@@ -149,6 +155,65 @@ TEST_F(HttpTest, CompletionsEqualGrpcAndEveryErrorCase) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(10000)), 0);
   EXPECT_EQ(CallStats(*stub_).value().counters().requests_cancelled(), cancelled_before + 1);
+}
+
+// POST /v1/chat/completions with the checkpoint's chat template (Llama 3's, with test hooks that
+// raise, use an unsupported construct or run past the work bound): the prompt ids equal Python
+// Jinja2's rendering encoded by the tokenizer without added special tokens (as transformers'
+// apply_chat_template), the tokens equal gRPC Generate's on those ids; streaming, errors.
+TEST_F(HttpTest, ChatCompletionsMatchJinja2AndGrpc) {
+  const std::string ck = dir_.path() + "/ck";
+  int rc = 0;
+  std::string out = RunCapture(std::string(KVSTREAM_CLI_BIN) + " make-checkpoint --model tiny --out " + ck, &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  // Llama 3's header and end-of-turn markers as special tokens of the small tokenizer.
+  json tj = json::parse(SmallTokenizerJson(KVSTREAM_TOKENIZER_DATA));
+  const char* marks[] = {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+  for (int i = 0; i < 3; ++i) tj["added_tokens"][1 + i]["content"] = marks[i];
+  std::ofstream(ck + "/tokenizer.json") << tj.dump();
+  std::ifstream in(std::string(KVSTREAM_SOURCE_DIR) + "/tests/data/chat_templates/llama3.jinja");
+  const std::string llama3((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(llama3.empty());
+  const std::string hooks =
+      "{%- if messages[0]['content'] == 'RAISE' %}{{ raise_exception('this test template refuses RAISE') }}{% endif %}\n"
+      "{%- if messages[0]['content'] == 'UNSUPPORTED' %}{{ '%s' % 'x' }}{% endif %}\n"
+      "{%- if messages[0]['content'] == 'LOOP' %}{% for i in range(100000) %}{% for j in range(100000) %}"
+      "{% endfor %}{% endfor %}{% endif %}\n";
+  std::ofstream(ck + "/tokenizer_config.json")
+      << json({{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}, {"chat_template", hooks + llama3}}).dump();
+  auto tok = tokenizer::Tokenizer::Load(ck);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  ASSERT_NO_FATAL_FAILURE(StartWithHttp({"--model=" + ck, "--pool_blocks=64"}, {}));
+
+  out = Client("ck", "chat", ck, &rc);
+  if (rc == 77) GTEST_SKIP() << out;
+  ASSERT_EQ(rc, 0) << out;
+  std::printf("%s", out.c_str());
+  std::ifstream results_file(ck + "/chat_results.json");
+  const json results = json::parse(results_file);
+  ASSERT_EQ(results.size(), 5u);
+  for (const json& r : results) {
+    auto ids = (*tok)->Encode(r["rendered"].get<std::string>(), /*add_special_tokens=*/false);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    EXPECT_EQ(r["prompt_token_ids"].get<std::vector<int32_t>>(), *ids) << r["rendered"];
+    const auto greedy = CallGenerate(*stub_, *ids, 6, v1::LOAD_MODE_DEFAULT, 120000);
+    ASSERT_TRUE(greedy.status.ok()) << greedy.status.error_message();
+    EXPECT_EQ(r["token_ids"].get<std::vector<int32_t>>(), greedy.tokens) << r["rendered"];
+  }
+  // The special tokens came through as single ids (the template wrote them; nothing was added).
+  const auto first = results[0]["prompt_token_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(first.size(), 3u);
+  EXPECT_EQ(first[0], 500);
+  EXPECT_EQ(first[1], 501);
+
+  // curl: a streamed chat.
+  out = Curl("-N -d '{\"model\":\"ck\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+             "\"max_tokens\":3,\"stream\":true,\"temperature\":0}' " + Url("/v1/chat/completions"), &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"role\":\"assistant\""), std::string::npos) << out;
+  EXPECT_NE(out.find("chat.completion.chunk"), std::string::npos) << out;
+  EXPECT_EQ(out.substr(out.size() - std::min<size_t>(out.size(), 14)), "data: [DONE]\n\n") << out;
+  EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(10000)), 0);
 }
 
 // Many concurrent streams (KVSTREAM_HTTP_STREAMS, default 1000; 200 in the sanitizer build): the

@@ -8,10 +8,17 @@ checked and exits 0, or prints the first mismatch and exits 1.
   http_client.py --port P --model M [--token T] concurrent N
   http_client.py --port P --model M [--token T] overload N
   http_client.py --port P --model M --token T auth
+  http_client.py --port P --model M chat CHECKPOINT_DIR
+
+chat renders each conversation with Python's Jinja2 in transformers' environment
+(tests/frontend/check_vs_jinja2.py) from the checkpoint's tokenizer_config.json and writes
+CHECKPOINT_DIR/chat_results.json (rendered text, the endpoint's prompt_token_ids and tokens) for
+the C++ test to encode and compare; exits 77 without python3-jinja2.
 """
 import argparse
 import http.client
 import json
+import os
 import resource
 import socket
 import sys
@@ -95,13 +102,13 @@ def read_chunked(sock):
     return head.decode(), chunks
 
 
-def stream_raw(body):
+def stream_raw(body, path="/v1/completions"):
     """A streamed completion over a raw socket: framing checked byte for byte; returns events."""
     body = dict(body, stream=True)
     body.setdefault("model", ARGS.model)
     payload = json.dumps(body).encode()
-    req = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           "Content-Length: %d\r\n" % len(payload))
+    req = ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           "Content-Length: %d\r\n" % (path, len(payload)))
     if ARGS.token:
         req += "Authorization: Bearer %s\r\n" % ARGS.token
     sock = socket.create_connection(("127.0.0.1", ARGS.port), timeout=120)
@@ -310,6 +317,97 @@ def mode_auth():
     print("auth: OK")
 
 
+def chat(body):
+    body = dict(body)
+    body.setdefault("model", ARGS.model)
+    return request("POST", "/v1/chat/completions", body)
+
+
+def mode_chat(ck):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "frontend"))
+    import check_vs_jinja2  # exits 77 without python3-jinja2
+    with open(os.path.join(ck, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    tpl = check_vs_jinja2.hf_environment().from_string(cfg["chat_template"])
+    special = {k: v for k, v in cfg.items() if k.endswith("_token") and isinstance(v, str)}
+    convs = [
+        [{"role": "user", "content": "Hello, world!"}],
+        [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "What is 2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}],
+        [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}],
+        [{"role": "user", "content": "Gr\u00fc\u00dfe aus \u6771\u4eac \U0001f389 {{ 7*7 }} {% if x %}"}],
+    ]
+    results = []
+    for i, msgs in enumerate(convs):
+        for agp in (True, False) if i == 1 else (True,):
+            flat = [dict(m, content="\n".join(p["text"] for p in m["content"])) if isinstance(m["content"], list)
+                    else m for m in msgs]
+            rendered = tpl.render(messages=flat, tools=None, documents=None, add_generation_prompt=agp, **special)
+            s, ctype, t = chat({"messages": msgs, "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+                                "add_generation_prompt": agp})
+            check(s == 200 and ctype == "application/json", "chat %d: %d %s" % (i, s, t))
+            j = json.loads(t)
+            c = j["choices"][0]
+            check(j["object"] == "chat.completion" and j["id"].startswith("chatcmpl-") and j["model"] == ARGS.model, t)
+            check(c["message"]["role"] == "assistant" and isinstance(c["message"]["content"], str), t)
+            check(c["finish_reason"] in ("length", "stop") and c["logprobs"] is None, t)
+            u = j["usage"]
+            check(u["prompt_tokens"] == len(j["prompt_token_ids"]) and u["completion_tokens"] == len(c["token_ids"]),
+                  "usage " + t)
+            results.append({"rendered": rendered, "prompt_token_ids": j["prompt_token_ids"],
+                            "token_ids": c["token_ids"], "text": c["message"]["content"]})
+    # Streamed: a role chunk, content deltas, a finish chunk, usage, [DONE]; the same tokens.
+    first = results[0]
+    events = stream_raw({"messages": convs[0], "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+                         "stream_options": {"include_usage": True}}, "/v1/chat/completions")
+    check(all(e["object"] == "chat.completion.chunk" for e in events), json.dumps(events))
+    check(events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}, json.dumps(events[0]))
+    toks, text = [], ""
+    for e in events[1:-2]:
+        d = e["choices"][0]
+        check(d["finish_reason"] is None and set(d["delta"]) == {"content", "token_ids"}, json.dumps(e))
+        toks += d["delta"]["token_ids"]
+        text += d["delta"]["content"]
+    check(toks == first["token_ids"] and text == first["text"], "streamed %s %r, not %s" % (toks, text, first))
+    fin = events[-2]["choices"][0]
+    check(fin["delta"] == {} and fin["finish_reason"] in ("length", "stop"), json.dumps(events[-2]))
+    check(events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == len(toks), json.dumps(events[-1]))
+    # Log-probabilities in the chat shape.
+    s, _, t = chat({"messages": convs[0], "max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    check(s == 200, "logprobs: %d %s" % (s, t))
+    lp = json.loads(t)["choices"][0]["logprobs"]["content"]
+    check(len(lp) == 3 and all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 and
+                               bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] for e in lp), t)
+    # Errors: the template's own exception, a construct not implemented, its work bound, and the
+    # request's.
+    user = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    for text, code, words in (("RAISE", "chat_template_error", "this test template refuses RAISE"),
+                              ("UNSUPPORTED", "chat_template_not_supported", "formatting"),
+                              ("LOOP", "chat_template_limit", "steps")):
+        s, _, t = chat({"messages": user(text)})
+        e = expect_error(s, t, 400, "messages", text)
+        check(e["code"] == code and words in e["message"], "%s: %s" % (text, t))
+    one = user("x")
+    for body, status, param in (({"messages": one, "n": 2}, 400, "n"),
+                                ({"messages": one, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+                                ({"messages": one, "response_format": {"type": "json_object"}}, 400, "response_format"),
+                                ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
+                                ({"messages": []}, 400, "messages"),
+                                ({"messages": one, "max_tokens": -1}, 400, "max_tokens"),
+                                ({"messages": one, "max_tokens": 10 ** 9}, 400, None),
+                                ({"messages": user("a " * 5000), "max_tokens": 1}, 400, None),
+                                ({"messages": one, "model": "no-such-model"}, 404, "model")):
+        s, _, t = chat(body)
+        expect_error(s, t, status, param, json.dumps(body)[:80])
+    s, _, t = request("POST", "/v1/chat/completions", raw="{not json")
+    expect_error(s, t, 400, None, "bad JSON")
+    s, _, t = request("GET", "/v1/chat/completions")
+    expect_error(s, t, 405, None, "GET chat")
+    with open(os.path.join(ck, "chat_results.json"), "w") as f:
+        json.dump(results, f)
+    print("chat: OK (%d renderings by Jinja2; streamed and not; logprobs; 15 error cases)" % len(results))
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()
@@ -331,6 +429,8 @@ def main():
         mode_overload(int(ARGS.arg))
     elif ARGS.mode == "auth":
         mode_auth()
+    elif ARGS.mode == "chat":
+        mode_chat(ARGS.arg)
     else:
         fail("unknown mode " + ARGS.mode)
 

@@ -236,6 +236,118 @@ TEST(OpenAiProtocol, ChunksAndResponse) {
   EXPECT_EQ(FinishReason(eos, 9, 9), "length");
 }
 
+ChatRequest ChatOk(const std::string& body) {
+  auto r = ParseChatRequest(body, "tiny");
+  if (auto* e = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << body << ": " << e->message;
+    return {};
+  }
+  return std::get<ChatRequest>(r);
+}
+
+ApiError ChatErr(const std::string& body) {
+  auto r = ParseChatRequest(body, "tiny");
+  if (!std::holds_alternative<ApiError>(r)) {
+    ADD_FAILURE() << body << " was accepted";
+    return {};
+  }
+  return std::get<ApiError>(r);
+}
+
+TEST(OpenAiChat, MessagesAndFields) {
+  const ChatRequest c = ChatOk(R"({"model":"tiny","messages":[{"role":"system","content":"Be brief."},
+      {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"there"}],"name":"u"},
+      {"role":"assistant","content":null}],"max_completion_tokens":5,"stream":true,
+      "stream_options":{"include_usage":true},"stop":"x","seed":3,"temperature":0,
+      "tools":[],"tool_choice":"none","response_format":{"type":"text"},"n":1,"user":"u"})");
+  ASSERT_EQ(c.messages.size(), 3u);
+  EXPECT_EQ(c.messages[1]["content"], "Hi\nthere");
+  EXPECT_EQ(c.messages[1]["name"], "u");
+  EXPECT_EQ(c.messages[1].begin().key(), "role");  // key order kept
+  EXPECT_TRUE(c.messages[2]["content"].is_null());
+  EXPECT_TRUE(c.add_generation_prompt);
+  EXPECT_EQ(c.completion.max_tokens, 5);
+  EXPECT_TRUE(c.completion.stream && c.completion.include_usage);
+  EXPECT_EQ(c.completion.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(c.completion.prompt_text.empty() && c.completion.prompt_tokens.empty());
+  EXPECT_FALSE(ChatOk(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"add_generation_prompt":false})")
+                   .add_generation_prompt);
+#if KVSTREAM_PROTO_HAS_SAMPLING
+  EXPECT_EQ(*ChatOk(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})")
+                 .completion.logprobs, 3);
+  EXPECT_EQ(*ChatOk(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logprobs":true})")
+                 .completion.logprobs, 0);
+#endif
+  EXPECT_FALSE(ChatOk(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logprobs":false})")
+                   .completion.logprobs);
+
+  struct Case {
+    const char* body;
+    const char* param;
+  } cases[] = {
+      {R"({"model":"tiny"})", "messages"},
+      {R"({"model":"tiny","messages":[]})", "messages"},
+      {R"({"model":"tiny","messages":"hi"})", "messages"},
+      {R"({"model":"tiny","messages":[{"content":"x"}]})", "messages"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":7}]})", "messages"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", "messages"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"n":2})", "n"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})", "tool_choice"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})", "functions"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logprobs":2})", "logprobs"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"prompt":"x"})", "prompt"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"suffix":"x"})", "suffix"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = ChatErr(c.body);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_NE(e.message.find(c.param), std::string::npos) << c.body << ": " << e.message;
+  }
+  EXPECT_EQ(ChatErr(R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})").code, "model_not_found");
+  EXPECT_EQ(ChatErr("{bad").http_status, 400);
+}
+
+TEST(OpenAiChat, ChunksAndResponse) {
+  ChatRequest c = ChatOk(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":2,"return_token_ids":true})");
+  CompletionBuilder b("chatcmpl-1", 1700000000, "tiny", c.completion, nullptr, /*chat=*/true);
+  const std::string head = R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"tiny","choices":[)";
+  EXPECT_EQ(b.FirstChunk(), head + R"({"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}]})");
+  EXPECT_EQ(b.Chunk(Msg(5, "He", false)),
+            head + R"({"delta":{"content":"He","token_ids":[5]},"finish_reason":null,"index":0,"logprobs":null}]})");
+  EXPECT_EQ(b.Chunk(Msg(6, "llo", true)),
+            head + R"({"delta":{"content":"llo","token_ids":[6]},"finish_reason":null,"index":0,"logprobs":null}]})");
+  EXPECT_EQ(b.FinishChunk(), head + R"({"delta":{},"finish_reason":"length","index":0,"logprobs":null}]})");
+  EXPECT_EQ(b.UsageChunk(3), R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"tiny","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}})");
+  b.set_prompt_token_ids({1, 2, 3});
+  const json r = json::parse(b.Response(3));
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"], json({{"role", "assistant"}, {"content", "Hello"}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][0]["token_ids"], json::array({5, 6}));
+  EXPECT_EQ(r["prompt_token_ids"], json::array({1, 2, 3}));
+  EXPECT_EQ(r["usage"]["total_tokens"], 5);
+  // Completions have no first or finish chunk.
+  CompletionBuilder t("cmpl-1", 1, "tiny", Ok(R"({"model":"tiny","prompt":"x"})"), nullptr);
+  EXPECT_EQ(t.FirstChunk(), "");
+  EXPECT_EQ(t.FinishChunk(), "");
+#if KVSTREAM_PROTO_HAS_SAMPLING
+  // logprobs in the chat shape: content[i] = {token, logprob, bytes, top_logprobs}.
+  c = ChatOk(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":1})");
+  IdText names;
+  CompletionBuilder l("chatcmpl-2", 1, "tiny", c.completion, &names, true);
+  const json chunk = json::parse(l.Chunk(Msg(7, "a", true, -0.25f)));
+  const json want = {{"token", "<7>"}, {"logprob", -0.25}, {"bytes", {60, 55, 62}},
+                     {"top_logprobs", {{{"token", "<7>"}, {"logprob", -0.25}, {"bytes", {60, 55, 62}}}}}};
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0], want);
+  EXPECT_EQ(json::parse(l.Response(1))["choices"][0]["logprobs"]["content"], json::array({want}));
+#endif
+}
+
 TEST(OpenAiProtocol, Models) {
   EXPECT_EQ(ModelsBody("tiny", 5),
             R"({"data":[{"created":5,"id":"tiny","object":"model","owned_by":"kvstream"}],"object":"list"})");
