@@ -19,6 +19,9 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 256;        // radix digit of 8 bits
 constexpr int kMaxCollect = 256;  // top-N candidates gathered at once
+// Radix histograms are accumulated by 32-bit shared atomics of every lane in kCopies private
+// copies (two warps share one), then summed.
+constexpr int kCopies = kWarps / 2;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 using u64 = unsigned long long;
 
@@ -172,14 +175,16 @@ struct TopPMass {
 // from some F on). Four passes over the slice, one per 8-bit digit from the top: a histogram
 // of the candidates (keys agreeing with the digits chosen so far), summed over the cluster's
 // slices, then the warp 0 of every block picks the highest digit whose suffix sum qualifies.
+// priv: kCopies * 2 * kBins of shared memory.
 template <int G, bool kMass, class Cond>
-__device__ uint32_t RadixSelect(Shared& s, const float* row, int lo, int hi, float max_logit,
-                                float inv_t, uint32_t floor, Cond cond) {
+__device__ uint32_t RadixSelect(Shared& s, unsigned* priv, const float* row, int lo, int hi,
+                                float max_logit, float inv_t, uint32_t floor, Cond cond) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned* mine = priv + (warp % kCopies) * 2 * kBins;  // low halves, then high halves
   uint32_t prefix = 0;
   u64 above = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kBins; b += kThreads) s.hist[b] = 0;
+    for (int b = threadIdx.x; b < kCopies * 2 * kBins; b += kThreads) priv[b] = 0;
     __syncthreads();
     const uint32_t hi_mask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
     for (int i0 = lo; i0 < hi; i0 += kThreads) {
@@ -194,13 +199,19 @@ __device__ uint32_t RadixSelect(Shared& s, const float* row, int lo, int hi, flo
           if (v != 0) bin = int((key >> shift) & 0xFFu);
         }
       }
-      const unsigned peers = __match_any_sync(kFull, bin);
       if (bin < kBins) {
-        // v <= 2^31: the two 16-bit halves' sums over <= 32 lanes fit 32 bits.
-        const unsigned lo16 = __reduce_add_sync(peers, unsigned(v & 0xFFFFu));
-        const unsigned hi16 = __reduce_add_sync(peers, unsigned(v >> 16));
-        if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u64(hi16) << 16) + u64(lo16));
+        // v <= 2^31 in two halves of 16 bits: a copy's sums over its two warps' <= 2^16
+        // candidates per pass fit 32 bits.
+        atomicAdd(&mine[bin], unsigned(v & 0xFFFFu));
+        if (kMass) atomicAdd(&mine[kBins + bin], unsigned(v >> 16));
       }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < kBins; b += kThreads) {
+      u64 sum = 0;
+      for (int c = 0; c < kCopies; ++c)
+        sum += u64(priv[c * 2 * kBins + b]) + (u64(priv[c * 2 * kBins + kBins + b]) << 16);
+      s.hist[b] = sum;
     }
     ClusterSync<G>();  // every slice's histogram complete
     if (warp == 0) {
@@ -329,9 +340,9 @@ __device__ int DrawFind(Shared& s, const u64* step_sums, const Kept& kept, u64 r
 }
 
 // The top n (key descending, index ascending) of the row into ids (n <= kSampleMaxTop).
-__device__ void TopN(Shared& s, const float* row, int vocab, int n, int* ids) {
+__device__ void TopN(Shared& s, unsigned* priv, const float* row, int vocab, int n, int* ids) {
   const uint32_t tn =
-      RadixSelect<1, false>(s, row, 0, vocab, 0.f, 0.f, 0u, CountAtLeast{u64(n)});
+      RadixSelect<1, false>(s, priv, row, 0, vocab, 0.f, 0.f, 0u, CountAtLeast{u64(n)});
   // Everything above the threshold (fewer than n), then the threshold's ties, lowest first.
   for (int pass = 0; pass < 2; ++pass) {
     if (threadIdx.x == 0) s.collect_count = 0;
@@ -422,9 +433,11 @@ __global__ void __launch_bounds__(kThreads)
   // A sampled row's slice is staged in shared memory (G > 1: the launch sized it so): the
   // passes below read it several times, and from global memory they are latency-bound.
   const float* src = row;  // src[i]: logit i, for i in [lo, hi)
+  // Dynamic shared memory: step sums (even count), private histograms, (G > 1) the slice.
+  unsigned* priv =
+      reinterpret_cast<unsigned*>(step_sums + ((kWarps * ((slice + kThreads - 1) / kThreads) + 1) & ~1));
   if (G > 1 && p.inv_temperature > 0) {
-    const int steps = (slice + kThreads - 1) / kThreads;
-    float* staged = reinterpret_cast<float*>(step_sums + ((kWarps * steps + 1) & ~1));
+    float* staged = reinterpret_cast<float*>(priv + kCopies * 2 * kBins);
     const float* from = row + lo;
     const int n = hi - lo;
     if ((reinterpret_cast<uintptr_t>(from) & 15) == 0) {
@@ -470,9 +483,9 @@ __global__ void __launch_bounds__(kThreads)
     const float m = bv, inv_t = p.inv_temperature;
     uint32_t t = 0;
     if (p.top_k > 0 && p.top_k < vocab)
-      t = RadixSelect<G, false>(s, src, lo, hi, m, inv_t, 0u, CountAtLeast{u64(p.top_k)});
+      t = RadixSelect<G, false>(s, priv, src, lo, hi, m, inv_t, 0u, CountAtLeast{u64(p.top_k)});
     if (p.top_p < 1.0f)
-      t = RadixSelect<G, true>(s, src, lo, hi, m, inv_t, t, TopPMass{p.top_p});
+      t = RadixSelect<G, true>(s, priv, src, lo, hi, m, inv_t, t, TopPMass{p.top_p});
     const Kept kept{src, lo, hi, m, inv_t, t, p.min_weight};
     const u64 mine = DrawSums(s, step_sums, kept);
     const uint32_t u24 = sm::PhiloxUniform24(p.seed, p.token_index);
@@ -515,7 +528,7 @@ __global__ void __launch_bounds__(kThreads)
   const int n = min(p.top_logprobs, min(kSampleMaxTop, vocab));
   if (n == 0) return;
   __shared__ int ids[kSampleMaxTop];
-  TopN(s, row, vocab, n, ids);
+  TopN(s, priv, row, vocab, n, ids);
   __syncthreads();
   if (threadIdx.x < n) {
     out.top_ids[threadIdx.x] = ids[threadIdx.x];
@@ -543,9 +556,10 @@ cudaError_t Launch(int32_t* tokens, SampleLogprobs* logprobs, const float* logit
                    const SampleParams* params, int rows, int vocab, cudaStream_t stream) {
   const int slice = (vocab + G - 1) / G;
   const size_t sums = size_t((kWarps * ((slice + kThreads - 1) / kThreads) + 1) & ~1);
-  // Step sums, then (G > 1) the staged slice, 16-byte aligned.
-  const size_t smem = sums * sizeof(u64) + (G > 1 ? size_t(slice) * sizeof(float) : 0);
-  if (smem + sizeof(Shared) > 200 * 1024) return cudaErrorInvalidValue;
+  // Step sums, the private histograms, then (G > 1) the staged slice, 16-byte aligned.
+  const size_t smem = sums * sizeof(u64) + kCopies * 2 * kBins * sizeof(unsigned) +
+                      (G > 1 ? size_t(slice) * sizeof(float) : 0);
+  if (smem + sizeof(Shared) > 220 * 1024) return cudaErrorInvalidValue;
   if (smem > 32 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(
         SampleKernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
