@@ -49,7 +49,9 @@ Result<frontend::HttpOptions> HttpOptionsFromConfig(const daemon::DaemonConfig& 
     KV_LOG_INFO << "chat template loaded (" << o.chat_template->source.size() << " bytes)";
   } else {
     o.chat_template_missing = tmpl.status().message();
-    if (tmpl.status().code() != StatusCode::kNotFound) KV_LOG_WARN << "chat template not loaded: " << tmpl.status().ToString();
+    if (tmpl.status().code() != StatusCode::kNotFound) {
+      KV_LOG_WARN << "chat template not loaded: " << tmpl.status().ToString();
+    }
   }
   return o;
 }
@@ -105,7 +107,9 @@ int main(int argc, char** argv) {
     KV_LOG_INFO << "tokenizer: " << (*tok)->Describe();
   } else {
     text.why_none = tok.status().message();
-    if (tok.status().code() != StatusCode::kNotFound) KV_LOG_WARN << "tokenizer not loaded: " << tok.status().ToString();
+    if (tok.status().code() != StatusCode::kNotFound) {
+      KV_LOG_WARN << "tokenizer not loaded: " << tok.status().ToString();
+    }
   }
   daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
