@@ -585,10 +585,11 @@ cudaError_t Launch(int32_t* tokens, SampleLogprobs* logprobs, const float* logit
 }  // namespace
 
 cudaError_t SampleRows(int32_t* tokens, SampleLogprobs* logprobs, const float* logits,
-                       const SampleParams* params, int rows, int vocab, cudaStream_t stream) {
+                       const SampleParams* params, int rows, int vocab, cudaStream_t stream,
+                       SamplePath path) {
   if (rows < 0 || vocab <= 0 || !tokens || !logits || !params) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  return ClusterBlocks(vocab) == 4
+  return path == SamplePath::kAuto && ClusterBlocks(vocab) == 4
              ? Launch<4>(tokens, logprobs, logits, params, rows, vocab, stream)
              : Launch<1>(tokens, logprobs, logits, params, rows, vocab, stream);
 }

@@ -35,11 +35,16 @@ struct SampleLogprobs {
   float top_logprobs[kSampleMaxTop];
 };
 
+// kAuto: the cluster where the device has clusters; kOneBlock: one block per row everywhere
+// (the path of GPUs before Hopper; tests run it on Hopper too).
+enum class SamplePath { kAuto, kOneBlock };
+
 //   tokens:   [rows] int32 out
 //   logprobs: [rows] out, or null (then no row may ask for log-probabilities)
 //   logits:   [rows][vocab] f32
 //   params:   [rows]
 cudaError_t SampleRows(int32_t* tokens, SampleLogprobs* logprobs, const float* logits,
-                       const SampleParams* params, int rows, int vocab, cudaStream_t stream);
+                       const SampleParams* params, int rows, int vocab, cudaStream_t stream,
+                       SamplePath path = SamplePath::kAuto);
 
 }  // namespace kvstream::kernels

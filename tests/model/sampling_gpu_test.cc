@@ -46,7 +46,8 @@ struct GpuResult {
 // Runs kernels::SampleRows over rows x vocab logits with the CUDA backend's parameter mapping
 // (model/cuda/cuda_sampler.cc).
 GpuResult RunKernel(const std::vector<float>& logits, int rows, int vocab,
-                    const std::vector<SeqSampling>& seqs) {
+                    const std::vector<SeqSampling>& seqs,
+                    kernels::SamplePath path = kernels::SamplePath::kAuto) {
   std::vector<kernels::SampleParams> kp(rows);
   bool any_lp = false;
   for (int r = 0; r < rows; ++r) {
@@ -68,7 +69,7 @@ GpuResult RunKernel(const std::vector<float>& logits, int rows, int vocab,
   DeviceVec<kernels::SampleLogprobs> d_lp(rows);
   GpuResult out;
   EXPECT_EQ(kernels::SampleRows(d_tokens.get(), any_lp ? d_lp.get() : nullptr, d_logits.get(),
-                                d_params.get(), rows, vocab, nullptr),
+                                d_params.get(), rows, vocab, nullptr, path),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   out.tokens = d_tokens.Download();
@@ -172,18 +173,20 @@ TEST(SamplingGpu, KernelTokensEqualTheCpuReference) {
       b[1] = -INFINITY;
       b[vocab - 1] = NAN;
     }
+    // Both paths: on Hopper the cluster (vocab >= 16384) and the one-block path of older GPUs.
     for (int rep = 0; rep < 12; ++rep) {
+      const auto path = rep % 2 ? kernels::SamplePath::kOneBlock : kernels::SamplePath::kAuto;
       std::vector<SeqSampling> seqs(rows);
       for (int r = 0; r < rows; ++r) {
         seqs[r].params = r < int(configs.size()) ? configs[r] : Sampled(1.0f, 0, 0.9f, 0, 4, 3);
         seqs[r].params.seed += uint64_t(rep) * 1000003u;
         seqs[r].token_index = uint64_t(rep * 7 + r);
       }
-      const GpuResult g = RunKernel(z, rows, vocab, seqs);
+      const GpuResult g = RunKernel(z, rows, vocab, seqs, path);
       for (int r = 0; r < rows; ++r) {
         std::span<const float> row(&z[size_t(r) * vocab], size_t(vocab));
         const std::string what = "vocab " + std::to_string(vocab) + " row " + std::to_string(r) +
-                                 " rep " + std::to_string(rep);
+                                 " rep " + std::to_string(rep) + (rep % 2 ? " one block" : "");
         const int32_t want = model::SampleRow(row, seqs[r].params, seqs[r].token_index);
         ASSERT_EQ(g.tokens[r], want) << what;
         if (seqs[r].params.wants_logprobs() && r != rows - 1)
@@ -201,7 +204,8 @@ TEST(SamplingGpu, SameTokenWhateverTheBatch) {
   std::copy(one.begin(), one.end(), many.begin() + size_t(17) * vocab);
   for (uint64_t i = 0; i < 20; ++i) {
     const SamplingParams p = Sampled(1.0f, 0, 0.95f, 0, 77);
-    const GpuResult alone = RunKernel(one, 1, vocab, {SeqSampling{p, i}});
+    const GpuResult alone = RunKernel(one, 1, vocab, {SeqSampling{p, i}},
+                                      i % 2 ? kernels::SamplePath::kOneBlock : kernels::SamplePath::kAuto);
     std::vector<SeqSampling> seqs(32, SeqSampling{Sampled(0.5f, 10, 1, 0, 5), i + 100});
     seqs[17] = SeqSampling{p, i};
     const GpuResult batch = RunKernel(many, 32, vocab, seqs);
