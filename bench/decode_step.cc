@@ -28,6 +28,7 @@
 #include "model/backend.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "step_setup.h"
 
 namespace {
 
@@ -105,16 +106,6 @@ int main(int argc, char** argv) {
   model::ModelSpec spec;
   spec.model = a.model;
   spec.max_position_override = std::max({a.ctx, a.joiner_ctx, a.sweep_ctx}) + 16;
-  model::BackendOptions bo;
-  bo.kind = "cuda";
-  bo.device = a.device;
-  auto be = model::CreateBackend(spec, bo);
-  if (!be.ok()) {
-    std::fprintf(stderr, "backend: %s\n", be.status().ToString().c_str());
-    return be.status().code() == StatusCode::kUnavailable ? 77 : 1;
-  }
-  auto& backend = *be.value();
-  const model::ModelConfig& c = backend.config();
   const int bs = 16;
 
   std::vector<Case> cases;
@@ -141,17 +132,12 @@ int main(int argc, char** argv) {
     for (int x : k.ctx) n += model::BlocksForTokens(x + 1, bs);
     max_blocks = std::max(max_blocks, n);
   }
-  auto pool_r = backend.CreatePool(int(max_blocks + 8), bs);
-  if (!pool_r.ok()) {
-    std::fprintf(stderr, "pool of %ld blocks: %s\n", max_blocks + 8,
-                 pool_r.status().ToString().c_str());
-    return 1;
-  }
-  auto& pool = *pool_r.value();
-  std::vector<int32_t> order(pool.num_blocks());
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937 rng(7);
-  std::shuffle(order.begin(), order.end(), rng);
+  bench::StepSetup setup;
+  if (const int rc = setup.Init(spec, a.device, max_blocks + 8, bs)) return rc;
+  auto& backend = *setup.backend;
+  auto& pool = *setup.pool;
+  const std::vector<int32_t>& order = setup.order;
+  const model::ModelConfig& c = backend.config();
 
   const double wbytes = double(c.decode_step_weight_bytes());
   const double kv_tok = double(c.kv_bytes_per_token());

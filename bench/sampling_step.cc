@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/sampling.h"
+#include "step_setup.h"
 
 namespace {
 
@@ -83,28 +84,14 @@ int main(int argc, char** argv) {
   spec.model = a.model;
   spec.num_layers_override = a.layers;
   spec.max_position_override = a.ctx + 16;
-  model::BackendOptions bo;
-  bo.kind = "cuda";
-  bo.device = a.device;
-  auto be = model::CreateBackend(spec, bo);
-  if (!be.ok()) {
-    std::fprintf(stderr, "backend: %s\n", be.status().ToString().c_str());
-    return be.status().code() == StatusCode::kUnavailable ? 77 : 1;
-  }
-  auto& backend = *be.value();
-  const model::ModelConfig& c = backend.config();
   const int bs = 16;
   const int per_seq = model::BlocksForTokens(a.ctx + 1, bs);
-  auto pool_r = backend.CreatePool(per_seq * a.batch + 8, bs);
-  if (!pool_r.ok()) {
-    std::fprintf(stderr, "pool: %s\n", pool_r.status().ToString().c_str());
-    return 1;
-  }
-  auto& pool = *pool_r.value();
-  std::vector<int32_t> order(pool.num_blocks());
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937 rng(7);
-  std::shuffle(order.begin(), order.end(), rng);
+  bench::StepSetup setup;
+  if (const int rc = setup.Init(spec, a.device, long(per_seq) * a.batch + 8, bs)) return rc;
+  auto& backend = *setup.backend;
+  auto& pool = *setup.pool;
+  const std::vector<int32_t>& order = setup.order;
+  const model::ModelConfig& c = backend.config();
   std::vector<std::vector<int32_t>> tables;
   std::vector<int32_t> tokens(a.batch);
   std::vector<model::SeqInput> seqs;
