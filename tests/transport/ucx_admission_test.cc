@@ -8,11 +8,13 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/fault_record.h"
 #include "tests/transport/test_util.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_transport.h"
 #include "transport/ucx/ucx_wire.h"
 
 namespace kvstream::transport {
@@ -170,6 +172,63 @@ TEST_P(UcxAdmission, UnadmittedWriterIsRefused) {
   // Tickets that are not UCX's are refused.
   EXPECT_EQ(rx_->Admit("junk").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(rx_->Admit("").code(), StatusCode::kInvalidArgument);
+}
+
+// The receiver answers over the connection it admitted (ucx::ReplyEndpoint, what ucx_staged's
+// credits use): the writer gets the notifications without accepting any connection itself.
+TEST_P(UcxAdmission, RepliesGoBackOverTheAdmittedConnection) {
+  test::NotificationQueue replies;
+  tx_->SetNotificationSink([&replies](const Notification& n) { replies.Push(n); });
+  auto ep = tx_->Connect(peer_);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  const std::string ticket = (*ep)->AdmissionTicket();
+  // No connection yet (nothing admitted, nothing written): nothing to reply over.
+  EXPECT_EQ(ucx::ReplyEndpoint(*rx_, ticket).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(ucx::ReplyEndpoint(*rx_, "junk").status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rx_->Admit(ticket).ok());
+  ASSERT_TRUE(WriteLayer(**ep, 11).ok());
+  Notification n;
+  ASSERT_TRUE(notes_.Pop(&n, DeadlineAfterMs(10000)));
+  auto reply = ucx::ReplyEndpoint(*rx_, ticket);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  for (uint64_t i = 1; i <= 3; ++i) {
+    WriteRequest r;
+    r.local = dst_reg_.get();
+    r.notify = true;
+    r.notification = Notification{100 + i, int32_t(i), 5};
+    auto h = (*reply)->Write(r);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(10000)).ok());
+    ASSERT_TRUE(replies.Pop(&n, DeadlineAfterMs(10000)));
+    EXPECT_EQ(n.request_id, 100 + i);
+    EXPECT_EQ(n.layer, int32_t(i));
+  }
+  // Copies are refused: a reply endpoint names no memory of the writer.
+  WriteRequest copy;
+  copy.local = dst_reg_.get();
+  copy.ops.push_back(CopyOp{0, 0, 64});
+  EXPECT_EQ((*reply)->Write(copy).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tx_->counters().connections_admitted, 0u) << "the writer accepted a connection";
+  // The writer goes away: its connection closes, and the reply endpoint fails.
+  ep->reset();
+  const Deadline deadline = DeadlineAfterMs(10000);
+  Status s;
+  while (!Expired(deadline)) {
+    WriteRequest r;
+    r.local = dst_reg_.get();
+    r.notify = true;
+    auto h = (*reply)->Write(r);
+    s = h.ok() ? (*h)->Wait(DeadlineAfterMs(2000)) : h.status();
+    if (!s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(s.ok()) << "replies still went out after the writer's connection closed";
+  while (!Expired(deadline) && (*reply)->status().ok()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ((*reply)->status().code(), StatusCode::kRemoteDisconnect);
+  reply->reset();
+  tx_->SetNotificationSink(nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, UcxAdmission, ::testing::Values("tcp", "sm,tcp", ""),

@@ -2,8 +2,11 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "transport/ucx/ucx_worker.h"
+#include "transport/ucx/ucx_writer.h"
 
 namespace kvstream::transport::ucx {
 
@@ -49,7 +52,7 @@ void Admission::Accept(ucp_conn_request_h request, const UcxTicket& from) {
                 << " failed: " << ucs_status_string(st);
     return;
   }
-  accepted_.insert(ep);
+  accepted_[ep].from = from;
   ++admitted_;
   KV_LOG_DEBUG << "ucx: admitted the connection from " << ToString(from.source);
 }
@@ -67,9 +70,35 @@ void Admission::Refuse(ucp_conn_request_h request, const UcxTicket& from, const 
 void Admission::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t) {
   auto* a = static_cast<Admission*>(arg);
   // Not inside UCX's callback: closed on the next turn of the progress loop.
-  a->worker_->Post([a, ep] {
-    if (a->accepted_.erase(ep) != 0) a->Close(ep);
-  });
+  a->worker_->Post([a, ep] { a->CloseAccepted(ep); });
+}
+
+ucp_ep_h Admission::Find(const UcxTicket& ticket) const {
+  for (const auto& [ep, a] : accepted_) {
+    if (a.from.client_id == ticket.client_id && SameEndpoint(a.from.source, ticket.source)) return ep;
+  }
+  return nullptr;
+}
+
+void Admission::AddReply(ucp_ep_h ep, const std::shared_ptr<UcxEndpointState>& reply) {
+  auto it = accepted_.find(ep);
+  if (it == accepted_.end()) return;
+  auto& r = it->second.replies;
+  r.erase(std::remove_if(r.begin(), r.end(), [](const auto& w) { return w.expired(); }), r.end());
+  r.push_back(reply);
+}
+
+void Admission::CloseAccepted(ucp_ep_h ep) {
+  auto it = accepted_.find(ep);
+  if (it == accepted_.end()) return;
+  for (const auto& w : it->second.replies) {
+    if (auto r = w.lock()) {
+      r->MarkFailed(RemoteDisconnect("ucx: the writer's connection closed"));
+      r->ep = nullptr;  // sends nothing more over it (progress thread, like every use)
+    }
+  }
+  accepted_.erase(it);
+  Close(ep);
 }
 
 void Admission::Close(ucp_ep_h ep) {
@@ -102,9 +131,9 @@ void Admission::Watch() {
 void Admission::Shutdown() {
   stopped_ = true;
   expected_.clear();
-  std::unordered_set<ucp_ep_h> open;
-  open.swap(accepted_);
-  for (ucp_ep_h ep : open) Close(ep);
+  std::vector<ucp_ep_h> open;
+  for (const auto& [ep, a] : accepted_) open.push_back(ep);
+  for (ucp_ep_h ep : open) CloseAccepted(ep);
 }
 
 }  // namespace kvstream::transport::ucx

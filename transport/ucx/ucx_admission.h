@@ -10,8 +10,10 @@
 //    newest are kept). No UCX endpoint exists for a request before that, so nothing the client
 //    sends after its request (puts, active messages) is processed before it.
 //  - Every refusal is counted. With admit_any every request is accepted (ucx_staged's inner
-//    transports).
-//  - Accepted endpoints are closed when their peer fails and when the worker stops.
+//    transports, benchmarks).
+//  - Accepted endpoints are closed when their peer fails and when the worker stops; the reply
+//    endpoints riding on one (ReplyEndpoint, ucx_transport.h) then fail with kRemoteDisconnect
+//    and stop using it.
 //
 // Everything but the counters runs on the worker's progress thread.
 #pragma once
@@ -20,7 +22,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <unordered_set>
+#include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "transport/ucx/ucx_wire.h"
@@ -28,6 +31,7 @@
 namespace kvstream::transport::ucx {
 
 class UcxWorker;
+struct UcxEndpointState;
 
 class Admission {
  public:
@@ -45,6 +49,12 @@ class Admission {
   void Shutdown();
   // Force-closing endpoints whose close has not completed yet.
   bool closing() const { return !closing_.empty(); }
+  // The open connection accepted for `ticket` (same client id, source address and port), or
+  // nullptr.
+  ucp_ep_h Find(const UcxTicket& ticket) const;
+  // `reply` sends over the accepted `ep` (ReplyEndpoint): when that connection closes, it is
+  // marked failed and detached from it.
+  void AddReply(ucp_ep_h ep, const std::shared_ptr<UcxEndpointState>& reply);
 
   uint64_t admitted() const { return admitted_.load(); }
   uint64_t refused() const { return refused_.load(); }
@@ -52,6 +62,8 @@ class Admission {
  private:
   void Accept(ucp_conn_request_h request, const UcxTicket& from);
   void Refuse(ucp_conn_request_h request, const UcxTicket& from, const char* why);
+  // Closes an accepted connection and detaches its reply endpoints.
+  void CloseAccepted(ucp_ep_h ep);
   void Close(ucp_ep_h ep);
   void Watch();
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -60,7 +72,11 @@ class Admission {
   const bool admit_any_;
   bool stopped_ = false;
   std::vector<UcxTicket> expected_;  // oldest first
-  std::unordered_set<ucp_ep_h> accepted_;
+  struct Accepted {
+    UcxTicket from;
+    std::vector<std::weak_ptr<UcxEndpointState>> replies;
+  };
+  std::unordered_map<ucp_ep_h, Accepted> accepted_;
   std::vector<void*> closing_;  // ucp requests of endpoint closes in progress
   std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> refused_{0};

@@ -122,6 +122,7 @@ class UcxTransport final : public Transport {
     return c;
   }
   void SetNotificationSink(NotificationSink sink) override { worker_->SetSink(std::move(sink)); }
+  const std::shared_ptr<UcxWorker>& worker() const { return worker_; }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
     if (region.addr == nullptr || region.length == 0) {
@@ -251,6 +252,34 @@ class UcxTransport final : public Transport {
 Result<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options) {
   KV_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::Create(options.ucx));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(worker)));
+}
+
+Result<std::unique_ptr<Endpoint>> ReplyEndpoint(Transport& transport, const std::string& ticket) {
+  auto* t = dynamic_cast<UcxTransport*>(&transport);
+  if (t == nullptr) return NotSupported("ucx ReplyEndpoint: not a transport of the UCX backend");
+  KV_ASSIGN_OR_RETURN(UcxTicket from, DecodeTicket(ticket));
+  std::shared_ptr<UcxWorker> worker = t->worker();
+  auto state = std::make_shared<UcxEndpointState>();
+  state->worker = worker.get();
+  state->borrowed = true;
+  state->connect_tried = true;
+  // One empty region: notification-only writes name region 0 and copy nothing.
+  state->regions.resize(1);
+  state->rkeys.push_back(nullptr);
+  state->host_copy.assign(1, false);
+  state->maps.resize(1);
+  UcxWorker* w = worker.get();
+  KV_RETURN_IF_ERROR(w->RunSync([w, from, state]() -> Status {
+    ucp_ep_h ep = w->admission().Find(from);
+    if (ep == nullptr) {
+      return Unavailable("ucx: no open connection was admitted for this ticket (from " +
+                         ToString(from.source) + ")");
+    }
+    state->ep = ep;
+    w->admission().AddReply(ep, state);
+    return OkStatus();
+  }));
+  return std::unique_ptr<Endpoint>(new UcxEndpoint(std::move(worker), std::move(state)));
 }
 
 PeerMapping::~PeerMapping() {

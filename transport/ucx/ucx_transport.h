@@ -85,6 +85,16 @@ class PeerMapping {
 // backend's endpoint), kInvalidArgument for a region index out of range, or the mmap error.
 Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int region);
 
+// Receiver: an endpoint that sends notifications back to the writer whose connection
+// `transport` (a UCX transport) admitted for `ticket` (that writer's
+// Endpoint::AdmissionTicket()), over that very connection: the writer accepts no connection of
+// ours, so nothing has to be admitted there. Write() carries notifications only (no CopyOp,
+// remote_region 0, a local registration of `transport`); they reach the writer transport's
+// NotificationSink. The endpoint fails (kRemoteDisconnect) once that connection closes.
+// kUnavailable when no connection of that ticket is open (not arrived yet, or closed),
+// kInvalidArgument for a malformed ticket, kNotSupported for another backend's transport.
+Result<std::unique_ptr<Endpoint>> ReplyEndpoint(Transport& transport, const std::string& ticket);
+
 // Whether the backend moves CUDA memory itself (Capabilities::cuda_memory) with a UCX of this
 // version whose context reports CUDA memory: only from UCX 1.16, whose memory-type-aware
 // protocols are the default. Older releases built with CUDA put from device memory with a host

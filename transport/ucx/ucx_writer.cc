@@ -219,6 +219,9 @@ static void OnCloseFlushed(void* request, ucs_status_t st, void* user) {
 
 void BeginClose(const std::shared_ptr<UcxEndpointState>& ep) {
   ep->closing = true;
+  // A reply endpoint's connection is the Admission's: nothing more goes over it from here on,
+  // and the writes in flight on it finish by themselves.
+  if (ep->borrowed) ep->ep = nullptr;
   if (ep->ep == nullptr) return MaybeSignalClosed(ep.get());  // never connected
   ep->flush_deadline = Clock::now() + kCloseFlushTimeout;
   UcxWorker* w = ep->worker;

@@ -49,6 +49,9 @@ struct UcxEndpointState {
   unsigned dial_length = 0, source_length = 0;
   std::vector<std::string> packed_keys;
   bool connect_tried = false;
+  // A reply endpoint (ReplyEndpoint): `ep` is a connection the worker's Admission accepted and
+  // owns; closing this endpoint only stops using it.
+  bool borrowed = false;
 
   // Same-host peer proven by its gate (ucx_same_host.h): its pid from the kernel (0 = none, use
   // UCX puts). Set before use.
