@@ -1,22 +1,18 @@
 #include "transport/ucx/ucx_same_host.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <ctime>
 
 #include "common/log.h"
 #include "transport/core/envelope.h"
+#include "transport/core/private_socket.h"
 
 namespace kvstream::transport::ucx {
 namespace {
@@ -45,11 +41,6 @@ void SetTimeouts(int fd) {
   timeval tv{kIoTimeoutMs / 1000, (kIoTimeoutMs % 1000) * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-bool PeerCred(int fd, ucred* cred) {
-  socklen_t len = sizeof(*cred);
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) == 0 && len == sizeof(*cred);
 }
 
 bool SendMessage(int fd, const std::string& m, const std::vector<int>& fds = {}) {
@@ -114,75 +105,17 @@ bool ReceiveMessage(int fd, std::string* m, std::vector<int>* fds) {
   return true;
 }
 
-bool SameToken(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0;
-  for (size_t i = 0; i < sizeof(GateToken); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
-
-// Gates of processes that died without cleaning up (SIGKILL) leave their directory behind.
-// One is removed when it is ours (uid, mode 0700), its socket is older than a minute (so never
-// one being set up) and nothing listens on it any more (ECONNREFUSED).
-int RemoveStaleGates(const std::string& base) {
-  constexpr int kMaxRemovals = 64;
-  constexpr time_t kMinAgeS = 60;
-  DIR* d = opendir(base.c_str());
-  if (d == nullptr) return 0;
-  int removed = 0;
-  const time_t now = time(nullptr);
-  while (dirent* e = readdir(d)) {
-    if (removed == kMaxRemovals) break;
-    if (std::strncmp(e->d_name, "kvstream-ucx-", 13) != 0) continue;
-    const std::string dir = base + "/" + e->d_name, sock = dir + "/gate";
-    struct stat ds {}, ss {};
-    if (lstat(dir.c_str(), &ds) != 0 || !S_ISDIR(ds.st_mode) || ds.st_uid != geteuid() ||
-        (ds.st_mode & 07777) != 0700 || lstat(sock.c_str(), &ss) != 0 || !S_ISSOCK(ss.st_mode) ||
-        now - ss.st_mtime < kMinAgeS || sock.size() >= sizeof(sockaddr_un::sun_path)) {
-      continue;
-    }
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0) break;
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    std::memcpy(sa.sun_path, sock.c_str(), sock.size() + 1);
-    const bool dead = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 &&
-                      errno == ECONNREFUSED;
-    close(fd);
-    if (dead && unlink(sock.c_str()) == 0 && rmdir(dir.c_str()) == 0) ++removed;
-  }
-  closedir(d);
-  return removed;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<SameHostGate>> SameHostGate::Create() {
   std::unique_ptr<SameHostGate> g(new SameHostGate());
-  if (getrandom(g->token_.data(), g->token_.size(), 0) != static_cast<ssize_t>(g->token_.size())) {
-    return Internal(Errno("ucx same-host gate: getrandom"));
-  }
-  const char* tmp = std::getenv("TMPDIR");
-  std::string base = tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp";
-  std::string templ = base + "/kvstream-ucx-XXXXXX";
-  if (templ.size() + 6 >= sizeof(sockaddr_un::sun_path)) {
-    base = "/tmp";
-    templ = "/tmp/kvstream-ucx-XXXXXX";
-  }
-  if (int n = RemoveStaleGates(base); n > 0) {
-    KV_LOG_INFO << "ucx same-host gate: removed " << n << " stale gate directories in " << base;
-  }
-  if (mkdtemp(templ.data()) == nullptr) return Internal(Errno("ucx same-host gate: mkdtemp"));
-  g->dir_ = templ;  // mode 0700 (mkdtemp)
-  g->path_ = g->dir_ + "/gate";
-  g->listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (g->listen_fd_ < 0) return Internal(Errno("ucx same-host gate: socket"));
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::memcpy(sa.sun_path, g->path_.c_str(), g->path_.size() + 1);
-  if (bind(g->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      chmod(g->path_.c_str(), 0600) != 0 || listen(g->listen_fd_, 16) != 0) {
-    return Internal(Errno("ucx same-host gate: bind/listen"));
-  }
+  auto token = core::NewToken();
+  if (!token.ok()) return token.status().WithContext("ucx same-host gate");
+  g->token_ = token.value();
+  KV_ASSIGN_OR_RETURN(g->listener_,
+                      core::PrivateListener::Create("kvstream-ucx", "gate", SOCK_SEQPACKET));
+  g->listen_fd_ = g->listener_->fd();
+  g->path_ = g->listener_->path();
   g->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (g->wake_fd_ < 0) return Internal(Errno("ucx same-host gate: eventfd"));
   g->thread_ = std::thread([raw = g.get()] { raw->Loop(); });
@@ -196,10 +129,8 @@ SameHostGate::~SameHostGate() {
     [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof(one));
     thread_.join();
   }
-  if (listen_fd_ >= 0) close(listen_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
-  if (!path_.empty()) unlink(path_.c_str());
-  if (!dir_.empty()) rmdir(dir_.c_str());
+  // listener_ closes the socket and removes it and its directory.
 }
 
 void SameHostGate::Add(const void* key, uint64_t addr, uint64_t length, int memfd) {
@@ -227,18 +158,19 @@ void SameHostGate::Loop() {
 
 void SameHostGate::Serve(int fd) {
   SetTimeouts(fd);
-  ucred cred{};
-  if (!PeerCred(fd, &cred) || cred.uid != geteuid()) {
-    KV_LOG_WARN << "ucx same-host gate: refused a connection from uid " << cred.uid;
+  auto peer = core::SameUserPeer(fd);
+  if (!peer.ok()) {
+    KV_LOG_WARN << "ucx same-host gate: refused a connection: " << peer.status().ToString();
     return;
   }
+  const ucred cred = peer.value();
   std::string m;
   std::vector<int> stray;
   if (!ReceiveMessage(fd, &m, &stray)) return;
   CloseAll(&stray);  // a hello carries no descriptor
   auto e = internal::OpenEnvelope(kGateTag, m, "same-host hello");
   if (!e.ok() || e->type != kHello || e->payload.size() != sizeof(GateToken) ||
-      !SameToken(reinterpret_cast<const uint8_t*>(e->payload.data()), token_.data())) {
+      !core::SameToken(reinterpret_cast<const uint8_t*>(e->payload.data()), token_.data())) {
     KV_LOG_WARN << "ucx same-host gate: refused pid " << cred.pid << " (no valid token)";
     return;
   }
@@ -291,28 +223,19 @@ const GrantedRange* PeerGrant::Covering(uint64_t addr, uint64_t length) const {
 }
 
 Result<PeerGrant> JoinGate(const std::string& path, const GateToken& token) {
-  sockaddr_un sa{};
-  if (path.empty() || path.size() >= sizeof(sa.sun_path) || path[0] != '/') {
-    return Unavailable("no same-host socket");
-  }
+  if (path.empty() || path[0] != '/') return Unavailable("no same-host socket");
+  auto connected = core::ConnectPrivate(path, SOCK_SEQPACKET, DeadlineAfterMs(kIoTimeoutMs));
+  if (!connected.ok()) return Unavailable(connected.status().message());
   struct Fd {
     int fd;
     ~Fd() {
       if (fd >= 0) close(fd);
     }
-  } s{socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)};
-  if (s.fd < 0) return Unavailable(Errno("socket"));
+  } s{connected.value()};
   SetTimeouts(s.fd);
-  sa.sun_family = AF_UNIX;
-  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
-  if (connect(s.fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    return Unavailable(Errno("connecting to the peer's same-host socket"));
-  }
-  ucred cred{};
-  if (!PeerCred(s.fd, &cred) || cred.pid <= 0) {
-    return Unavailable("the kernel does not name the process behind the peer's socket");
-  }
-  if (cred.uid != geteuid()) return Unavailable("the peer's socket belongs to another user");
+  auto peer = core::SameUserPeer(s.fd);
+  if (!peer.ok()) return Unavailable(peer.status().message());
+  const ucred cred = peer.value();
   std::string hello(reinterpret_cast<const char*>(token.data()), token.size());
   if (!SendMessage(s.fd, internal::SealEnvelope(kGateTag, kHello, hello))) {
     return Unavailable(Errno("sending to the peer's same-host socket"));

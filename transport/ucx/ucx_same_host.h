@@ -30,10 +30,11 @@
 
 #include "common/status.h"
 #include "transport/core/peer_process.h"
+#include "transport/core/private_socket.h"
 
 namespace kvstream::transport::ucx {
 
-using GateToken = std::array<uint8_t, 16>;
+using GateToken = core::Token;
 
 // Receiver side: the socket, its accept thread and the registry of what may be granted.
 class SameHostGate {
@@ -58,7 +59,8 @@ class SameHostGate {
   void Loop();
   void Serve(int fd);
 
-  std::string dir_, path_;
+  std::unique_ptr<core::PrivateListener> listener_;
+  std::string path_;
   GateToken token_{};
   int listen_fd_ = -1;
   int wake_fd_ = -1;
