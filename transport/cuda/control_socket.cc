@@ -16,13 +16,16 @@
 #include <vector>
 
 #include "common/log.h"
+#include "transport/core/private_socket.h"
 #include "transport/core/socket_io.h"
 
 namespace kvstream::transport::cuda {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'I', 'P', 'C', 'N', '0', '1'};
-constexpr uint32_t kVersion = 2;
+// 3: frames carry the notification's MAC; the hello, the token of the listener's address.
+constexpr uint32_t kVersion = 3;
+constexpr char kTokenKey[] = "?token=";
 constexpr char kGrantMagic[8] = {'K', 'V', 'I', 'P', 'C', 'G', '0', '1'};
 constexpr uint32_t kMaxGrantKeyBytes = 4096;
 
@@ -30,11 +33,13 @@ struct Hello {
   char magic[8];
   uint32_t version;
   uint32_t pid;
+  uint8_t token[sizeof(core::Token)];  // the one in the listener's address
 };
 struct Frame {
   uint64_t request_id;
   int32_t layer;
   int32_t flags;
+  uint8_t mac[kNotificationMacBytes];
 };
 struct EarlyTail {
   uint32_t seq;
@@ -47,33 +52,70 @@ struct GrantHeader {
   uint32_t first_seq;
   uint32_t key_bytes;
 };
-static_assert(sizeof(Hello) == 16 && sizeof(Frame) == 16 && sizeof(EarlyTail) == 8 &&
+static_assert(sizeof(Hello) == 32 && sizeof(Frame) == 32 && sizeof(EarlyTail) == 8 &&
               sizeof(GrantHeader) == 24);
+
+Frame ToFrame(const Notification& n, int32_t flags) {
+  Frame f{n.request_id, n.layer, flags, {}};
+  std::memcpy(f.mac, n.mac.data(), sizeof(f.mac));
+  return f;
+}
+
+Notification FromFrame(const Frame& f, int32_t flags) {
+  Notification n{f.request_id, f.layer, flags};
+  std::memcpy(n.mac.data(), f.mac, sizeof(f.mac));
+  return n;
+}
 
 Status Errno(std::string_view what) {
   return Unavailable(std::string(what) + ": " + std::strerror(errno));
 }
 
-Result<sockaddr_un> ParseAddress(const std::string& address, socklen_t* len) {
+struct ParsedAddress {
+  std::string path;
+  core::Token token{};
+};
+
+// "unix:<absolute path>?token=<32 hex digits>", optionally followed by "#..." (ignored here).
+Result<ParsedAddress> ParseAddress(const std::string& address) {
   constexpr std::string_view kPrefix = "unix:";
-  if (address.compare(0, kPrefix.size(), kPrefix) != 0 || address.size() <= kPrefix.size()) {
-    return InvalidArgument("cuda_ipc address must be unix:@name or unix:/path, got '" + address + "'");
+  std::string rest = address;
+  if (const size_t hash = rest.find('#'); hash != std::string::npos) rest.resize(hash);
+  if (rest.compare(0, kPrefix.size(), kPrefix) != 0) {
+    return InvalidArgument("cuda_ipc address must be unix:/path?token=..., got '" + address + "'");
   }
-  std::string path = address.substr(kPrefix.size());
-  if (const size_t hash = path.find('#'); hash != std::string::npos) path.resize(hash);
-  if (path.empty()) return InvalidArgument("cuda_ipc address has no socket name: '" + address + "'");
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(sa.sun_path)) return InvalidArgument("socket path too long: " + path);
-  if (path[0] == '@') {
-    // Abstract namespace: leading NUL, no terminator counted.
-    std::memcpy(sa.sun_path + 1, path.data() + 1, path.size() - 1);
-    *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
-  } else {
-    std::memcpy(sa.sun_path, path.data(), path.size());
-    *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  rest = rest.substr(kPrefix.size());
+  ParsedAddress a;
+  const size_t q = rest.find(kTokenKey);
+  a.path = rest.substr(0, q);
+  if (a.path.empty() || a.path[0] != '/' || a.path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return InvalidArgument("cuda_ipc address does not name a filesystem socket (abstract sockets "
+                           "are refused): '" + address + "'");
   }
-  return sa;
+  const std::string hex = q == std::string::npos ? "" : rest.substr(q + sizeof(kTokenKey) - 1);
+  if (hex.size() != 2 * a.token.size()) {
+    return InvalidArgument("cuda_ipc address has no token of 32 hex digits: '" + address + "'");
+  }
+  for (size_t i = 0; i < a.token.size(); ++i) {
+    unsigned v = 0;
+    for (char c : hex.substr(2 * i, 2)) {
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return InvalidArgument("cuda_ipc address token is not lowercase hex: '" + address + "'");
+      v = v * 16 + unsigned(d);
+    }
+    a.token[i] = uint8_t(v);
+  }
+  return a;
+}
+
+std::string Hex(const core::Token& t) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : t) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
 }
 
 }  // namespace
@@ -86,21 +128,15 @@ bool AddressWantsLandedFlags(const std::string& address) {
 Result<std::unique_ptr<NotificationListener>> NotificationListener::Start(
     const std::string& prefix, Callback on_notification, FlagRequestCallback on_flag_request,
     ClosedCallback on_closed) {
-  static std::atomic<uint64_t> counter{0};
   std::unique_ptr<NotificationListener> l(new NotificationListener());
   l->callback_ = std::move(on_notification);
   l->on_flag_request_ = std::move(on_flag_request);
   l->on_closed_ = std::move(on_closed);
-  l->address_ = "unix:@" + prefix + "." + std::to_string(::getpid()) + "." +
-                std::to_string(counter.fetch_add(1));
-  socklen_t len = 0;
-  KV_ASSIGN_OR_RETURN(sockaddr_un sa, ParseAddress(l->address_, &len));
-  l->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (l->listen_fd_ < 0) return Errno("socket(AF_UNIX)");
-  if (::bind(l->listen_fd_, reinterpret_cast<sockaddr*>(&sa), len) != 0) {
-    return Errno("bind " + l->address_);
-  }
-  if (::listen(l->listen_fd_, 64) != 0) return Errno("listen");
+  KV_ASSIGN_OR_RETURN(l->token_, core::NewToken());
+  KV_ASSIGN_OR_RETURN(l->socket_, core::PrivateListener::Create(prefix, "sock", SOCK_STREAM,
+                                                                /*nonblocking=*/true));
+  l->listen_fd_ = l->socket_->fd();
+  l->address_ = "unix:" + l->socket_->path() + kTokenKey + Hex(l->token_);
   l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (l->wake_fd_ < 0) return Errno("eventfd");
   l->thread_ = std::thread([p = l.get()] { p->Run(); });
@@ -123,8 +159,7 @@ NotificationListener::~NotificationListener() {
     (void)!::write(wake_fd_, &one, sizeof(one));
     thread_.join();
   }
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);  // socket_ closes and removes the listening socket
 }
 
 void NotificationListener::Run() {
@@ -177,6 +212,12 @@ void NotificationListener::Run() {
       for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
+        // Only this user's processes (the 0700 directory keeps others out already).
+        if (auto peer = core::SameUserPeer(fd); !peer.ok()) {
+          Refused("a connection: " + peer.status().ToString());
+          ::close(fd);
+          continue;
+        }
         Conn c;
         next_id = next_id % static_cast<uint32_t>(kLandedConnMask) + 1;  // 1..kLandedConnMask
         c.id = next_id;
@@ -206,7 +247,12 @@ void NotificationListener::Run() {
         Hello h;
         std::memcpy(&h, c.buf.data(), sizeof(h));
         if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != kVersion) {
-          KV_LOG_WARN << "cuda_ipc listener: bad hello (magic/version mismatch), closing";
+          Refused("a bad hello (magic/version mismatch)");
+          close_it = true;
+          c.buf.clear();
+        } else if (!core::SameToken(h.token, token_.data())) {
+          // Not a writer that got our address from the (authenticated) handshake.
+          Refused("writer pid " + std::to_string(h.pid) + ": its hello lacks this socket's token");
           close_it = true;
           c.buf.clear();
         } else {
@@ -261,13 +307,13 @@ void NotificationListener::Run() {
           EarlyTail t;
           std::memcpy(&t, c.buf.data() + pos + sizeof(Frame), sizeof(t));
           pos += sizeof(Frame) + sizeof(EarlyTail);
-          Notification n{f.request_id, f.layer, kNotificationLandedOnEvent | static_cast<int32_t>(c.id)};
+          Notification n = FromFrame(f, kNotificationLandedOnEvent | static_cast<int32_t>(c.id));
           n.landed_seq = t.seq;
           if (callback_) callback_(n);
           continue;
         }
         pos += sizeof(f);
-        if (callback_) callback_(Notification{f.request_id, f.layer, f.flags});
+        if (callback_) callback_(FromFrame(f, f.flags));
       }
       if (close_it || bad) {
         close_conn(cit);
@@ -279,31 +325,28 @@ void NotificationListener::Run() {
   for (auto& [fd, c] : conns) ::close(fd);
 }
 
+void NotificationListener::Refused(const std::string& what) {
+  const uint64_t n = ++refused_;
+  if (n <= 10 || (n & (n - 1)) == 0) {
+    KV_LOG_WARN << "cuda_ipc listener: refused " << what << " (" << n << " refused so far)";
+  }
+}
+
 Result<std::unique_ptr<NotificationChannel>> NotificationChannel::Connect(
     const std::string& address, Deadline deadline) {
-  socklen_t len = 0;
-  KV_ASSIGN_OR_RETURN(sockaddr_un sa, ParseAddress(address, &len));
+  KV_ASSIGN_OR_RETURN(ParsedAddress a, ParseAddress(address));
   std::unique_ptr<NotificationChannel> ch(new NotificationChannel());
-  for (;;) {
-    ch->fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (ch->fd_ < 0) return Errno("socket(AF_UNIX)");
-    if (::connect(ch->fd_, reinterpret_cast<sockaddr*>(&sa), len) == 0) break;
-    int err = errno;
-    ::close(ch->fd_);
-    ch->fd_ = -1;
-    // A listener's backlog can be momentarily full; anything else is final.
-    if ((err != EAGAIN && err != EINTR) || Expired(deadline)) {
-      errno = err;
-      return Errno("connect " + address);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // Also checks that the listener runs under this uid (SO_PEERCRED).
+  auto fd = core::ConnectPrivate(a.path, SOCK_STREAM, deadline);
+  if (!fd.ok()) return fd.status().WithContext("cuda_ipc notification socket");
+  ch->fd_ = fd.value();
   timeval tv{5, 0};
   (void)::setsockopt(ch->fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   Hello h{};
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
   h.version = kVersion;
   h.pid = static_cast<uint32_t>(::getpid());
+  std::memcpy(h.token, a.token.data(), sizeof(h.token));
   if (!core::SendAll(ch->fd_, &h, sizeof(h))) return RemoteDisconnect("cuda_ipc: sending hello to " + address);
   return ch;
 }
@@ -313,7 +356,7 @@ NotificationChannel::~NotificationChannel() {
 }
 
 Status NotificationChannel::Send(const Notification& n) {
-  Frame f{n.request_id, n.layer, n.flags};
+  Frame f = ToFrame(n, n.flags);
   std::lock_guard<std::mutex> lock(send_mu_);
   if (!core::SendAll(fd_, &f, sizeof(f))) {
     return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
@@ -328,7 +371,7 @@ Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
   for (size_t done = 0; done < count;) {
     const size_t k = std::min(kFramesPerWrite, count - done);
     for (size_t i = 0; i < k; ++i) {
-      frames[i] = Frame{n[done + i].request_id, n[done + i].layer, n[done + i].flags};
+      frames[i] = ToFrame(n[done + i], n[done + i].flags);
     }
     if (!core::SendAll(fd_, frames, k * sizeof(Frame))) {
       return RemoteDisconnect(std::string("cuda_ipc: notification socket: ") + std::strerror(errno));
@@ -340,7 +383,7 @@ Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
 
 Result<FlagGrant> NotificationChannel::RequestLandedFlag(Deadline deadline) {
   {
-    Frame f{0, 0, kFrameFlagRequest};
+    Frame f{0, 0, kFrameFlagRequest, {}};
     std::lock_guard<std::mutex> lock(send_mu_);
     if (!core::SendAll(fd_, &f, sizeof(f))) {
       return RemoteDisconnect(std::string("cuda_ipc: landed-flag request: ") + std::strerror(errno));
@@ -382,7 +425,7 @@ Result<FlagGrant> NotificationChannel::RequestLandedFlag(Deadline deadline) {
 
 Status NotificationChannel::SendEarly(const Notification& n, uint32_t seq) {
   char msg[sizeof(Frame) + sizeof(EarlyTail)];
-  Frame f{n.request_id, n.layer, kNotificationLandedOnEvent};
+  Frame f = ToFrame(n, kNotificationLandedOnEvent);
   EarlyTail t{seq, 0};
   std::memcpy(msg, &f, sizeof(f));
   std::memcpy(msg + sizeof(f), &t, sizeof(t));

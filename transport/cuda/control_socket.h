@@ -1,14 +1,19 @@
 // The cuda_ipc control channel: a Unix-domain stream socket per endpoint that carries the
 // writer's notifications to the receiver, and whose EOF tells each side that the other died.
 //
-// Address forms: "unix:@name" (Linux abstract namespace, nothing on disk) or "unix:/path".
-// Wire (version 2): the writer sends a Hello {magic "KVIPCN01", u32 version, u32 pid} then
-// 16-byte frames {u64 request_id, i32 layer, i32 flags} (host byte order: same host only); the
-// receiver sends nothing except the one answer to a landed-flag request (below).
+// Address: "unix:<path>?token=<32 hex digits>": a filesystem socket only this user can reach
+// (transport/core/private_socket.h: 0600 in a 0700 directory, the peer's uid checked with
+// SO_PEERCRED on both sides; never an abstract socket) and a random 128-bit token that a writer
+// learns only from the address (so from the authenticated handshake) and presents in its hello.
+// Wire (version 3): the writer sends a Hello {magic "KVIPCN01", u32 version, u32 pid, u8 token[16]} then
+// 32-byte frames {u64 request_id, i32 layer, i32 flags, u8 mac[16]} (host byte order: same host
+// only; mac is Notification::mac, delivered unchanged); the receiver sends nothing except the
+// one answer to a landed-flag request (below).
 //
 // Guarantees:
 //  - NotificationListener calls `on_notification` on its one thread, in the order the frames
-//    of one connection arrive; a connection with a bad hello is closed and logged.
+//    of one connection arrive; a connection of another uid, or with a bad hello (or without
+//    the token), is closed, logged and counted (refused()).
 //  - Destroying the listener stops its thread and closes every socket (peers see EOF).
 //  - NotificationChannel::Send never blocks longer than its send timeout; PeerClosed() never
 //    blocks longer than the given timeout.
@@ -24,6 +29,7 @@
 
 #include "common/status.h"
 #include "common/time.h"
+#include "transport/core/private_socket.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport::cuda {
@@ -61,7 +67,7 @@ class NotificationListener {
   // A connection that was granted a flag closed (EOF, error, bad frame or Drop). Listener
   // thread, after every frame that connection delivered.
   using ClosedCallback = std::function<void(uint32_t conn)>;
-  // Listens on "unix:@<prefix>.<pid>.<counter>".
+  // Listens on "unix:<$TMPDIR or /tmp>/<prefix>-XXXXXX/sock?token=<hex>".
   static Result<std::unique_ptr<NotificationListener>> Start(
       const std::string& prefix, Callback on_notification,
       FlagRequestCallback on_flag_request = nullptr, ClosedCallback on_closed = nullptr);
@@ -69,6 +75,8 @@ class NotificationListener {
   NotificationListener(const NotificationListener&) = delete;
   NotificationListener& operator=(const NotificationListener&) = delete;
   const std::string& address() const { return address_; }
+  // Connections closed before delivering anything: another uid, a bad hello, no token.
+  uint64_t refused() const { return refused_.load(); }
   // Closes connection `conn` soon (the writer sees EOF); on_closed follows on the listener
   // thread if it was granted a flag. Non-blocking, any thread; unknown ids are ignored.
   void Drop(uint32_t conn);
@@ -76,8 +84,12 @@ class NotificationListener {
  private:
   NotificationListener() = default;
   void Run();
+  void Refused(const std::string& what);  // listener thread
 
   std::string address_;
+  std::unique_ptr<core::PrivateListener> socket_;
+  core::Token token_{};
+  std::atomic<uint64_t> refused_{0};
   Callback callback_;
   FlagRequestCallback on_flag_request_;
   ClosedCallback on_closed_;

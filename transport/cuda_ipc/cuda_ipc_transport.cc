@@ -41,6 +41,7 @@ class CudaIpcTransport : public Transport {
     c.cuda_memory = true;
     c.remote = false;
     c.notifications = true;
+    c.notification_mac = true;  // carried by the control socket's frames
     return c;
   }
   std::string LocalAddress() const override { return receiver_->address(); }

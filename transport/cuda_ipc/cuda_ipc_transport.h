@@ -5,8 +5,10 @@
 //  - Register(kCuda region): the RemoteKey carries cudaIpcGetMemHandle of the allocation that
 //    holds the region plus the region's offset and length inside it (and the host's boot id,
 //    pid and device PCI id, to refuse keys from another host). kHost regions: kNotSupported.
-//  - LocalAddress(): "unix:@kvstream-cuda-ipc.<pid>.<n>", the control socket this transport
-//    listens on; notifications arrive there and are handed to the NotificationSink.
+//  - LocalAddress(): "unix:<dir>/sock?token=<hex>", the control socket this transport listens
+//    on (transport/cuda/control_socket.h: a 0600 filesystem socket in a 0700 directory, this
+//    uid only, the token required in the writer's hello); notifications arrive there and are
+//    handed to the NotificationSink, their MACs unchanged.
 //  - Connect(): opens each peer allocation once (cudaIpcOpenMemHandle with lazy peer access;
 //    handles are shared between endpoints of one transport and closed with the last one),
 //    connects the control socket and creates the endpoint's copy stream at the LOWEST stream

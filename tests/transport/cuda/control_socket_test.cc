@@ -2,6 +2,8 @@
 // socket and the scatter-copy run splitting.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -62,12 +64,76 @@ TEST(NotificationSocket, RefusesBadAddressesAndNobodyListening) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(NotificationChannel::Connect("unix:", DeadlineAfterMs(100)).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(NotificationChannel::Connect("unix:@" + std::string(200, 'x'), DeadlineAfterMs(100))
+  const std::string token = "?token=" + std::string(32, '0');
+  EXPECT_EQ(NotificationChannel::Connect("unix:/" + std::string(200, 'x') + token, DeadlineAfterMs(100))
                 .status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(NotificationChannel::Connect("unix:@kvstream-nobody-here", DeadlineAfterMs(100))
+  // Abstract sockets have no permissions: refused, whatever listens there.
+  EXPECT_EQ(NotificationChannel::Connect("unix:@kvstream-nobody-here" + token, DeadlineAfterMs(100))
                 .status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(NotificationChannel::Connect("unix:/tmp/kvstream-nobody-here/sock", DeadlineAfterMs(100))
+                .status().code(),
+            StatusCode::kInvalidArgument);  // no token
+  EXPECT_EQ(NotificationChannel::Connect("unix:/tmp/kvstream-nobody-here/sock" + token,
+                                         DeadlineAfterMs(100)).status().code(),
             StatusCode::kUnavailable);
+}
+
+// The listener is a filesystem socket only this user reaches (issue 15, item 3): 0600 in a
+// 0700 directory, removed with the listener; a same-user process without the address's token
+// is refused (counted, nothing delivered); another uid is refused by the kernel or the
+// SO_PEERCRED check.
+TEST(NotificationSocket, OnlyTheTokenHolderOfThisUserGetsIn) {
+  std::atomic<int> got{0};
+  auto l = NotificationListener::Start("kvstream-test", [&](const Notification&) { got++; });
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const std::string address = l.value()->address();
+  ASSERT_EQ(address.rfind("unix:/", 0), 0u) << address;
+  const std::string path = address.substr(5, address.find('?') - 5);
+  const std::string dir = path.substr(0, path.rfind('/'));
+  struct stat ss {}, ds {};
+  ASSERT_EQ(::stat(path.c_str(), &ss), 0);
+  ASSERT_EQ(::stat(dir.c_str(), &ds), 0);
+  EXPECT_TRUE(S_ISSOCK(ss.st_mode));
+  EXPECT_EQ(ss.st_mode & 0777, 0600u);
+  EXPECT_EQ(ds.st_mode & 0777, 0700u);
+
+  // The right path with a wrong token: connected, then closed without delivering anything.
+  std::string forged = address;
+  forged[forged.size() - 1] = forged.back() == '0' ? '1' : '0';
+  auto ch = NotificationChannel::Connect(forged, DeadlineAfterMs(1000));
+  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+  (void)ch.value()->Send({1, 2, 0});
+  EXPECT_TRUE(ch.value()->PeerClosed(2000000));
+  EXPECT_TRUE(WaitFor([&] { return l.value()->refused() == 1; }));
+
+  // Another uid (only where this test runs as root, which can become one).
+  if (::geteuid() == 0) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+      auto c = NotificationChannel::Connect(address, DeadlineAfterMs(1000));
+      if (!c.ok()) ::_exit(0);  // refused (the 0700 directory)
+      (void)c.value()->Send({9, 9, 0});
+      ::_exit(c.value()->PeerClosed(2000000) ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "another uid got in";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(got.load(), 0);
+
+  // The genuine writer still gets in.
+  auto good = NotificationChannel::Connect(address, DeadlineAfterMs(1000));
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(good.value()->Send({3, 4, 0}).ok());
+  EXPECT_TRUE(WaitFor([&] { return got.load() == 1; }));
+  l.value().reset();
+  EXPECT_NE(::stat(path.c_str(), &ss), 0) << "the socket outlived its listener";
+  EXPECT_NE(::stat(dir.c_str(), &ds), 0) << "the socket's directory outlived its listener";
 }
 
 TEST(NotificationSocket, ManyWritersOneListener) {
@@ -181,6 +247,47 @@ TEST(NotificationSocket, LandedFlagGrantsAndEarlyFramesCarryTheirConnection) {
   EXPECT_EQ(got.size(), 4u);
   ASSERT_EQ(closed.size(), 2u);
   EXPECT_TRUE((closed[0] == ida && closed[1] == idb) || (closed[0] == idb && closed[1] == ida));
+}
+
+Notification Tagged(uint64_t request, int32_t layer, uint8_t seed) {
+  Notification n{request, layer, 0};
+  for (size_t i = 0; i < n.mac.size(); ++i) n.mac[i] = uint8_t(seed + 17 * i);
+  return n;
+}
+
+// Notification MACs (issue 15, item 2): every kind of frame delivers the writer's tag unchanged.
+TEST(NotificationSocket, FramesCarryTheNotificationMac) {
+  std::mutex mu;
+  std::vector<Notification> got;
+  auto l = NotificationListener::Start(
+      "kvstream-test",
+      [&](const Notification& n) {
+        std::lock_guard<std::mutex> lock(mu);
+        got.push_back(n);
+      },
+      [&](uint32_t conn, uint32_t) -> Result<FlagGrant> { return FlagGrant{conn, 1, "k"}; });
+  ASSERT_TRUE(l.ok());
+  auto ch = NotificationChannel::Connect(l.value()->address() + kLandedFlagsSuffix,
+                                         DeadlineAfterMs(1000));
+  ASSERT_TRUE(ch.ok());
+  ASSERT_TRUE(ch.value()->RequestLandedFlag(DeadlineAfterMs(2000)).ok());
+  ASSERT_TRUE(ch.value()->Send(Tagged(1, 1, 3)).ok());
+  std::vector<Notification> batch;
+  for (int i = 0; i < 70; ++i) batch.push_back(Tagged(100 + i, i, uint8_t(i)));
+  ASSERT_TRUE(ch.value()->SendBatch(batch.data(), batch.size()).ok());
+  ASSERT_TRUE(ch.value()->SendEarly(Tagged(2, 2, 9), 5).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size() == 72;
+  }));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(got[0].mac, Tagged(1, 1, 3).mac);
+  for (int i = 0; i < 70; ++i) {
+    EXPECT_EQ(got[1 + i].request_id, uint64_t(100 + i));
+    EXPECT_EQ(got[1 + i].mac, Tagged(0, 0, uint8_t(i)).mac) << i;
+  }
+  EXPECT_EQ(got[71].landed_seq, 5u);
+  EXPECT_EQ(got[71].mac, Tagged(2, 2, 9).mac);
 }
 
 // The landed flags' comparison is CU_STREAM_WAIT_VALUE_GEQ's: (int32_t)(value - seq) >= 0, so

@@ -6,7 +6,8 @@
 //
 // Receiver protocol, stdout: "READY <hex address> <n> (<hex key> <addr> <length>)*" once its pool
 // is registered (or "ERROR <why>"), then whatever its sink and commands print; stdin: one
-// command per line until it closes, which is the writer's signal to clean up and exit.
+// command per line until it closes, which is the writer's signal to clean up and exit
+// ("ADMIT <hex ticket>", answered "ADMITTED OK", admits a writer's connection).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -277,6 +278,12 @@ inline int ServeAsReceiver(
     PeerSay(ready);
     std::string line;
     while (std::getline(std::cin, line)) {
+      // "ADMIT <hex ticket>": a writer's connection (Transport::Admit), as a daemon's handshake.
+      if (line.rfind("ADMIT ", 0) == 0) {
+        Status s = t->Admit(FromHex(line.substr(6)));
+        PeerSay(s.ok() ? std::string("ADMITTED OK") : "ADMITTED " + s.ToString());
+        continue;
+      }
       const std::string reply = on_command(line, pool);
       if (!reply.empty()) PeerSay(reply);
     }

@@ -84,6 +84,11 @@ inline void OpenLink(const std::vector<std::string>& args, int64_t timeout_ms,
   ASSERT_OK(ep.status());
   l->connect_ms = SecondsSince(t0) * 1e3;
   l->ep = std::move(ep).value();
+  // What a daemon's handshake does: the receiver admits the endpoint's connection.
+  if (const std::string ticket = l->ep->AdmissionTicket(); !ticket.empty()) {
+    ASSERT_TRUE(l->rx.proc.Send("ADMIT " + ToHex(ticket)));
+    ASSERT_EQ(l->rx.proc.ReadLine(DeadlineAfterMs(timeout_ms)), "ADMITTED OK");
+  }
 }
 
 // The endpoint must still be healthy; closes it, then the receiver (exit 0 within finish_ms).
@@ -289,12 +294,16 @@ inline void PostGoodWrite(transport::Transport& rx, transport::Endpoint& ep, voi
                           transport::WriteRequest* wr, std::atomic<int>* notes, int64_t wait_ms) {
   CUDA_OK(cudaMemset(dev, 7, 4096));
   CUDA_OK(cudaDeviceSynchronize());
-  rx.SetNotificationSink([notes](const transport::Notification& n) {
-    if (n.request_id == 77 && n.layer == 3) (*notes)++;
+  // The tag (the connector's MAC) must arrive unchanged where the backend says it carries one.
+  transport::Notification note{77, 3, 0};
+  for (size_t i = 0; i < note.mac.size(); ++i) note.mac[i] = uint8_t(0x5A ^ (13 * i));
+  const bool carries_mac = rx.capabilities().notification_mac;
+  rx.SetNotificationSink([notes, note, carries_mac](const transport::Notification& n) {
+    if (n.request_id == 77 && n.layer == 3 && (!carries_mac || n.mac == note.mac)) (*notes)++;
   });
   wr->ops = {{0, 0, 2048}, {2048, 2048, 2048}};
   wr->notify = true;
-  wr->notification = {77, 3, 0};
+  wr->notification = note;
   auto h = ep.Write(*wr);
   ASSERT_OK(h.status());
   ASSERT_OK(h.value()->Wait(DeadlineAfterMs(wait_ms)));
