@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -105,6 +106,9 @@ struct NcclTransportState {
   std::mutex id_mu;
   std::string advertised_id;
   bool advertised_used = false;
+  // Receiver: hellos that presented the advertised id (a communicator followed) or did not.
+  std::atomic<uint64_t> hellos_admitted{0};
+  std::atomic<uint64_t> hellos_refused{0};
 
   Status InitStaging(Staging* st, uint64_t chunk_bytes);
   void ReleaseStaging(Staging* st);

@@ -61,6 +61,22 @@ Status NcclReceiver::Handshake() {
     return refuse(FailedPrecondition("nccl: writer speaks protocol " + std::to_string(hello.version) +
                                      ", this receiver " + std::to_string(kProtocolVersion)));
   }
+  // Only a writer that knows the id this receiver advertised in its address, which travels only
+  // inside the authenticated handshake, gets a communicator (or a fresh id for one).
+  unsigned char diff = 0;
+  for (size_t i = 0; i < kUniqueIdBytes; ++i) {
+    diff |= static_cast<unsigned char>(hello.unique_id[i] ^ shared_->advertised_id[i]);
+  }
+  if (diff != 0) {
+    const uint64_t n = ++shared_->hellos_refused;
+    if (n <= 10 || (n & (n - 1)) == 0) {
+      KV_LOG_WARN << "nccl receiver: refused a writer that does not present the advertised id ("
+                  << n << " refused so far)";
+    }
+    return refuse(FailedPrecondition(
+        "nccl: the hello does not present this receiver's id (it comes only from the peer's "
+        "address in the authenticated handshake)"));
+  }
   if (shared_->host_id == hello.host_id && shared_->pci_bus_id == hello.pci_bus_id) {
     return refuse(FailedPrecondition(
         "nccl: writer and receiver are on the same GPU (" + shared_->pci_bus_id +
@@ -69,8 +85,7 @@ Status NcclReceiver::Handshake() {
   std::string id;
   {
     std::lock_guard<std::mutex> lock(shared_->id_mu);
-    if (!shared_->advertised_used &&
-        std::memcmp(hello.unique_id, shared_->advertised_id.data(), kUniqueIdBytes) == 0) {
+    if (!shared_->advertised_used) {
       shared_->advertised_used = true;
       id = shared_->advertised_id;
     }
@@ -110,6 +125,7 @@ Status NcclReceiver::Handshake() {
                       [this] { return Alive(); });
     if (!s.ok()) return s.WithContext("nccl receiver: warm-up exchange with the writer");
   }
+  ++shared_->hellos_admitted;
   return OkStatus();
 }
 

@@ -79,9 +79,17 @@ class NcclTransport : public Transport {
     c.cuda_memory = true;
     c.remote = true;
     c.notifications = true;
+    c.notification_mac = true;  // carried by the write header
     return c;
   }
   std::string LocalAddress() const override { return address_; }
+  // Writers whose hello presented the advertised id (and got a communicator), and those refused.
+  TransportCounters counters() const override {
+    TransportCounters c;
+    c.connections_admitted = shared_->hellos_admitted.load();
+    c.connections_refused = shared_->hellos_refused.load();
+    return c;
+  }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::kCuda) {

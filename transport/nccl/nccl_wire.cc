@@ -34,8 +34,9 @@ struct WriteWire {
   int32_t layer;
   int32_t flags;
   uint64_t runs;
+  uint8_t mac[kNotificationMacBytes];  // Notification::mac, delivered unchanged
 };
-static_assert(sizeof(WriteWire) == 56);
+static_assert(sizeof(WriteWire) == 72);
 
 template <typename T>
 Result<T> DecodePod(const std::string& payload, const char* what) {
@@ -170,6 +171,7 @@ std::string EncodeWrite(const WriteHeader& h) {
   w.request_id = h.notification.request_id;
   w.layer = h.notification.layer;
   w.flags = h.notification.flags;
+  std::memcpy(w.mac, h.notification.mac.data(), sizeof(w.mac));
   w.runs = h.runs.size();
   const size_t run_bytes = h.runs.size() * sizeof(WireRun);
   std::string payload(sizeof(w) + run_bytes, '\0');
@@ -231,6 +233,7 @@ Result<WriteHeader> DecodeWrite(const std::string& payload) {
   h.mode = static_cast<WireMode>(w.mode);
   h.notify = w.notify != 0;
   h.notification = Notification{w.request_id, w.layer, w.flags};
+  std::memcpy(h.notification.mac.data(), w.mac, sizeof(w.mac));
   h.runs.resize(w.runs);
   if (w.runs > 0) std::memcpy(h.runs.data(), payload.data() + sizeof(w), w.runs * sizeof(WireRun));
   uint64_t sum = 0;

@@ -32,7 +32,8 @@ namespace kvstream::transport::nccl {
 
 inline constexpr uint32_t kFrameMagic = 0x434E564Bu;  // "KVNC"
 // 2: both ends make a warm-up send / receive right after communicator init (WarmUp, nccl_comm.h).
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: a write header carries its notification's MAC (Notification::mac).
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kUniqueIdBytes = 128;          // NCCL_UNIQUE_ID_BYTES
 inline constexpr uint64_t kMaxPayload = 64ull << 20;   // refuse larger frames
 inline constexpr uint64_t kMaxRuns = 4u << 20;

@@ -22,6 +22,7 @@
 #include "tests/transport/gpu/gpu_peer.h"
 #include "tests/transport/gpu/gpu_peer_test.h"
 #include "transport/nccl/nccl_transport.h"
+#include "transport/nccl/nccl_wire.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport {
@@ -314,6 +315,21 @@ TEST_F(NcclTransportTest, SameGpuConnectFailsAtOnce) {
   auto ep2 = t.value()->Connect(peer);
   ASSERT_FALSE(ep2.ok());
   EXPECT_EQ(ep2.status().code(), StatusCode::kFailedPrecondition) << ep2.status().ToString();
+  // A writer that reaches the control socket without the id of the receiver's address (which
+  // travels only in the authenticated handshake) is refused before anything else: no
+  // communicator, no fresh id (issue 15, item 3).
+  auto addr = nccl::DecodeAddress(peer.address);
+  ASSERT_OK(addr.status());
+  addr.value().unique_id[0] ^= 1;
+  PeerDescriptor forged;
+  forged.address = nccl::EncodeAddress(addr.value());
+  auto ep3 = t.value()->Connect(forged);
+  ASSERT_FALSE(ep3.ok());
+  EXPECT_EQ(ep3.status().code(), StatusCode::kFailedPrecondition) << ep3.status().ToString();
+  EXPECT_NE(ep3.status().message().find("does not present"), std::string::npos)
+      << ep3.status().ToString();
+  EXPECT_EQ(rxt.value()->counters().connections_refused, 1u);
+  EXPECT_EQ(rxt.value()->counters().connections_admitted, 0u);
   remote.value().reset();
   cudaFree(dev);
 }

@@ -75,6 +75,7 @@ TEST(NcclWire, WriteHeaderRoundTripThroughPartialFrames) {
   h.mode = WireMode::kPack;
   h.notify = true;
   h.notification = {0xABCDEF0123ull, 31, 1};
+  for (size_t i = 0; i < h.notification.mac.size(); ++i) h.notification.mac[i] = uint8_t(0xA0 + i);
   for (uint64_t i = 0; i < 100; ++i) {
     h.runs.push_back({i * 4096 * 3, 4096 + 16 * i});
     h.total_bytes += 4096 + 16 * i;
@@ -110,6 +111,7 @@ TEST(NcclWire, WriteHeaderRoundTripThroughPartialFrames) {
   EXPECT_EQ(d->notification.request_id, h.notification.request_id);
   EXPECT_EQ(d->notification.layer, 31);
   EXPECT_EQ(d->notification.flags, 1);
+  EXPECT_EQ(d->notification.mac, h.notification.mac) << "the notification's MAC was not carried";
   ASSERT_EQ(d->runs.size(), h.runs.size());
   for (size_t i = 0; i < h.runs.size(); ++i) {
     EXPECT_EQ(d->runs[i].remote_offset, h.runs[i].remote_offset);
