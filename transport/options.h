@@ -26,8 +26,8 @@ struct UcxOptions {
   int copy_lanes = 0;
   // Connections into this transport arrive at a ucp_listener. false (the default): a writer's
   // connection is accepted only once Transport::Admit() admitted its endpoint's ticket. true:
-  // every connection request is accepted (ucx_staged's inner transports, whose peers connect
-  // both ways inside Connect(); not settable by a flag).
+  // every connection request is accepted (benchmarks only, whose two ends admit nothing;
+  // not settable by a flag).
   bool admit_any = false;
 };
 

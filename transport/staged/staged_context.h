@@ -59,9 +59,6 @@ struct StagedContext {
   std::mutex regions_mu;
   std::map<uint32_t, RegionInfo> regions;
   uint32_t next_region_id = 1;
-  // Writer side: a small registered box the peers' credit endpoints connect to.
-  std::vector<char> box;
-  std::unique_ptr<Registration> box_reg;
 
   std::mutex sink_mu;
   NotificationSink sink;

@@ -27,6 +27,7 @@ Status StagedWriter::StartChunk(SendBuf& b, Chunk chunk, uint32_t slot) {
   cw.note_request = chunk.note.request_id;
   cw.note_layer = chunk.note.layer;
   cw.note_flags = chunk.note.flags;
+  std::memcpy(cw.note_mac, chunk.note.mac.data(), sizeof(cw.note_mac));
   cw.data_bytes = chunk.bytes;
   if (doorbells) {
     if (++token_counter_ == 0) ++token_counter_;
@@ -118,12 +119,34 @@ bool StagedWriter::DropFrontLocked() {
   return true;
 }
 
+void StagedWriter::HelloLocked() {
+  if (!status_.ok()) return;
+  if (!hello_sent && !writes_.empty()) {
+    auto h = inner_ep->Write(hello);
+    if (!h.ok()) return FailAllLocked(h.status().WithContext("ucx_staged hello"));
+    hello_handle_ = std::move(h).value();
+    hello_sent = true;
+    hello_deadline_ = DeadlineAfterMs(context->options.connect_timeout_ms);
+  }
+  if (hello_handle_ && hello_handle_->Done()) {
+    Status s = hello_handle_->Wait(Clock::now());
+    hello_handle_.reset();
+    if (!s.ok()) return FailAllLocked(s.WithContext("ucx_staged hello (connection not admitted?)"));
+  }
+  if (hello_sent && !granted_ && Expired(hello_deadline_)) {
+    FailAllLocked(Unavailable("ucx_staged: the peer granted no staging slot within " +
+                              std::to_string(context->options.connect_timeout_ms) +
+                              " ms of our hello (connection not admitted, or the peer is gone)"));
+  }
+}
+
 void StagedWriter::Run() {
   DeviceGuard guard(context->device);
   (void)::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // see staged_receiver.cc
   std::unique_lock<std::mutex> lock(mu_);  // the pipeline thread's own
   while (!stop_) {
     bool active = false;
+    HelloLocked();  // a credit's arrival wakes us; the rest is checked every 50 ms at most
     // Copies to the host finish in stream order: announce chunks in the order they started,
     // so that the peer copies them to the device in that order too.
     while (!copying_.empty()) {
@@ -199,7 +222,7 @@ void StagedWriter::Run() {
       ping_.reset();
       if (!s.ok()) FailAllLocked(s);
     }
-    if (status_.ok() && !writes_.empty() && in_flight_bufs_ == 0 && !ping_ &&
+    if (status_.ok() && hello_sent && !writes_.empty() && in_flight_bufs_ == 0 && !ping_ &&
         Clock::now() - last_ping_ > std::chrono::milliseconds(100)) {
       WriteRequest wr;
       wr.local = send_reg.get();

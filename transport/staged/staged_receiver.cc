@@ -22,6 +22,7 @@
 #include "transport/staged/slot_ledger.h"
 #include "transport/staged/staged_chunk_copy.h"
 #include "transport/staged/staged_context.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace kvstream::transport::staged {
 namespace {
@@ -163,12 +164,11 @@ class ReceiverThread final : public StagedReceiver {
       KV_LOG_WARN << "ucx_staged: hello from an already known connection id " << h.conn_id;
       return;
     }
-    PeerDescriptor back;
-    back.address = hello->address;
-    back.regions.push_back({h.box_addr, h.box_len, hello->box_key});
-    auto ep = context_->inner->Connect(back);
+    // Credits go back over the connection the writer's hello came through (admitted here for
+    // its ticket): the writer accepts no connection of ours.
+    auto ep = ucx::ReplyEndpoint(*context_->inner, hello->ticket);
     if (!ep.ok()) {
-      KV_LOG_WARN << "ucx_staged: cannot connect back to writer " << h.conn_id << ": "
+      KV_LOG_WARN << "ucx_staged: cannot answer writer " << h.conn_id << ": "
                   << ep.status().ToString();
       return;
     }
@@ -199,6 +199,7 @@ class ReceiverThread final : public StagedReceiver {
     item->total = cw.total_chunks;
     item->has_note = cw.has_note != 0;
     item->note = Notification{cw.note_request, cw.note_layer, cw.note_flags};
+    std::memcpy(item->note.mac.data(), cw.note_mac, sizeof(cw.note_mac));
     if (cw.npieces > kMaxPieces || cw.data_bytes > context_->options.chunk_bytes ||
         cw.total_chunks == 0 || cw.chunk_index >= cw.total_chunks) {
       return DataLoss("ucx_staged: chunk descriptor out of range");

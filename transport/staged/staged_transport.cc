@@ -68,8 +68,6 @@ class StagedTransport : public Transport {
     }
     KV_ASSIGN_OR_RETURN(s.recv_tables, cuda::PinnedBuffer::Allocate(size_t(s.options.recv_slots) *
                                                                      kTableEntriesPerSlot * sizeof(CopyRun)));
-    s.box.resize(4096);
-    KV_ASSIGN_OR_RETURN(s.box_reg, s.inner->Register({s.box.data(), s.box.size(), MemoryKind::kHost, -1}));
     KV_ASSIGN_OR_RETURN(std::shared_ptr<StagedReceiver> receiver, StartReceiver(context_.get()));
     {
       std::lock_guard<std::mutex> lock(s.router_mu);
@@ -99,9 +97,14 @@ class StagedTransport : public Transport {
     c.cuda_memory = true;
     c.remote = context_->inner->capabilities().remote;
     c.notifications = true;
+    c.notification_mac = true;
     return c;
   }
   std::string LocalAddress() const override { return address_; }
+  // The writer's inner UCX connection is the one admitted (its ticket is the endpoint's); the
+  // receiver answers over it, so no connection goes the other way.
+  Status Admit(const std::string& ticket) override { return context_->inner->Admit(ticket); }
+  TransportCounters counters() const override { return context_->inner->counters(); }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::kCuda) {
@@ -188,9 +191,6 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& op
   TransportOptions inner;
   inner.backend = "ucx";
   inner.ucx = options.ucx;
-  // Writer and receiver connect to each other inside Connect() (hello, credits), before the
-  // control plane could carry a ticket back: the inner listeners accept every connection.
-  inner.ucx.admit_any = true;
   KV_ASSIGN_OR_RETURN(shared->inner, ucx::CreateUcxTransport(inner));
   auto t = std::make_unique<StagedTransport>(shared);
   KV_RETURN_IF_ERROR(t->Init());

@@ -11,9 +11,15 @@
 //    LocalAddress() encodes the inner address and the staging area's key.
 //  - Register(kCuda region): no UCX registration; the region gets an id, and RemoteKey() names
 //    it (id, length). kHost regions: kNotSupported (use the ucx backend for host memory).
-//  - Connect(): connects the inner UCX endpoint to the peer's staging area and says hello
-//    through a mailbox; the peer connects back (for credits and completions) and grants this
-//    endpoint up to `credits_per_peer` staging slots.
+//  - Connect(): makes the inner UCX endpoint to the peer's staging area; its admission ticket is
+//    the endpoint's (Endpoint::AdmissionTicket), and the peer's Admit() passes it to its inner
+//    transport: the inner listeners accept only admitted connections, as the ucx backend's do.
+//    At the first Write() (so after the peer admitted it) the endpoint says hello through a
+//    mailbox, naming its ticket; the peer answers over that same connection
+//    (ucx::ReplyEndpoint: credits and completions; no connection goes back) and grants this
+//    endpoint up to `credits_per_peer` staging slots. No slot within connect_timeout_ms of the
+//    hello (connection refused, peer gone) fails the endpoint.
+//  - Notifications keep their MAC (Notification::mac travels in the chunk descriptor).
 //  - Two ways for a chunk's bytes into the peer's slot, chosen per endpoint at Connect():
 //    * zero-copy (same host): the inner endpoint maps the peer's staging memfd
 //      (ucx::MapPeerRegion) and this process page-locks its own mapping, so the writer's

@@ -4,9 +4,10 @@
 
 namespace kvstream::transport::staged {
 
-// Version 4: the envelope of transport/core (the address was "KVSTGA02", the hello "KVSTHL03",
+// Version 5: the hello names the writer's admission ticket (version 4: its address and a box
+// the receiver connected back to; before 4, the address was "KVSTGA02", the hello "KVSTHL03",
 // the key "KVSTRK01").
-static constexpr internal::WireTag kTag = {{'K', 'V', 'S', 'T'}, 4};
+static constexpr internal::WireTag kTag = {{'K', 'V', 'S', 'T'}, 5};
 enum StagedMessage : uint16_t { kAddress = 1, kKey = 2, kHelloRecord = 3 };
 using PayloadReader = internal::PayloadReader;
 using PayloadWriter = internal::PayloadWriter;
@@ -60,8 +61,7 @@ Result<StagedKey> DecodeKey(const std::string& blob, size_t region) {
 std::string EncodeHello(const Hello& h) {
   return PayloadWriter()
       .Record(h.head)
-      .Bytes(h.address)
-      .Bytes(h.box_key)
+      .Bytes(h.ticket)
       .Seal(kTag, kHelloRecord);
 }
 
@@ -70,13 +70,11 @@ Result<Hello> DecodeHello(std::string_view mailbox) {
                       internal::OpenEnvelope(kTag, mailbox, "hello", /*exact=*/false));
   Hello h;
   PayloadReader in(e.payload);
-  std::string_view address, key;
-  if (e.type != kHelloRecord || !in.Record(&h.head) || !in.Bytes(&address) || !in.Bytes(&key) ||
-      !in.done()) {
+  std::string_view ticket;
+  if (e.type != kHelloRecord || !in.Record(&h.head) || !in.Bytes(&ticket) || !in.done()) {
     return InvalidArgument("hello of another kind");
   }
-  h.address.assign(address);
-  h.box_key.assign(key);
+  h.ticket.assign(ticket);
   return h;
 }
 

@@ -56,8 +56,9 @@ struct ChunkWire {
   uint32_t pad;
   uint64_t data_bytes;
   uint64_t token;  // doorbell writers: this chunk's token (0 otherwise)
+  uint8_t note_mac[kNotificationMacBytes];  // the notification's tag, delivered unchanged
 };
-inline constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '3'};
+inline constexpr char kChunkMagic[8] = {'K', 'V', 'S', 'T', 'C', 'K', '0', '4'};
 struct PieceWire {
   uint32_t region_id;
   uint32_t pad;
@@ -120,21 +121,19 @@ std::string EncodeKey(const StagedKey& k);
 Result<StagedKey> DecodeKey(const std::string& blob, size_t region);
 
 // The record a writer puts in one of the receiver's mailboxes before it announces kHello: who
-// it is and how the receiver connects back (its inner address and box key).
+// it is and which admitted connection the receiver answers over (credits, acknowledgements:
+// ucx::ReplyEndpoint; the writer accepts no connection).
 inline constexpr uint32_t kHelloDoorbells = 1;  // a zero-copy writer that rings doorbells
 struct HelloHead {
   uint64_t nonce;
   uint32_t conn_id;
   uint32_t writer_pid;  // != 0: a zero-copy writer on the receiver's host (its pid there)
-  uint64_t box_addr;
-  uint64_t box_len;
   uint32_t flags;       // kHelloDoorbells
   uint32_t pad;
 };
 struct Hello {
   HelloHead head;
-  std::string address;  // the writer's inner UCX address
-  std::string box_key;
+  std::string ticket;  // the writer's inner endpoint's admission ticket
 };
 std::string EncodeHello(const Hello& h);  // at most kMailboxBytes for any UCX address in use
 // Reads the hello in a mailbox (`mailbox`: its kMailboxBytes). kInvalidArgument when it is

@@ -26,6 +26,7 @@ class StagedEndpoint : public Endpoint {
     return writer_->Write(request);
   }
   Status status() const override { return writer_->status(); }
+  std::string AdmissionTicket() const override { return writer_->inner_ep->AdmissionTicket(); }
   bool zero_copy() const { return writer_->zero_copy; }
 
  private:
@@ -79,6 +80,7 @@ void StagedWriter::OnCredit(const Notification& n) {
 
 void StagedWriter::CreditBackLocked(uint32_t slot, uint64_t seq, int32_t bits) {
   credits_.push_back(slot);
+  granted_ = true;
   auto it = seq == 0 ? writes_.end() : writes_.find(seq);
   if (it == writes_.end()) return;
   WriteEntry& e = it->second;
@@ -116,15 +118,17 @@ void StagedWriter::Shutdown() {
   cv_.notify_all();
   const Deadline deadline = DeadlineAfterMs(context->options.close_timeout_ms);
   bool drained = false;
+  bool said_hello = false;
   {
     auto lock = LockFromOutside();
     drained = cv_.wait_until(lock, deadline, [&] {
       return !status_.ok() || (writes_.empty() && in_flight_bufs_ == 0 && notes_.empty());
     });
     drained = drained && status_.ok();
+    said_hello = hello_sent;
   }
-  if (drained && hello_sent && inner_ep) {
-    // Also after a Connect() that got no slot in time: the peer must forget us.
+  if (drained && said_hello && inner_ep) {
+    // The peer must forget us (also when we never wrote past the hello).
     WriteRequest wr;
     wr.local = send_reg.get();
     wr.remote_region = 0;
@@ -140,7 +144,7 @@ void StagedWriter::Shutdown() {
         KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
       }
     }
-  } else if (!drained && hello_sent) {
+  } else if (!drained && said_hello) {
     KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
   }
   {
@@ -161,6 +165,7 @@ void StagedWriter::Shutdown() {
   if (ping_) (void)ping_->Wait(DeadlineAfterMs(1000));
   for (auto& h : notes_) (void)h->Wait(DeadlineAfterMs(1000));
   for (auto& h : misc_) (void)h->Wait(DeadlineAfterMs(1000));
+  if (hello_handle_) (void)hello_handle_->Wait(DeadlineAfterMs(1000));
   for (SendBuf& b : bufs_) {
     context->events.Release(b.event);
     context->events.Release(b.dep);
@@ -353,32 +358,24 @@ Result<std::unique_ptr<Endpoint>> ConnectWriter(const std::shared_ptr<StagedCont
     } while (writer->conn_id == 0 || s.writers.count(writer->conn_id));
     s.writers[writer->conn_id] = writer;
   }
-  // Hello: our address and box key into a peer mailbox, then announce it.
+  // Hello: who we are and our ticket, into a peer mailbox. It goes at the first write: the
+  // inner connection is made then, once the peer admitted its ticket (Endpoint::AdmissionTicket).
   Hello h;
   h.head.nonce = nonce;
   h.head.conn_id = writer->conn_id;
   h.head.writer_pid = writer->zero_copy ? uint32_t(getpid()) : 0;
   h.head.flags = writer->doorbells ? kHelloDoorbells : 0;
-  h.head.box_addr = reinterpret_cast<uint64_t>(s.box.data());
-  h.head.box_len = s.box.size();
-  h.address = s.inner->LocalAddress();
-  h.box_key = s.box_reg->RemoteKey();
+  h.ticket = writer->inner_ep->AdmissionTicket();
   const std::string record = EncodeHello(h);
   if (record.size() > kMailboxBytes) {
-    return Internal("ucx_staged: our UCX address does not fit a hello mailbox");
+    return Internal("ucx_staged: our admission ticket does not fit a hello mailbox");
   }
   std::memcpy(writer->send_staging->data(), record.data(), record.size());
-  WriteRequest wr;
-  wr.local = writer->send_reg.get();
-  wr.remote_region = 0;
-  wr.ops.push_back({0, uint64_t(mailbox) * kMailboxBytes, record.size()});
-  wr.notify = true;
-  wr.notification = Msg(kHello, nonce, int32_t(mailbox));
-  const Deadline deadline = DeadlineAfterMs(s.options.connect_timeout_ms);
-  KV_ASSIGN_OR_RETURN(auto hello, writer->inner_ep->Write(wr));
-  writer->hello_sent = true;
-  KV_RETURN_IF_ERROR(hello->Wait(deadline).WithContext("ucx_staged hello"));
-  KV_RETURN_IF_ERROR(writer->WaitFirstCredit(deadline));
+  writer->hello.local = writer->send_reg.get();
+  writer->hello.remote_region = 0;
+  writer->hello.ops.push_back({0, uint64_t(mailbox) * kMailboxBytes, record.size()});
+  writer->hello.notify = true;
+  writer->hello.notification = Msg(kHello, nonce, int32_t(mailbox));
   writer->Start(nbufs);
   return std::unique_ptr<Endpoint>(new StagedEndpoint(std::move(writer)));
 }

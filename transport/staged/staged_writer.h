@@ -88,6 +88,7 @@ class StagedWriter : public std::enable_shared_from_this<StagedWriter> {
   bool peer_map_registered = false;
   bool zero_copy = false;
   bool doorbells = false;  // zero-copy, announcing and getting slots back through doorbells
+  WriteRequest hello;      // posted by the pipeline thread when the first write is queued
   bool hello_sent = false;
 
   ~StagedWriter() { Shutdown(); }
@@ -97,14 +98,6 @@ class StagedWriter : public std::enable_shared_from_this<StagedWriter> {
   // Slot `slot` is ours again: a fresh grant (seq 0), or the peer is done with our chunk of
   // write `seq` (bits: kBitWriteDone, kBitError).
   void CreditBackLocked(uint32_t slot, uint64_t seq, int32_t bits);
-
-  Status WaitFirstCredit(Deadline deadline) {
-    auto lock = LockFromOutside();
-    if (!cv_.wait_until(lock, deadline, [&] { return !credits_.empty(); })) {
-      return Unavailable("ucx_staged: the peer granted no staging slot in time (hello lost?)");
-    }
-    return OkStatus();
-  }
 
   void Start(int nbufs) {
     poll_us_ = std::clamp<int64_t>(context->options.poll_us, 0, 1000);
@@ -170,6 +163,10 @@ class StagedWriter : public std::enable_shared_from_this<StagedWriter> {
   // pays one copy's enqueue, not more).
   bool StartQueuedLocked(size_t max_chunks = SIZE_MAX);
 
+  // Pipeline thread: says hello once a write is queued, and fails the endpoint when the peer
+  // grants no slot within connect_timeout_ms of it (its connection refused, or the peer gone).
+  void HelloLocked();
+
   mutable std::mutex mu_;
   mutable std::atomic<int> lock_waiters_{0};
   std::condition_variable cv_;
@@ -183,6 +180,9 @@ class StagedWriter : public std::enable_shared_from_this<StagedWriter> {
   std::map<uint64_t, WriteEntry> writes_;
   uint64_t next_seq_ = 1;
   int in_flight_bufs_ = 0;
+  std::unique_ptr<WriteHandle> hello_handle_;
+  Deadline hello_deadline_{};
+  bool granted_ = false;  // a first slot came
   std::unique_ptr<WriteHandle> ping_;
   std::vector<std::unique_ptr<WriteHandle>> notes_;  // zero-copy chunk announcements
   std::vector<std::unique_ptr<WriteHandle>> misc_;   // abandon messages

@@ -9,8 +9,7 @@
 //    it) equal those of an admitted ticket; a ticket admits one connection (the kMaxTickets
 //    newest are kept). No UCX endpoint exists for a request before that, so nothing the client
 //    sends after its request (puts, active messages) is processed before it.
-//  - Every refusal is counted. With admit_any every request is accepted (ucx_staged's inner
-//    transports, benchmarks).
+//  - Every refusal is counted. With admit_any every request is accepted (benchmarks only).
 //  - Accepted endpoints are closed when their peer fails and when the worker stops; the reply
 //    endpoints riding on one (ReplyEndpoint, ucx_transport.h) then fail with kRemoteDisconnect
 //    and stop using it.

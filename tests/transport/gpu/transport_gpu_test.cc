@@ -349,7 +349,7 @@ TEST_P(GpuTransportTest, RefusesBadInput) {
   garbage_addr.address = "tcp://1.2.3.4:5";
   EXPECT_FALSE(tx.Connect(garbage_addr).ok());
 
-  auto ep = tx.Connect(InProcessPeer(*rxt.value(), *remote.value(), 1 << 19));
+  auto ep = test::ConnectAdmitted(tx, *rxt.value(), InProcessPeer(*rxt.value(), *remote.value(), 1 << 19));
   ASSERT_OK(ep.status());
   WriteRequest wr;
   ExpectWriteRefusals(*ep.value(), local.value().get(), /*foreign=*/nullptr, &wr);
@@ -435,6 +435,11 @@ int RunWriter(const std::string& backend, const std::string& peer) {
     std::printf("ERROR %s\n", ep.status().ToString().c_str());
     return 1;
   }
+  // The receiver (the test) admits our connection before we write.
+  std::printf("TICKET %s\n", ToHex(ep.value()->AdmissionTicket()).c_str());
+  std::fflush(stdout);
+  std::string go;
+  if (!std::getline(std::cin, go) || go != "GO") return 1;
   WriteRequest wr;
   wr.local = reg.value().get();
   wr.ops = {{0, 0, kReclaimBytes}};
@@ -480,6 +485,10 @@ TEST_P(StagedReclaimTest, KilledWritersSlotsGoToTheNextWriter) {
     PeerProcess w;
     ASSERT_TRUE(w.Start({"--helper=writer", "--backend=" + GetParam(), "--peer=" + EncodePeer(d)}));
     std::string line = w.ReadLine(DeadlineAfterMs(20000));
+    ASSERT_EQ(line.rfind("TICKET ", 0), 0u) << "writer: '" << line << "'";
+    ASSERT_OK(rx.value()->Admit(FromHex(line.substr(7))));
+    ASSERT_TRUE(w.Send("GO"));
+    line = w.ReadLine(DeadlineAfterMs(20000));
     ASSERT_EQ(line.rfind("WROTE", 0), 0u) << "writer: '" << line << "'";
     std::printf("[%s] round %d: writer path %s\n", GetParam().c_str(), round, line.substr(6).c_str());
     std::vector<uint8_t> back(kReclaimBytes);
@@ -500,20 +509,21 @@ TEST_P(StagedReclaimTest, KilledWritersSlotsGoToTheNextWriter) {
     CUDA_OK(cudaDeviceSynchronize());
     auto reg = tx.value()->Register({src, kReclaimBytes, MemoryKind::kCuda, 0});
     ASSERT_OK(reg.status());
-    auto ep = tx.value()->Connect(d);
+    auto ep = test::ConnectAdmitted(*tx.value(), *rx.value(), d);
     ASSERT_OK(ep.status());
-    const double reclaimed_s = SecondsSince(killed);
-    std::printf("[%s] round %d: next writer connected %.0f ms after the kill\n", GetParam().c_str(),
-                round, reclaimed_s * 1e3);
-    if (zero_copy) {
-      EXPECT_LT(reclaimed_s, 5.0) << "a zero-copy writer's exit should free its slots";
-    }
+    // The hello goes with the first write: the write lands once the peer granted slots.
     WriteRequest wr;
     wr.local = reg.value().get();
     wr.ops = {{0, 0, kReclaimBytes}};
     auto h = ep.value()->Write(wr);
     ASSERT_OK(h.status());
     ASSERT_OK(h.value()->Wait(DeadlineAfterMs(10000)));
+    const double reclaimed_s = SecondsSince(killed);
+    std::printf("[%s] round %d: next writer's write landed %.0f ms after the kill\n",
+                GetParam().c_str(), round, reclaimed_s * 1e3);
+    if (zero_copy) {
+      EXPECT_LT(reclaimed_s, 5.0) << "a zero-copy writer's exit should free its slots";
+    }
     CUDA_OK(cudaMemcpy(back.data(), pool, kReclaimBytes, cudaMemcpyDeviceToHost));
     EXPECT_EQ(back, std::vector<uint8_t>(kReclaimBytes, uint8_t(0x22 + round)));
     ep.value().reset();  // goodbye: its slots are free at once for the next round
@@ -523,6 +533,84 @@ TEST_P(StagedReclaimTest, KilledWritersSlotsGoToTheNextWriter) {
   }
   pool_reg.value().reset();
   rx.value().reset();
+  cudaFree(pool);
+}
+
+// ucx_staged's inner UCX connections go through the listener's admission (issue 15, item 3),
+// like the ucx backend's: a writer whose ticket the receiver never admitted gets no slot, its
+// write fails, nothing reaches the receiver's pool, and the refusal is counted; the same
+// receiver then serves an admitted writer.
+TEST_P(StagedReclaimTest, UnadmittedWriterIsRefused) {
+  staged::StagedOptions ro;
+  ro.device = 0;
+  if (GetParam() == "ucx_staged_put") ro.zero_copy = staged::ZeroCopy::kOff;
+  auto rx = staged::CreateStagedTransport(ro);
+  ASSERT_OK(rx.status());
+  constexpr uint64_t kBytes = 1 << 20;
+  void* pool = nullptr;
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&pool, kBytes));
+  CUDA_OK(cudaMalloc(&src, kBytes));
+  CUDA_OK(cudaMemset(pool, 0, kBytes));
+  CUDA_OK(cudaMemset(src, 0x33, kBytes));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto pool_reg = rx.value()->Register({pool, kBytes, MemoryKind::kCuda, 0});
+  ASSERT_OK(pool_reg.status());
+  PeerDescriptor d;
+  d.address = rx.value()->LocalAddress();
+  d.regions.push_back({reinterpret_cast<uint64_t>(pool), kBytes, pool_reg.value()->RemoteKey()});
+  std::atomic<int> notes{0};
+  rx.value()->SetNotificationSink([&notes](const Notification&) { notes++; });
+
+  staged::StagedOptions wo = ro;
+  wo.connect_timeout_ms = 3000;
+  auto tx = staged::CreateStagedTransport(wo);
+  ASSERT_OK(tx.status());
+  auto reg = tx.value()->Register({src, kBytes, MemoryKind::kCuda, 0});
+  ASSERT_OK(reg.status());
+  WriteRequest wr;
+  wr.local = reg.value().get();
+  wr.ops = {{0, 0, kBytes}};
+  wr.notify = true;
+  wr.notification = {5, 1, 0};
+  {
+    auto ep = tx.value()->Connect(d);  // nobody admits its ticket
+    ASSERT_OK(ep.status());
+    EXPECT_FALSE(ep.value()->AdmissionTicket().empty());
+    auto h = ep.value()->Write(wr);
+    Status s = h.ok() ? h.value()->Wait(DeadlineAfterMs(15000)) : h.status();
+    EXPECT_FALSE(s.ok()) << "a write through a connection nobody admitted completed";
+    std::printf("[%s] unadmitted writer: %s\n", GetParam().c_str(), s.ToString().c_str());
+  }
+  std::vector<uint8_t> back(kBytes);
+  CUDA_OK(cudaMemcpy(back.data(), pool, kBytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, std::vector<uint8_t>(kBytes, 0)) << "an unadmitted writer's bytes landed";
+  EXPECT_EQ(notes.load(), 0);
+  EXPECT_GE(rx.value()->counters().connections_refused, 1u);
+  EXPECT_EQ(rx.value()->counters().connections_admitted, 0u);
+  EXPECT_EQ(tx.value()->counters().connections_admitted, 0u);
+
+  // Admitted, the same writer transport lands its write; the receiver accepted one connection
+  // and the writer none (credits come back over the writer's own connection).
+  auto ep = test::ConnectAdmitted(*tx.value(), *rx.value(), d);
+  ASSERT_OK(ep.status());
+  auto h = ep.value()->Write(wr);
+  ASSERT_OK(h.status());
+  ASSERT_OK(h.value()->Wait(DeadlineAfterMs(15000)));
+  CUDA_OK(cudaMemcpy(back.data(), pool, kBytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, std::vector<uint8_t>(kBytes, 0x33));
+  const auto deadline = DeadlineAfterMs(5000);
+  while (notes.load() == 0 && !Expired(deadline)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(notes.load(), 1);
+  EXPECT_EQ(rx.value()->counters().connections_admitted, 1u);
+  EXPECT_EQ(tx.value()->counters().connections_admitted, 0u);
+  ep.value().reset();
+  rx.value()->SetNotificationSink(nullptr);
+  reg.value().reset();
+  tx.value().reset();
+  pool_reg.value().reset();
+  rx.value().reset();
+  cudaFree(src);
   cudaFree(pool);
 }
 
