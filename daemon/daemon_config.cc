@@ -109,6 +109,13 @@ const std::vector<Field>& Fields() {
                "prefill: shared-tier keys live under '<namespace>:' (erase-everything removes them)"),
       KV_FIELD(kv_store_max_pending_mb, kInt,
                "prefill: MiB of blocks waiting for the shared tier's writer (past it: dropped)"),
+      KV_FIELD(kv_tier_policy, kStr,
+               "prefill: best_effort | timeout | wait_complete: how long a request waits for "
+               "blocks from the disk and store tiers"),
+      KV_FIELD(kv_tier_timeout_ms, kI64, "prefill: the timeout policy's bound on that wait"),
+      KV_FIELD(kv_prefetch_threshold_tokens, kInt,
+               "prefill: a tier hit shorter than this many tokens is computed instead of fetched"),
+      KV_FIELD(kv_tier_io_threads, kInt, "prefill: threads reading the disk and store tiers"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kStr,
                "decode: auto | true | false: first step only after every layer landed (auto: "
@@ -294,6 +301,14 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
                            "keys every stored block's HMAC)");
   if (c.kv_disk_tier_erase && c.kv_disk_tier_dir.empty())
     return InvalidArgument("kv_disk_tier_erase needs kv_disk_tier_dir");
+  if (c.kv_tier_policy != "best_effort" && c.kv_tier_policy != "timeout" &&
+      c.kv_tier_policy != "wait_complete")
+    return InvalidArgument("kv_tier_policy must be best_effort, timeout or wait_complete");
+  if (c.kv_tier_timeout_ms < 0) return InvalidArgument("kv_tier_timeout_ms must be >= 0");
+  if (c.kv_prefetch_threshold_tokens < 0)
+    return InvalidArgument("kv_prefetch_threshold_tokens must be >= 0");
+  if (c.kv_tier_io_threads < 1 || c.kv_tier_io_threads > 64)
+    return InvalidArgument("kv_tier_io_threads must be in [1, 64]");
   if (!c.kv_store_redis.empty()) {
     if (c.kv_tier_secret_file.empty())
       return InvalidArgument("kv_store_redis needs kv_tier_secret_file (the cluster secret that "

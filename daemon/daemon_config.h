@@ -123,6 +123,15 @@ struct DaemonConfig {
   int64_t kv_store_timeout_ms = 250;
   std::string kv_store_namespace = "kvstream";
   int kv_store_max_pending_mb = 256;
+  // prefill: how much of a prefix found in the slow tiers (disk, store) a request waits for
+  // (docs/kv_tiers.md): best_effort (what host memory holds now; the rest is computed),
+  // timeout (up to kv_tier_timeout_ms, then trimmed), wait_complete (all, by the request's
+  // deadline). A hit below the pool shorter than kv_prefetch_threshold_tokens is computed
+  // instead; kv_tier_io_threads read the slow tiers.
+  std::string kv_tier_policy = "wait_complete";
+  int64_t kv_tier_timeout_ms = 50;
+  int kv_prefetch_threshold_tokens = 256;
+  int kv_tier_io_threads = 2;
   std::string on_load_failure = "fail";  // fail | recompute
   int max_batch = 32;           // decode: sequences per decode step
   int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)

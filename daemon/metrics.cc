@@ -287,6 +287,12 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
                   double(s.kv_tier_fetch_us()) * 1e-6);
       out.Gauge(p + "kv_tier_queued_blocks", "Blocks waiting to be written down to the tiers", {},
                 double(s.kv_tier_queued_blocks()));
+      out.Counter(p + "kv_tier_recomputed_tokens_total",
+                  "Prompt tokens found in a tier but computed (threshold, policy, late or failed read)",
+                  {}, double(s.kv_tier_recomputed_tokens()));
+      out.Counter(p + "kv_tier_late_blocks_total",
+                  "Disk or store reads not done when the tier policy stopped waiting", {},
+                  double(s.kv_tier_late_blocks()));
     }
   }
 }

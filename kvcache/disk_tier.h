@@ -42,6 +42,7 @@ class DiskTier final : public KvTier {
   static Result<std::unique_ptr<DiskTier>> Open(const Options& options);
 
   std::string_view name() const override { return "disk"; }
+  bool slow() const override { return true; }
   bool Contains(const BlockKey& key) override;
   Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override;
   Status Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) override;

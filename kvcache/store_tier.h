@@ -94,6 +94,7 @@ class StoreKvTier final : public KvTier {
   explicit StoreKvTier(std::unique_ptr<StoreTier> store) : store_(std::move(store)) {}
   std::string_view name() const override { return "store"; }
   bool remote() const override { return true; }
+  bool slow() const override { return true; }
   bool Contains(const BlockKey& key) override { return store_->Present({&key, 1})[0]; }
   std::vector<bool> Present(std::span<const BlockKey> keys) override { return store_->Present(keys); }
   Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override;

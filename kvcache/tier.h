@@ -56,6 +56,9 @@ class KvTier {
   // A tier shared across machines (L4): Present is a hint, Put only queues (the tier checks
   // presence itself before it writes), reads are slow.
   virtual bool remote() const { return false; }
+  // A tier whose reads wait on I/O (disk, network): a fetch reads it on I/O threads, with the
+  // policy's deadline (kvcache/tiered_cache.h).
+  virtual bool slow() const { return false; }
   virtual bool Pin(const BlockKey& key) { return Contains(key); }
   virtual void Unpin(const BlockKey& /*key*/) {}
   virtual void Erase(const BlockKey& key) = 0;

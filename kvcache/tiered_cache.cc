@@ -2,15 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common/log.h"
 
 namespace kvstream::kvcache {
 
 TieredCache::TieredCache(model::KvPool* pool, uint64_t model_hash,
-                         std::vector<std::unique_ptr<KvTier>> tiers)
-    : pool_(pool), model_hash_(model_hash), tiers_(std::move(tiers)) {
-  if (!tiers_.empty()) worker_ = std::thread([this] { Worker(); });
+                         std::vector<std::unique_ptr<KvTier>> tiers, FetchPolicy policy,
+                         int io_threads)
+    : pool_(pool), model_hash_(model_hash), tiers_(std::move(tiers)), policy_(policy) {
+  if (tiers_.empty()) return;
+  worker_ = std::thread([this] { Worker(); });
+  bool any_slow = false;
+  for (const auto& t : tiers_) any_slow |= t->slow();
+  if (any_slow && io_threads > 0) io_ = std::make_unique<IoPool>(io_threads, /*max_queued=*/4096);
 }
 
 TieredCache::~TieredCache() { Stop(); }
@@ -53,27 +59,160 @@ std::vector<KvTier*> TieredCache::Locate(std::span<const BlockKey> keys, size_t 
   return where;
 }
 
-int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
-                       model::BlockLease* lease, const std::function<void(int)>& make_room) {
+Result<FetchPolicy::Mode> ParseFetchMode(std::string_view name) {
+  if (name == "best_effort") return FetchPolicy::Mode::kBestEffort;
+  if (name == "timeout") return FetchPolicy::Mode::kTimeout;
+  if (name == "wait_complete") return FetchPolicy::Mode::kWaitComplete;
+  return InvalidArgument("KV tier policy '" + std::string(name) +
+                         "': one of best_effort, timeout, wait_complete");
+}
+
+// Reads from slow tiers in flight, shared with the I/O threads (which may finish after the
+// request stopped waiting).
+struct TieredCache::Reads {
+  enum State { kPending, kOk, kFailed };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<State> state;
+  std::vector<std::vector<std::byte>> data;  // every layer of the block, layer 0 first
+  int outstanding = 0;
+};
+
+class TieredCache::Pending {
+ public:
+  explicit Pending(TieredCache* cache) : cache_(cache) {}
+  ~Pending() {
+    for (size_t b = 0; b < pinned.size(); ++b)
+      if (pinned[b]) from[b]->Unpin(keys[b]);
+  }
+  TieredCache* cache_;
+  BlockKey root{};
+  int tokens = 0;
+  std::vector<BlockKey> keys;
+  size_t first = 0, end = 0;      // the blocks [first, end) may be filled
+  int found_end_tokens = 0;       // where the found run ended before the policy trimmed it
+  std::vector<KvTier*> from;      // per block: the tier it comes from
+  std::vector<bool> pinned;
+  std::vector<int> slot;          // per block: its read in `reads`, or -1 (read by Fill)
+  std::shared_ptr<Reads> reads = std::make_shared<Reads>();
+};
+
+void TieredCache::Promote(const BlockHeader& header, const KvTier* from,
+                          std::span<const std::span<const std::byte>> layers) {
+  for (auto& t : tiers_) {
+    if (t.get() == from) break;
+    if (!t->remote() && !t->Contains(header.key)) t->Put(header, layers).IgnoreError();
+  }
+}
+
+void TieredCache::PendingDeleter::operator()(Pending* p) const { delete p; }
+
+TieredCache::PendingPtr TieredCache::Prepare(const BlockKey& root, std::span<const int32_t> tokens,
+                                             int from_tokens, Deadline deadline) {
   const int bs = pool_->layout().block_size;
   const int n = static_cast<int>(tokens.size());
-  if (!enabled() || from_tokens >= n || from_tokens % bs != 0) return from_tokens;
+  if (!enabled() || from_tokens >= n || from_tokens % bs != 0) return nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<BlockKey> keys = Keys(root, tokens);
-  const int nl = pool_->layout().num_layers;
-  const size_t block_bytes = pool_->layout().block_bytes();
-  const std::vector<KvTier*> where = Locate(keys, from_tokens / bs);
-  int covered = from_tokens;
-  for (size_t b = from_tokens / bs; b < keys.size(); ++b) {
-    // Local tiers asked again: an earlier block's copy into a faster tier may have evicted it.
-    KvTier* from = where[b] != nullptr && where[b]->remote() ? where[b] : nullptr;
-    for (auto& t : tiers_)
-      if (!t->remote() && t->Contains(keys[b])) {
-        from = t.get();
+  PendingPtr p(new Pending(this));
+  p->root = root;
+  p->tokens = n;
+  p->keys = Keys(root, tokens);
+  p->first = size_t(from_tokens / bs);
+  p->from = Locate(p->keys, p->first);
+  p->end = p->first;
+  while (p->end < p->keys.size() && p->from[p->end] != nullptr) ++p->end;
+  p->found_end_tokens = std::min(n, int(p->end) * bs);
+  if (p->end == p->first) return nullptr;
+  if (p->found_end_tokens - from_tokens < policy_.threshold_tokens) {
+    recomputed_tokens_ += uint64_t(p->found_end_tokens - from_tokens);
+    return nullptr;
+  }
+  p->pinned.assign(p->keys.size(), false);
+  p->slot.assign(p->keys.size(), -1);
+  // Local entries stay until the fetch ends; slow tiers' reads start now, in parallel.
+  const model::KvLayout layout = pool_->layout();
+  const size_t block_bytes = layout.block_bytes() * size_t(layout.num_layers);
+  size_t usable = p->end;  // kBestEffort: up to the first slow block
+  for (size_t b = p->first; b < p->end; ++b) {
+    KvTier* t = p->from[b];
+    if (!t->remote()) {
+      p->pinned[b] = t->Pin(p->keys[b]);
+      if (!p->pinned[b]) {  // gone since Locate
+        p->end = b;
         break;
       }
-    if (from == nullptr) break;
-    const int end = std::min(n, covered + bs);
+    }
+    if (!t->slow() || io_ == nullptr) continue;
+    if (policy_.mode == FetchPolicy::Mode::kBestEffort) usable = std::min(usable, b);
+    const int i = static_cast<int>(p->reads->state.size());
+    {
+      std::lock_guard<std::mutex> lock(p->reads->mu);
+      p->reads->state.push_back(Reads::kPending);
+      p->reads->data.emplace_back();
+      ++p->reads->outstanding;
+    }
+    const BlockHeader h{root, p->keys[b], model_hash_, layout,
+                        uint32_t(std::min(n, int(b + 1) * bs) - int(b) * bs)};
+    const bool queued = io_->Submit([this, reads = p->reads, i, h, t, block_bytes, layout] {
+      std::vector<std::byte> buf(block_bytes);
+      std::vector<std::span<std::byte>> layers;
+      for (int l = 0; l < layout.num_layers; ++l)
+        layers.emplace_back(buf.data() + size_t(l) * layout.block_bytes(), layout.block_bytes());
+      const bool ok = t->Get(h.key, layers).ok();
+      if (ok) Promote(h, t, std::vector<std::span<const std::byte>>(layers.begin(), layers.end()));
+      std::lock_guard<std::mutex> lock(reads->mu);
+      if (ok) reads->data[i] = std::move(buf);
+      reads->state[i] = ok ? Reads::kOk : Reads::kFailed;
+      --reads->outstanding;
+      reads->cv.notify_all();
+    });
+    if (!queued) {
+      std::lock_guard<std::mutex> lock(p->reads->mu);
+      p->reads->state[i] = Reads::kFailed;
+      --p->reads->outstanding;
+      p->end = b;  // too many reads in flight: the rest is computed
+      break;
+    }
+    p->slot[b] = i;
+  }
+  if (policy_.mode == FetchPolicy::Mode::kBestEffort) p->end = std::min(p->end, usable);
+  // Waits for the reads the policy waits for, then keeps the run of blocks that are there.
+  Deadline until = deadline;
+  if (policy_.mode == FetchPolicy::Mode::kTimeout)
+    until = std::min(deadline, Clock::now() + policy_.timeout);
+  std::unique_lock<std::mutex> lock(p->reads->mu);
+  auto done = [&] {
+    for (size_t b = p->first; b < p->end; ++b)
+      if (p->slot[b] >= 0 && p->reads->state[p->slot[b]] == Reads::kPending) return false;
+    return true;
+  };
+  if (policy_.mode != FetchPolicy::Mode::kBestEffort) p->reads->cv.wait_until(lock, until, done);
+  for (size_t b = p->first; b < p->end; ++b) {
+    if (p->slot[b] < 0) continue;
+    const Reads::State st = p->reads->state[p->slot[b]];
+    if (st == Reads::kOk) continue;
+    if (st == Reads::kPending) late_blocks_ += 1;
+    p->end = b;
+    break;
+  }
+  lock.unlock();
+  fetch_us_ += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - t0).count());
+  return p;
+}
+
+int TieredCache::Fill(Pending* p, int from_tokens, model::BlockLease* lease,
+                      const std::function<void(int)>& make_room) {
+  if (p == nullptr) return from_tokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int bs = pool_->layout().block_size;
+  const int nl = pool_->layout().num_layers;
+  const size_t block_bytes = pool_->layout().block_bytes();
+  int covered = from_tokens;
+  // A prefix that shrank since Prepare leaves a gap no fetched block may follow.
+  const bool contiguous = from_tokens % bs == 0 && size_t(from_tokens / bs) >= p->first;
+  for (size_t b = size_t(from_tokens / bs); contiguous && b < p->end; ++b) {
+    const int end = std::min(p->tokens, int(b + 1) * bs);
     if (static_cast<int>(lease->ids().size()) * bs < end) {
       Status grown = lease->GrowToTokens(end, bs);
       if (!grown.ok() && make_room) {
@@ -85,24 +224,35 @@ int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, in
     const int32_t id = lease->ids()[b];
     std::vector<std::span<std::byte>> layers;
     for (int l = 0; l < nl; ++l) layers.emplace_back(pool_->block_ptr(l, id), block_bytes);
-    Status s = from->Get(keys[b], layers);
-    if (!s.ok()) {
-      KV_LOG_DEBUG << "KV tier " << from->name() << ": block " << b << " not read: " << s.ToString();
-      break;  // the block just allocated stays in the lease, to be computed
-    }
-    // Faster tiers that lacked it keep it from now on.
-    for (auto& t : tiers_) {
-      if (t.get() == from) break;
-      std::vector<std::span<const std::byte>> in(layers.begin(), layers.end());
-      BlockHeader h{root, keys[b], model_hash_, pool_->layout(), uint32_t(end - covered)};
-      t->Put(h, in).IgnoreError();
+    if (p->slot[b] >= 0) {
+      std::lock_guard<std::mutex> lock(p->reads->mu);
+      const std::vector<std::byte>& data = p->reads->data[p->slot[b]];
+      for (int l = 0; l < nl; ++l)
+        std::memcpy(layers[l].data(), data.data() + size_t(l) * block_bytes, block_bytes);
+    } else {
+      KvTier* from = p->from[b];
+      Status s = from->Get(p->keys[b], layers);
+      if (!s.ok()) {
+        KV_LOG_DEBUG << "KV tier " << from->name() << ": block " << b << " not read: " << s.ToString();
+        break;  // the block just allocated stays in the lease, to be computed
+      }
+      const BlockHeader h{p->root, p->keys[b], model_hash_, pool_->layout(), uint32_t(end - int(b) * bs)};
+      Promote(h, from, std::vector<std::span<const std::byte>>(layers.begin(), layers.end()));
     }
     covered = end;
   }
   fetched_tokens_ += uint64_t(covered - from_tokens);
+  if (p->found_end_tokens > covered) recomputed_tokens_ += uint64_t(p->found_end_tokens - covered);
   fetch_us_ += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                             std::chrono::steady_clock::now() - t0).count());
   return covered;
+}
+
+int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
+                       model::BlockLease* lease, const std::function<void(int)>& make_room,
+                       Deadline deadline) {
+  PendingPtr p = Prepare(root, tokens, from_tokens, deadline);
+  return Fill(p.get(), from_tokens, lease, make_room);
 }
 
 void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
@@ -193,6 +343,7 @@ void TieredCache::Stop() {
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  if (io_) io_->Stop();  // queued reads dropped, running ones joined
   // `dropped` returns its leases here, outside the lock.
 }
 
@@ -205,6 +356,8 @@ TieredCache::Stats TieredCache::stats() const {
   for (const auto& t : tiers_) s.tiers.push_back({std::string(t->name()), t->stats()});
   s.fetched_tokens = fetched_tokens_.load();
   s.fetch_us = fetch_us_.load();
+  s.recomputed_tokens = recomputed_tokens_.load();
+  s.late_blocks = late_blocks_.load();
   std::lock_guard<std::mutex> lock(mu_);
   s.queued_writes = queued_blocks_;
   s.skipped_blocks = skipped_blocks_;

@@ -7,45 +7,87 @@
 //    they are neither freed nor reused before a background thread has copied them out. The
 //    queue holds at most half the pool's blocks: past that a write-down is skipped (counted),
 //    so slow tiers never starve requests of pool blocks.
-//  - Fetch extends a cached prefix block by block with blocks found in the tiers (fastest
-//    first; a remote tier is asked once, batched, for the whole rest of the prompt), each copied into a fresh pool block of the caller's lease; it stops at the first
-//    block no tier holds or can read back verified. The tokens it reports are exactly the
-//    blocks copied: a failed read is a miss (counted), never KV of other tokens.
-//  - Stop (or the destructor) drops queued writes and joins the thread: every lease returned.
+//  - A fetch extends a cached prefix block by block with blocks found in the tiers (fastest
+//    first; a remote tier is asked once, batched, for the whole rest of the prompt). Prepare
+//    finds them, pins the ones in local tiers (never evicted until the fetch ends) and starts
+//    the reads from slow tiers (disk, store) on a bounded pool of I/O threads, then waits for
+//    them as the policy says (below), by the caller's deadline at the latest; Fill (quick: pool
+//    allocations and copies) copies the blocks into fresh pool blocks of the caller's lease,
+//    up to the first block that is not there, late, or did not read back verified. The tokens
+//    it reports are exactly the blocks copied: a failed or late read is a miss (counted), never
+//    KV of other tokens. A slow read that completes (even after the caller gave up on it)
+//    leaves its block in the faster local tiers.
+//  - Policies: kBestEffort uses what the fast tiers (memory) hold now and recomputes the rest
+//    (the slow reads still run, for the next request); kTimeout waits up to `timeout` for the
+//    slow reads, then trims; kWaitComplete waits for all of them. A hit of fewer than
+//    threshold_tokens tokens below the pool is recomputed instead of fetched.
+//  - Stop (or the destructor) drops queued writes and reads and joins the threads: every lease
+//    returned.
 // Host pools only (the copies are memcpy). Thread-safe.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
+#include "common/time.h"
+#include "kvcache/io_pool.h"
 #include "kvcache/prefix_key.h"
 #include "kvcache/tier.h"
 #include "model/kv_cache.h"
 
 namespace kvstream::kvcache {
 
+struct FetchPolicy {
+  enum class Mode { kBestEffort, kTimeout, kWaitComplete };
+  Mode mode = Mode::kWaitComplete;
+  std::chrono::milliseconds timeout{50};  // kTimeout's bound on the wait for slow reads
+  int threshold_tokens = 0;               // shorter hits below the pool are recomputed
+};
+// "best_effort" | "timeout" | "wait_complete".
+Result<FetchPolicy::Mode> ParseFetchMode(std::string_view name);
+
 class TieredCache {
  public:
-  // `tiers`: fastest first (host, disk, ...); may be empty (then every call does nothing).
-  TieredCache(model::KvPool* pool, uint64_t model_hash, std::vector<std::unique_ptr<KvTier>> tiers);
+  // `tiers`: fastest first (host, disk, store); may be empty (then every call does nothing).
+  // io_threads: the pool reading slow tiers (0: none, slow tiers are then read by Fill).
+  TieredCache(model::KvPool* pool, uint64_t model_hash, std::vector<std::unique_ptr<KvTier>> tiers,
+              FetchPolicy policy = {}, int io_threads = 2);
   ~TieredCache();
   TieredCache(const TieredCache&) = delete;
   TieredCache& operator=(const TieredCache&) = delete;
 
   bool enabled() const { return !tiers_.empty(); }
+  const FetchPolicy& policy() const { return policy_; }
 
-  // tokens[0, from_tokens) are in `lease` already (from_tokens a multiple of the block size).
-  // make_room(n) is asked to free n pool blocks when allocation fails. Returns the tokens
-  // `lease` covers with KV afterwards (>= from_tokens).
+  class Pending;  // a prepared fetch: pinned entries, reads in flight
+  struct PendingDeleter {
+    void operator()(Pending* p) const;
+  };
+  using PendingPtr = std::unique_ptr<Pending, PendingDeleter>;
+  // tokens[0, from_tokens) are in the pool already (from_tokens a multiple of the block size).
+  // Finds and reads, per the policy, by `deadline` at the latest. Null when there is nothing to
+  // fetch. Must not outlive the cache.
+  PendingPtr Prepare(const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
+                     Deadline deadline);
+  // tokens[0, from_tokens) are in `lease` (from_tokens may have grown since Prepare). make_room(n)
+  // is asked to free n pool blocks when allocation fails. Returns the tokens `lease` covers
+  // with KV afterwards (>= from_tokens).
+  int Fill(Pending* pending, int from_tokens, model::BlockLease* lease,
+           const std::function<void(int)>& make_room);
+  // Prepare then Fill.
   int Fetch(const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
-            model::BlockLease* lease, const std::function<void(int)>& make_room);
+            model::BlockLease* lease, const std::function<void(int)>& make_room,
+            Deadline deadline = DeadlineAfterMs(60000));
   // ids[i] hold the KV of tokens [i*block_size, ...); takes references of its own.
   void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                  const std::vector<int32_t>& ids);
@@ -60,14 +102,18 @@ class TieredCache {
   };
   struct Stats {
     std::vector<TierReport> tiers;
-    uint64_t fetched_tokens = 0;  // tokens whose KV came up from a tier
-    uint64_t fetch_us = 0;        // time requests waited for fetches (on their TTFT)
-    uint64_t queued_writes = 0;   // blocks waiting for the write-down (gauge)
-    uint64_t skipped_blocks = 0;  // blocks not written down: the queue was full
+    uint64_t fetched_tokens = 0;     // tokens whose KV came up from a tier
+    uint64_t fetch_us = 0;           // time requests waited for fetches (on their TTFT)
+    uint64_t recomputed_tokens = 0;  // found below the pool, computed instead (threshold,
+                                     // policy, a late or failed read)
+    uint64_t late_blocks = 0;        // slow reads not done when the policy stopped waiting
+    uint64_t queued_writes = 0;      // blocks waiting for the write-down (gauge)
+    uint64_t skipped_blocks = 0;     // blocks not written down: the queue was full
   };
   Stats stats() const;
 
  private:
+  struct Reads;
   struct Job {
     BlockKey root;
     std::vector<int32_t> tokens;
@@ -78,10 +124,14 @@ class TieredCache {
   std::vector<BlockKey> Keys(const BlockKey& root, std::span<const int32_t> tokens) const;
   // The fastest tier holding each of keys[first...] (null from the first no tier holds on).
   std::vector<KvTier*> Locate(std::span<const BlockKey> keys, size_t first);
+  // Copies a block read from `from` into the local tiers faster than it.
+  void Promote(const BlockHeader& header, const KvTier* from,
+               std::span<const std::span<const std::byte>> layers);
 
   model::KvPool* pool_;
   const uint64_t model_hash_;
   std::vector<std::unique_ptr<KvTier>> tiers_;
+  const FetchPolicy policy_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
@@ -89,8 +139,9 @@ class TieredCache {
   bool stopping_ = false;
   uint64_t queued_blocks_ = 0;
   uint64_t skipped_blocks_ = 0;
-  std::atomic<uint64_t> fetched_tokens_{0}, fetch_us_{0};
+  std::atomic<uint64_t> fetched_tokens_{0}, fetch_us_{0}, recomputed_tokens_{0}, late_blocks_{0};
   std::thread worker_;
+  std::unique_ptr<IoPool> io_;  // after tiers_: its threads end before the tiers go
 };
 
 }  // namespace kvstream::kvcache

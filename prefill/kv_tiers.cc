@@ -64,7 +64,9 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
     // A refused AUTH is a configuration error; a server that is down is only a miss for now.
     const Status probe = (*store)->Probe();
     if (probe.code() == StatusCode::kFailedPrecondition) return probe.WithContext("kv_store_redis");
-    if (!probe.ok()) KV_LOG_WARN << "kv_store_redis: " << probe.ToString() << " (reads miss until it answers)";
+    if (!probe.ok()) {
+      KV_LOG_WARN << "kv_store_redis: " << probe.ToString() << " (reads miss until it answers)";
+    }
     tiers.push_back(std::make_unique<kvcache::StoreKvTier>(std::move(store).value()));
   }
   if (!tiers.empty()) {
@@ -75,9 +77,14 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
                         : " disk " + config.kv_disk_tier_dir + " " +
                               std::to_string(config.kv_disk_tier_mb) + " MiB")
                 << (config.kv_store_redis.empty() ? "" : " store " + config.kv_store_redis)
-                << " (write-through)";
+                << " (write-through; reads: " << config.kv_tier_policy << ")";
   }
-  return std::make_unique<kvcache::TieredCache>(pool, model.hash(), std::move(tiers));
+  kvcache::FetchPolicy policy;
+  KV_ASSIGN_OR_RETURN(policy.mode, kvcache::ParseFetchMode(config.kv_tier_policy));
+  policy.timeout = std::chrono::milliseconds(config.kv_tier_timeout_ms);
+  policy.threshold_tokens = config.kv_prefetch_threshold_tokens;
+  return std::make_unique<kvcache::TieredCache>(pool, model.hash(), std::move(tiers), policy,
+                                                config.kv_tier_io_threads);
 }
 
 }  // namespace kvstream::prefill

@@ -204,6 +204,12 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   const bool cacheable = rope.type != "dynamic" || n <= rope.original_max_position;
   kvcache::PrefixDirectory::Match cached;
   if (cacheable) cached = cache_.Find(root, tokens);
+  // The blocks that follow the pool's prefix, found in the tiers below it and read from the
+  // slow ones (disk, store) as the policy says, before the forward lock: other requests'
+  // forwards go on meanwhile.
+  kvcache::TieredCache::PendingPtr fetch;
+  if (cacheable && tiers_->enabled() && cached.tokens < n)
+    fetch = tiers_->Prepare(root, tokens, cached.tokens, deadline);
   if (cached.tokens < n) {
     const auto asked = Clock::now();
     const bool locked = forward_lock.try_lock_until(deadline);
@@ -215,12 +221,13 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     if (cacheable) {
       cached.lease.Reset();
       cached = cache_.Find(root, tokens);
-      // The blocks that follow the pool's prefix, from the tiers below it.
-      if (tiers_->enabled() && cached.tokens < n) {
+      // Copied into pool blocks under the lock (memory copies only).
+      if (fetch != nullptr && cached.tokens < n) {
         if (cached.tokens == 0) cached.lease = model::BlockLease(&pool_->allocator(), {});
-        cached.tokens = tiers_->Fetch(root, tokens, cached.tokens, &cached.lease,
-                                      [&](int blocks) { cache_.EvictForAllocation(blocks); });
+        cached.tokens = tiers_->Fill(fetch.get(), cached.tokens, &cached.lease,
+                                     [&](int blocks) { cache_.EvictForAllocation(blocks); });
       }
+      fetch.reset();  // the tiers' entries unpinned
       if (cached.tokens == n) forward_lock.unlock();
     }
   }
@@ -406,6 +413,8 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_kv_tier_fetched_tokens(ts.fetched_tokens);
   resp->set_kv_tier_fetch_us(ts.fetch_us);
   resp->set_kv_tier_queued_blocks(ts.queued_writes);
+  resp->set_kv_tier_recomputed_tokens(ts.recomputed_tokens);
+  resp->set_kv_tier_late_blocks(ts.late_blocks);
 }
 
 void PrefillServer::EnableMetrics(daemon::MetricsRegistry* registry) {

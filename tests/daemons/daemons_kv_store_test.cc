@@ -22,7 +22,7 @@ class KvStoreTest : public KvTiersTest {
     pair.prefill = {"--kv_tier_secret_file=" + SecretFile("kv.secret", std::string(32, 's')),
                     "--kv_store_redis=unix:" + redis.socket(),
                     "--kv_store_auth_file=" + redis.AuthFile(redis.password()),
-                    "--kv_store_timeout_ms=200"};
+                    "--kv_store_timeout_ms=200", "--kv_prefetch_threshold_tokens=0"};
     return pair;
   }
   // Waits until the prefill's store tier has written `blocks` blocks.

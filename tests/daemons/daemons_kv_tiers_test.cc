@@ -20,7 +20,8 @@ TEST_F(KvTiersTest, HostTierServesWholeAndPartialPrefixesWithTheSameTokens) {
   DaemonPair pair;
   pair.common = kTiny;
   pair.common.push_back("--pool_blocks=32");
-  pair.prefill = {"--kv_host_tier_mb=1"};  // no prompt cache in the pool: the tier alone
+  // No prompt cache in the pool: the tier alone; every hit fetched, however short.
+  pair.prefill = {"--kv_host_tier_mb=1", "--kv_prefetch_threshold_tokens=0"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   const auto system = MakePrompt(32, 512, 81);  // two blocks of 16 at the prefill
   auto with = [&](int n, uint64_t seed) {
@@ -71,6 +72,7 @@ TEST_F(KvTiersTest, DiskTierSurvivesARestartAndRefusesWhatDoesNotVerify) {
   pair.common = kTiny;
   pair.common.push_back("--pool_blocks=32");
   pair.prefill = {"--kv_disk_tier_dir=" + tier_dir, "--kv_disk_tier_mb=4",
+                  "--kv_prefetch_threshold_tokens=0",
                   "--kv_tier_secret_file=" + SecretFile("kv.secret", "disk-tier-test-secret-0123")};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   const auto prompt = MakePrompt(40, 512, 91);
@@ -133,17 +135,17 @@ TEST_F(KvTiersTest, DiskTierSurvivesARestartAndRefusesWhatDoesNotVerify) {
   EXPECT_TRUE(computed);
   st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
   ASSERT_TRUE(st.ok()) << st.status().ToString();
-  EXPECT_GE(Tier(*st, "disk")->read_failures(), 1u);
+  EXPECT_EQ(Tier(*st, "disk")->read_failures(), 3u);
 
   // Another cluster secret: entries that do not verify (as a forger's would not) are deleted
   // at start and never used.
   DaemonPair rotated = pair;
   rotated.prefill.back() = "--kv_tier_secret_file=" + SecretFile("kv2.secret", "another-secret-0123456789");
   ASSERT_NO_FATAL_FAILURE(Restart(rotated));
-  // (The log file holds every start's lines.) Of the first model's 3 files one was deleted
-  // above; the damaged one read above was rewritten, the truncated one never read: both fail
-  // their HMAC under the new secret.
-  EXPECT_NE(prefill_->Log().find(", 2 that did not verify deleted"), std::string::npos)
+  // (The log file holds every start's lines.) The first model's 3 damaged files were all read
+  // above (in parallel), refused and deleted, and the computed prompt wrote all 3 again: they
+  // fail their HMAC under the new secret.
+  EXPECT_NE(prefill_->Log().find(", 3 that did not verify deleted"), std::string::npos)
       << prefill_->Log();
   st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
   ASSERT_TRUE(st.ok()) << st.status().ToString();

@@ -17,6 +17,7 @@
 
 #include "kvcache/disk_tier.h"
 #include "kvcache/host_tier.h"
+#include "tests/kvcache/tier_test_util.h"
 #include "kvcache/tiered_cache.h"
 
 namespace kvstream::kvcache {
@@ -26,14 +27,8 @@ namespace fs = std::filesystem;
 using V = std::vector<int32_t>;
 const std::string kSecret = "unit-test-cluster-secret-0123";
 
-model::KvLayout Layout() {
-  model::KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 1;
-  l.head_dim = 4;
-  l.block_size = 4;
-  return l;
-}
+using testing::Host;
+using testing::Layout;
 
 // A block's layers filled from `seed`.
 struct Block {
@@ -62,18 +57,6 @@ bool ReadsBack(KvTier& t, const Block& b) {
   std::vector<std::span<std::byte>> spans(out.begin(), out.end());
   if (!t.Get(b.header.key, spans).ok()) return false;
   return out == b.layers;
-}
-
-std::unique_ptr<HostTier> Host(int blocks, int64_t max_age_s = 0) {
-  HostTier::Options o;
-  o.layout = Layout();
-  o.capacity_bytes = size_t(blocks) * Layout().num_layers * Layout().block_bytes();
-  o.max_age_s = max_age_s;
-  auto mem = model::AllocateHostPoolMemory(o.capacity_bytes);
-  EXPECT_TRUE(mem.ok());
-  auto t = HostTier::Create(o, std::move(mem).value());
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return std::move(t).value();
 }
 
 TEST(HostTier, RoundTripLruAndWatermark) {
