@@ -2,6 +2,8 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/sampling_math.h"
 
@@ -536,9 +538,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The blocks per row: 4 on Hopper and later for vocabularies large enough to split, else 1.
+// The blocks per row: 4 on Hopper and later for vocabularies large enough to split, else 1
+// (also where KVSTREAM_KERNEL_FALLBACK forces the paths of older GPUs, as for the attention).
 int ClusterBlocks(int vocab) {
   static const int major = [] {
+    const char* e = std::getenv("KVSTREAM_KERNEL_FALLBACK");
+    if (e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0) return 0;
     int dev = 0, v = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {

@@ -35,8 +35,9 @@ struct SampleLogprobs {
   float top_logprobs[kSampleMaxTop];
 };
 
-// kAuto: the cluster where the device has clusters; kOneBlock: one block per row everywhere
-// (the path of GPUs before Hopper; tests run it on Hopper too).
+// kAuto: the cluster where the device has clusters (unless KVSTREAM_KERNEL_FALLBACK is set);
+// kOneBlock: one block per row everywhere (the path of GPUs before Hopper; tests run it on
+// Hopper too).
 enum class SamplePath { kAuto, kOneBlock };
 
 //   tokens:   [rows] int32 out
