@@ -27,7 +27,11 @@ Result<std::shared_ptr<grpc::Channel>> RemoteChannel(const Flags& flags, const s
   if (flags.Has("token-file")) {
     KV_ASSIGN_OR_RETURN(auth.bearer_token, daemon::ReadTokenFile("--token-file", flags.Get("token-file")));
   }
-  return connector::CreateAuthChannel(address, auth);
+  // Calls spread over every address the target resolves to (dns:///name:port with one address
+  // per decode, or ipv4:a:p,b:q); one address: the same as pick_first.
+  grpc::ChannelArguments args;
+  args.SetLoadBalancingPolicyName("round_robin");
+  return connector::CreateAuthChannel(address, auth, args);
 }
 #endif
 

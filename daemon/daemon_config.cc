@@ -45,6 +45,8 @@ const std::vector<Field>& Fields() {
       KV_FIELD(max_concurrent_streams, kInt, "gRPC calls at once on one connection"),
       KV_FIELD(max_connection_idle_ms, kI64,
                "close a gRPC connection this long without calls (0 = never)"),
+      KV_FIELD(max_connection_age_ms, kI64,
+               "decode: send clients GOAWAY after a connection's this long, so they re-resolve (0 = never)"),
       KV_FIELD(connection_setup_timeout_ms, kI64,
                "a new connection's HTTP/2 (and TLS) setup must finish within this"),
       KV_FIELD(max_open_fds, kInt,
@@ -241,6 +243,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.max_concurrent_streams <= 0) return InvalidArgument("max_concurrent_streams must be > 0");
   if (c.max_connection_idle_ms < 0 || c.max_connection_idle_ms > INT32_MAX)
     return InvalidArgument("max_connection_idle_ms must be in [0, 2^31)");
+  if (c.max_connection_age_ms < 0 || c.max_connection_age_ms > INT32_MAX)
+    return InvalidArgument("max_connection_age_ms must be in [0, 2^31)");
   if (c.connection_setup_timeout_ms <= 0 || c.connection_setup_timeout_ms > INT32_MAX)
     return InvalidArgument("connection_setup_timeout_ms must be in (0, 2^31)");
   if (c.max_open_fds < 0) return InvalidArgument("max_open_fds must be >= 0");

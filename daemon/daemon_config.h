@@ -40,6 +40,9 @@ struct DaemonConfig {
   // refused at start.
   int max_concurrent_streams = 128;          // calls at once on one connection
   int64_t max_connection_idle_ms = 300000;   // close a connection this long without calls (0 = never)
+  // decode: a client connection gets GOAWAY after this long (calls in flight go on), so clients
+  // balancing over DNS re-resolve and reach new decodes (0 = never).
+  int64_t max_connection_age_ms = 300000;
   int64_t connection_setup_timeout_ms = 10000;  // a new connection's HTTP/2 (and TLS) setup
   // Connections are accepted only while the daemon has fewer descriptors open than this (the
   // rest are closed at once); 0 = the descriptor limit (raised to its hard limit) less 256.

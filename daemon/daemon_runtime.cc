@@ -267,6 +267,9 @@ Result<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& listen,
   if (limits.max_connection_idle_ms > 0)
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                static_cast<int>(limits.max_connection_idle_ms));
+  // No grace period: calls in flight on an aged connection run to their end.
+  if (limits.max_connection_age_ms > 0)
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, static_cast<int>(limits.max_connection_age_ms));
   if (limits.connection_setup_timeout_ms > 0)
     builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                                static_cast<int>(limits.connection_setup_timeout_ms));

@@ -58,6 +58,7 @@ struct ServerLimits {
   int max_concurrent_streams = 0;           // calls at once on one connection
   int64_t max_connection_idle_ms = 0;       // a connection without calls is closed after this
   int64_t connection_setup_timeout_ms = 0;  // a new connection's HTTP/2 (and TLS) setup
+  int64_t max_connection_age_ms = 0;        // then GOAWAY (calls in flight go on); 0 = never
 };
 ServerLimits ServerLimitsFromConfig(const DaemonConfig& cfg);
 

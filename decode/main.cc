@@ -120,8 +120,11 @@ int main(int argc, char** argv) {
   service.set_default_stop_tokens(gen_defaults->eos_token_ids);
   daemon::ReflectionService reflection({v1::Decode::service_full_name()}, security->authorizer);
   int port = 0;
-  auto server = daemon::StartGrpcServer(cfg->listen, {&service, &reflection}, &port,
-                                        daemon::ServerLimitsFromConfig(*cfg),
+  // The client API's connections age out so that clients balancing over DNS re-resolve (the
+  // prefill keeps its connections: its decodes hold them).
+  daemon::ServerLimits limits = daemon::ServerLimitsFromConfig(*cfg);
+  limits.max_connection_age_ms = cfg->max_connection_age_ms;
+  auto server = daemon::StartGrpcServer(cfg->listen, {&service, &reflection}, &port, limits,
                                         security->server_credentials);
   if (!server.ok()) return Fail(server.status());
   if (Status s = daemon::StartHealth(*cfg, server->get(), &health); !s.ok()) return Fail(s);

@@ -34,6 +34,7 @@ PKGS=(
   clang libclang-rt-14-dev  # the sanitizer build and libFuzzer (scripts/test-san.sh)
   yamllint python3-yaml systemd  # the deploy files' checks (tests/deploy)
   python3-jinja2  # the reference the chat template renderer is tested against (tests/frontend)
+  haproxy  # the balancer in front of several decodes' HTTP endpoints (deploy/haproxy, tests/daemons)
 )
 # What building UCX from its Debian source needs (this system's packages only).
 UCX_BUILD_PKGS=(
