@@ -1,0 +1,524 @@
+#include "kvcache/cuda/pinned_tier.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/log.h"
+#include "kvcache/cuda/block_copy.h"
+#include "model/cuda/device_buffer.h"  // CudaStatus
+
+namespace kvstream::kvcache::cuda {
+
+using model::CudaStatus;
+
+namespace {
+// Blocking sync: the thread that waits for copies sleeps instead of spinning on a core.
+constexpr unsigned kEventFlags = cudaEventDisableTiming | cudaEventBlockingSync;
+}  // namespace
+
+EventPool::~EventPool() {
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+}
+
+Status EventPool::Reserve(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (int(free_.size()) < n) {
+    cudaEvent_t e;
+    KV_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&e, kEventFlags), "cudaEventCreate"));
+    free_.push_back(e);
+    ++created_;
+  }
+  return OkStatus();
+}
+
+Result<cudaEvent_t> EventPool::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) {
+    cudaEvent_t e;
+    KV_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&e, kEventFlags), "cudaEventCreate"));
+    ++created_;
+    return e;
+  }
+  cudaEvent_t e = free_.back();
+  free_.pop_back();
+  return e;
+}
+
+void EventPool::Give(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(e);
+}
+
+int EventPool::created() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return created_;
+}
+
+int EventPool::free_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return int(free_.size());
+}
+
+PinnedHostTier::Prefetch::~Prefetch() {
+  // A wait already enqueued captured its record; recording the event again later is safe.
+  for (cudaEvent_t e : layer_events_) events_->Give(e);
+}
+
+Status PinnedHostTier::Prefetch::WaitLayer(int layer, void* stream) const {
+  if (layer_events_.empty()) return OkStatus();
+  if (layer < 0 || size_t(layer) >= layer_events_.size())
+    return InvalidArgument("prefetch: no layer " + std::to_string(layer));
+  return CudaStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), layer_events_[layer], 0),
+                    "cudaStreamWaitEvent");
+}
+
+Status PinnedHostTier::Prefetch::WaitAll() const {
+  if (layer_events_.empty()) return OkStatus();
+  return CudaStatus(cudaEventSynchronize(layer_events_.back()), "cudaEventSynchronize");
+}
+
+Status PrefetchHooks::BeforeAttention(int layer, void* stream) {
+  if (prefetch_) KV_RETURN_IF_ERROR(prefetch_->WaitLayer(layer, stream));
+  return inner_ ? inner_->BeforeAttention(layer, stream) : OkStatus();
+}
+
+Status PrefetchHooks::AfterLayer(int layer, void* stream) {
+  return inner_ ? inner_->AfterLayer(layer, stream) : OkStatus();
+}
+
+Result<std::unique_ptr<PinnedHostTier>> PinnedHostTier::Create(model::KvPool* pool,
+                                                               const Options& options) {
+  if (pool == nullptr || !pool->memory().on_device())
+    return InvalidArgument("pinned host KV tier: the pool is not on a GPU");
+  const model::KvLayout& l = pool->layout();
+  const size_t slot = size_t(l.num_layers) * l.block_bytes();
+  if (slot == 0 || l.block_bytes() % 16 != 0)
+    return InvalidArgument("pinned host KV tier: a block of " + std::to_string(l.block_bytes()) +
+                           " bytes per layer (a multiple of 16 needed)");
+  const size_t slots = options.capacity_bytes / slot;
+  if (slots == 0)
+    return InvalidArgument("pinned host KV tier: " + std::to_string(options.capacity_bytes) +
+                           " bytes hold no block of " + std::to_string(slot) + " bytes");
+  if (slots > (1u << 30)) return InvalidArgument("pinned host KV tier: too many slots");
+  std::unique_ptr<PinnedHostTier> t(new PinnedHostTier(pool, options, int(slots)));
+  KV_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+PinnedHostTier::PinnedHostTier(model::KvPool* pool, const Options& options, int slots)
+    : pool_(pool),
+      options_([&] {
+        Options o = options;
+        if (!(o.low_watermark > 0 && o.low_watermark <= 1)) o.low_watermark = 0.9;
+        if (o.copy_ctas <= 0) o.copy_ctas = 32;
+        return o;
+      }()),
+      block_bytes_(pool->layout().block_bytes()),
+      slots_(slots),
+      copy_ctas_(options_.copy_ctas) {
+  free_.reserve(slots);
+  for (int i = slots - 1; i >= 0; --i) free_.push_back(i);
+  stats_.capacity_bytes = uint64_t(slots) * pool->layout().num_layers * block_bytes_;
+}
+
+Status PinnedHostTier::Init() {
+  device_ = pool_->memory().device();
+  KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  const size_t bytes = size_t(slots_) * pool_->layout().num_layers * block_bytes_;
+  void* p = nullptr;
+  KV_RETURN_IF_ERROR(CudaStatus(
+      cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc (KV tier)"));
+  host_ = static_cast<std::byte*>(p);
+  KV_RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&p, host_, 0), "cudaHostGetDevicePointer"));
+  dhost_ = static_cast<std::byte*>(p);
+  // Two ids per block; at most the pool's blocks twice over in flight (reads and writes).
+  ring_size_ = size_t(4) * pool_->num_blocks() + 64;
+  KV_RETURN_IF_ERROR(CudaStatus(
+      cudaHostAlloc(&p, ring_size_ * sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable),
+      "cudaHostAlloc (KV tier ids)"));
+  ring_ = static_cast<int32_t*>(p);
+  KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, ring_size_ * sizeof(int32_t)), "cudaMalloc (KV tier ids)"));
+  dring_ = static_cast<int32_t*>(p);
+  int least = 0, greatest = 0;
+  KV_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                                "cudaDeviceGetStreamPriorityRange"));
+  KV_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, least),
+                                "cudaStreamCreateWithPriority"));
+  KV_RETURN_IF_ERROR(events_.Reserve(4 * pool_->layout().num_layers + 16));
+  reaper_ = std::thread([this] { Reaper(); });
+  return OkStatus();
+}
+
+PinnedHostTier::~PinnedHostTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (reaper_.joinable()) reaper_.join();  // it finishes every copy in flight first
+  if (stream_) cudaStreamDestroy(stream_);
+  if (dring_) cudaFree(dring_);
+  if (ring_) cudaFreeHost(ring_);
+  if (host_) cudaFreeHost(host_);
+}
+
+std::vector<BlockKey> PinnedHostTier::Keys(const BlockKey& root, std::span<const int32_t> tokens) const {
+  const int bs = pool_->layout().block_size;
+  std::vector<BlockKey> keys;
+  BlockKey key = root;
+  for (size_t pos = 0; pos < tokens.size(); pos += bs) {
+    key = BlockKeyOf(key, tokens.subspan(pos, std::min<size_t>(bs, tokens.size() - pos)));
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+bool PinnedHostTier::RingAllocLocked(size_t n, uint64_t* pos) {
+  uint64_t p = ring_head_;
+  if (p % ring_size_ + n > ring_size_) p += ring_size_ - p % ring_size_;  // no run wraps
+  if (p + n - ring_tail_ > ring_size_) return false;
+  *pos = p;
+  ring_head_ = p + n;
+  return true;
+}
+
+void PinnedHostTier::EraseLocked(const BlockKey& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  if (it->second.pins > 0 || !it->second.ready) {
+    it->second.doomed = true;  // freed when its copy completes
+    return;
+  }
+  free_.push_back(it->second.slot);
+  lru_.erase(it->second.lru);
+  index_.erase(it);
+}
+
+int PinnedHostTier::SlotLocked() {
+  if (free_.empty()) {
+    // Down to the low watermark at once, so a full tier does not evict on every write.
+    const size_t low = size_t(std::max(0, int(std::floor(slots_ * options_.low_watermark)) - 1));
+    std::vector<BlockKey> victims;
+    for (auto it = lru_.rbegin(); it != lru_.rend() && index_.size() - victims.size() > low; ++it)
+      if (index_.at(*it).pins == 0) victims.push_back(*it);
+    for (const BlockKey& k : victims) EraseLocked(k);
+    stats_.evicted_blocks += victims.size();
+  }
+  if (free_.empty()) return -1;
+  const int s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
+std::unique_ptr<PinnedHostTier::Prefetch> PinnedHostTier::Fetch(
+    const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
+    model::BlockLease* lease, const std::function<void(int)>& make_room) {
+  auto result = std::make_unique<Prefetch>();
+  result->events_ = &events_;
+  result->from_ = result->tokens_ = from_tokens;
+  const int bs = pool_->layout().block_size;
+  const int n = int(tokens.size());
+  if (from_tokens >= n || from_tokens % bs != 0) return result;
+  const auto t0 = Clock::now();
+  const std::vector<BlockKey> keys = Keys(root, tokens);
+  const size_t first = size_t(from_tokens / bs);
+  std::vector<BlockKey> pinned;
+  std::vector<int32_t> slots;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b = first; b < keys.size(); ++b) {
+      auto it = index_.find(keys[b]);
+      if (it != index_.end() && it->second.ready && !it->second.doomed && options_.max_age_s > 0 &&
+          Clock::now() - it->second.written > std::chrono::seconds(options_.max_age_s)) {
+        EraseLocked(keys[b]);
+        ++stats_.evicted_blocks;
+        it = index_.end();
+      }
+      if (it == index_.end() || !it->second.ready || it->second.doomed) {
+        ++stats_.miss_blocks;
+        break;
+      }
+      ++it->second.pins;
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+      pinned.push_back(keys[b]);
+      slots.push_back(it->second.slot);
+    }
+  }
+  auto unpin = [&](size_t from) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = from; i < pinned.size(); ++i) {
+      Entry& e = index_.at(pinned[i]);
+      --e.pins;
+      if (e.doomed && e.pins == 0) {
+        e.doomed = false;
+        EraseLocked(pinned[i]);
+      }
+    }
+    pinned.resize(from);
+    slots.resize(from);
+  };
+  if (pinned.empty()) return result;
+  const int end = std::min(n, int(first + pinned.size()) * bs);
+  if (int(lease->ids().size()) * bs < end) {
+    Status grown = lease->GrowToTokens(end, bs);
+    if (!grown.ok() && make_room) {
+      make_room(model::BlocksForTokens(end, bs) - int(lease->ids().size()));
+      grown = lease->GrowToTokens(end, bs);
+    }
+    if (!grown.ok()) {
+      unpin(0);
+      return result;  // a miss: no room in the pool
+    }
+  }
+  const int nb = int(pinned.size());
+  std::vector<int32_t> dst(lease->ids().begin() + first, lease->ids().begin() + first + nb);
+  Transfer t;
+  t.keys = pinned;
+  Status st = pool_->allocator().Ref(dst);
+  if (st.ok()) t.pool_refs = model::BlockLease(&pool_->allocator(), dst);
+  const int nl = pool_->layout().num_layers;
+  std::vector<cudaEvent_t> evs;
+  for (int l = 0; l <= nl && st.ok(); ++l) {  // one per layer, and the transfer's own
+    auto e = events_.Take();
+    if (!e.ok()) st = e.status();
+    else evs.push_back(*e);
+  }
+  if (st.ok()) st = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t pos = 0;
+  const uint64_t old_head = ring_head_;
+  if (st.ok()) {
+    cv_.wait(lock, [&] { return RingAllocLocked(2 * size_t(nb), &pos) || stopping_; });
+    if (stopping_) st = Unavailable("pinned host KV tier stopping");
+  }
+  if (st.ok()) {
+    int32_t* ids = ring_ + pos % ring_size_;
+    std::copy(slots.begin(), slots.end(), ids);
+    std::copy(dst.begin(), dst.end(), ids + nb);
+    st = CudaStatus(cudaMemcpyAsync(dring_ + pos % ring_size_, ids, 2 * size_t(nb) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_),
+                    "cudaMemcpyAsync (KV tier ids)");
+    ids = dring_ + pos % ring_size_;
+    BlockCopy c;
+    c.src_base = dhost_;
+    c.src_layer_stride = size_t(slots_) * block_bytes_;
+    c.src_ids = ids;
+    c.dst_base = pool_->base();
+    c.dst_layer_stride = pool_->layout().layer_bytes(pool_->num_blocks());
+    c.dst_ids = ids + nb;
+    c.n = nb;
+    c.block_bytes = block_bytes_;
+    for (int l = 0; l < nl && st.ok(); ++l) {
+      c.layer_begin = l;
+      c.layer_end = l + 1;
+      st = CudaStatus(CopyBlocks(c, copy_ctas_.load(), stream_), "KV tier copy in");
+      if (st.ok()) st = CudaStatus(cudaEventRecord(evs[l], stream_), "cudaEventRecord");
+    }
+    if (st.ok()) st = CudaStatus(cudaEventRecord(evs[nl], stream_), "cudaEventRecord");
+    if (!st.ok()) {
+      // Nothing of this fetch may land later in blocks the forward is about to compute.
+      cudaStreamSynchronize(stream_);
+      ring_head_ = old_head;  // taken under the lock: nothing allocated after it
+    }
+  }
+  if (!st.ok()) {
+    lock.unlock();
+    KV_LOG_WARN << "pinned host KV tier: fetch of " << nb << " blocks not started (a miss): "
+                << st.ToString();
+    for (cudaEvent_t e : evs) events_.Give(e);
+    t.pool_refs.Reset();
+    unpin(0);
+    std::lock_guard<std::mutex> l2(mu_);
+    ++stats_.read_failures;
+    return result;
+  }
+  t.done = evs[nl];
+  t.ring_end = pos + 2 * size_t(nb);
+  fifo_.push_back(std::move(t));
+  cv_.notify_all();
+  stats_.hit_blocks += nb;
+  stats_.bytes_read += uint64_t(nb) * nl * block_bytes_;
+  fetched_tokens_ += uint64_t(end - from_tokens);
+  fetch_us_ += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+  lock.unlock();
+  evs.pop_back();
+  result->layer_events_ = std::move(evs);
+  result->tokens_ = end;
+  return result;
+}
+
+void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
+                               const std::vector<int32_t>& ids) {
+  const int bs = pool_->layout().block_size;
+  if (tokens.empty() || int64_t(ids.size()) * bs < int64_t(tokens.size())) return;
+  const std::vector<BlockKey> keys = Keys(root, tokens);
+  Transfer t;
+  t.write = true;
+  std::vector<int32_t> slots, src;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) return;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    if (index_.count(keys[b])) continue;  // held, or being written
+    if (writing_blocks_ + src.size() + 1 > uint64_t(pool_->num_blocks()) / 2) {
+      skipped_ += keys.size() - b;
+      break;
+    }
+    const int slot = SlotLocked();
+    if (slot < 0) {
+      stats_.write_failures += keys.size() - b;
+      break;
+    }
+    Entry e;
+    e.slot = slot;
+    e.lru = lru_.end();
+    index_.emplace(keys[b], e);
+    t.keys.push_back(keys[b]);
+    slots.push_back(slot);
+    src.push_back(ids[b]);
+  }
+  if (src.empty()) return;
+  const int nb = int(src.size());
+  auto drop = [&] {
+    for (const BlockKey& k : t.keys) {
+      free_.push_back(index_.at(k).slot);
+      index_.erase(k);
+    }
+    stats_.write_failures += nb;
+  };
+  uint64_t pos = 0;
+  const uint64_t old_head = ring_head_;
+  Status st = pool_->allocator().Ref(src);
+  if (st.ok()) t.pool_refs = model::BlockLease(&pool_->allocator(), src);
+  if (st.ok() && !RingAllocLocked(2 * size_t(nb), &pos)) st = ResourceExhausted("id ring full");
+  cudaEvent_t done = nullptr;
+  if (st.ok()) {
+    auto e = events_.Take();
+    if (e.ok()) done = *e;
+    else st = e.status();
+  }
+  if (st.ok()) st = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  if (st.ok()) {
+    int32_t* ring_ids = ring_ + pos % ring_size_;
+    std::copy(src.begin(), src.end(), ring_ids);
+    std::copy(slots.begin(), slots.end(), ring_ids + nb);
+    st = CudaStatus(cudaMemcpyAsync(dring_ + pos % ring_size_, ring_ids, 2 * size_t(nb) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_),
+                    "cudaMemcpyAsync (KV tier ids)");
+    ring_ids = dring_ + pos % ring_size_;
+    BlockCopy c;
+    c.src_base = pool_->base();
+    c.src_layer_stride = pool_->layout().layer_bytes(pool_->num_blocks());
+    c.src_ids = ring_ids;
+    c.dst_base = dhost_;
+    c.dst_layer_stride = size_t(slots_) * block_bytes_;
+    c.dst_ids = ring_ids + nb;
+    c.n = nb;
+    c.block_bytes = block_bytes_;
+    c.layer_begin = 0;
+    c.layer_end = pool_->layout().num_layers;
+    if (st.ok()) st = CudaStatus(CopyBlocks(c, copy_ctas_.load(), stream_), "KV tier copy out");
+    if (st.ok()) st = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
+    if (!st.ok()) {
+      cudaStreamSynchronize(stream_);
+      ring_head_ = old_head;
+    }
+  }
+  if (!st.ok()) {
+    if (done) events_.Give(done);
+    drop();
+    KV_LOG_DEBUG << "pinned host KV tier: write-down of " << nb << " blocks not started: " << st.ToString();
+    return;  // t.pool_refs returns its references here
+  }
+  t.done = done;
+  t.ring_end = pos + 2 * size_t(nb);
+  writing_blocks_ += nb;
+  fifo_.push_back(std::move(t));
+  cv_.notify_all();
+}
+
+void PinnedHostTier::FinishLocked(Transfer& t, bool ok) {
+  const size_t slot_bytes = size_t(pool_->layout().num_layers) * block_bytes_;
+  for (const BlockKey& k : t.keys) {
+    auto it = index_.find(k);
+    if (it == index_.end()) continue;
+    Entry& e = it->second;
+    if (t.write && !ok) {  // never visible: its slot goes back
+      free_.push_back(e.slot);
+      index_.erase(it);
+      ++stats_.write_failures;
+      continue;
+    }
+    if (t.write) {
+      e.ready = true;
+      e.written = Clock::now();
+      lru_.push_front(k);
+      e.lru = lru_.begin();
+      ++stats_.written_blocks;
+      stats_.bytes_written += slot_bytes;
+    } else {
+      --e.pins;
+    }
+    if (e.doomed && e.pins == 0) {
+      e.doomed = false;
+      EraseLocked(k);
+    }
+  }
+  if (t.write) writing_blocks_ -= t.pool_refs.ids().size();
+  ring_tail_ = t.ring_end;
+}
+
+void PinnedHostTier::Reaper() {
+  cudaSetDevice(device_);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !fifo_.empty(); });
+    if (fifo_.empty()) return;  // stopping, nothing in flight
+    cudaEvent_t done = fifo_.front().done;
+    lock.unlock();
+    const cudaError_t e = cudaEventSynchronize(done);
+    if (e != cudaSuccess) {
+      KV_LOG_ERROR << "pinned host KV tier: copy failed: " << cudaGetErrorString(e);
+    }
+    lock.lock();
+    Transfer t = std::move(fifo_.front());
+    fifo_.pop_front();
+    reaping_ = true;
+    FinishLocked(t, e == cudaSuccess);
+    events_.Give(t.done);
+    lock.unlock();
+    t.pool_refs.Reset();  // the copy is complete: the pool blocks may go
+    lock.lock();
+    reaping_ = false;
+    cv_.notify_all();
+  }
+}
+
+void PinnedHostTier::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return fifo_.empty() && !reaping_; });
+}
+
+void PinnedHostTier::EraseAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<BlockKey> all;
+  for (const auto& [k, e] : index_) all.push_back(k);
+  for (const BlockKey& k : all) EraseLocked(k);
+}
+
+PinnedHostTier::Stats PinnedHostTier::stats() const {
+  Stats s;
+  s.events_created = events_.created();
+  s.events_free = events_.free_count();
+  std::lock_guard<std::mutex> lock(mu_);
+  s.tier = stats_;
+  s.tier.entries = lru_.size();
+  s.tier.bytes_used = uint64_t(lru_.size()) * pool_->layout().num_layers * block_bytes_;
+  s.fetched_tokens = fetched_tokens_;
+  s.fetch_us = fetch_us_;
+  s.skipped_blocks = skipped_;
+  s.in_flight = fifo_.size();
+  s.ring_used = ring_head_ - ring_tail_;
+  return s;
+}
+
+}  // namespace kvstream::kvcache::cuda
