@@ -136,6 +136,20 @@ suite_sampling() {
   step sampling_step sampling_step 150 "$j" "$BIN/sampling_step" "${a[@]}" --json "$j"
 }
 
+# tiers: bench/tier_prefetch (issue 16): TTFT of an 8k-token prefix fetched layer by layer from
+# the pinned host tier plus a 256-token suffix, vs recomputing the prompt and vs the floor; the
+# copy rate vs pinned cudaMemcpy (copy engines, and the gather kernel at several widths).
+# Knobs: TIER_ARGS.
+suite_tiers() {
+  local a j
+  # shellcheck disable=SC2206
+  a=(${TIER_ARGS:---model llama-3-8b --prefix 8192 --suffix 256 --reps 5 --ctas 0,16,32,64,132})
+  [[ ${SMOKE:-0} == 1 ]] && a=(--prefix 1024 --suffix 64 --reps 2 --layers 4 --ctas "0,32")
+  have tier_prefetch || return
+  j=$(jtmp tier_prefetch)
+  step tier_prefetch tier_prefetch 200 "$j" "$BIN/tier_prefetch" "${a[@]}" --json "$j"
+}
+
 # tests: the GPU test binaries of $BIN (each run plainly; the daemons' test finds the daemons
 # through KVSTREAM_PREFILL_BIN / KVSTREAM_DECODE_BIN), then compute-sanitizer over the kernel test.
 # Knobs: TESTS (names in $BIN; default: every *gpu*test* and the kernel/model GPU tests there),

@@ -5,6 +5,9 @@
 #include "kvcache/disk_tier.h"
 #include "kvcache/host_tier.h"
 #include "kvcache/store_tier.h"
+#ifdef KVSTREAM_PREFILL_HAVE_GPU_TIER
+#include "kvcache/cuda/pinned_tier.h"
+#endif
 
 namespace kvstream::prefill {
 
@@ -12,11 +15,10 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
                                                             const model::ModelConfig& model,
                                                             model::KvPool* pool) {
   std::vector<std::unique_ptr<kvcache::KvTier>> tiers;
-  const bool any = config.kv_host_tier_mb > 0 || !config.kv_disk_tier_dir.empty() ||
-                   !config.kv_store_redis.empty();
-  if (any && pool->memory().on_device())
-    return NotSupported("kv_host_tier_mb / kv_disk_tier_dir / kv_store_redis: the KV tiers copy "
-                        "with the host for now and need a host pool (backend cpu)");
+  const bool gpu = pool->memory().on_device();  // the host tier: CreatePoolTier
+  if (gpu && (!config.kv_disk_tier_dir.empty() || !config.kv_store_redis.empty()))
+    return NotSupported("kv_disk_tier_dir / kv_store_redis: the disk and store tiers copy with "
+                        "the host for now and need a host pool (backend cpu)");
   std::string secret;
   if (!config.kv_disk_tier_dir.empty() || !config.kv_store_redis.empty()) {
     KV_ASSIGN_OR_RETURN(secret,
@@ -24,7 +26,7 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
   }
   const kvcache::BlockKey root = kvcache::RootKey(model.hash(), pool->layout(), /*salt=*/"");
   constexpr uint64_t kMiB = 1 << 20;
-  if (config.kv_host_tier_mb > 0) {
+  if (config.kv_host_tier_mb > 0 && !gpu) {
     kvcache::HostTier::Options o;
     o.layout = pool->layout();
     o.capacity_bytes = uint64_t(config.kv_host_tier_mb) * kMiB;
@@ -85,6 +87,24 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
   policy.threshold_tokens = config.kv_prefetch_threshold_tokens;
   return std::make_unique<kvcache::TieredCache>(pool, model.hash(), std::move(tiers), policy,
                                                 config.kv_tier_io_threads);
+}
+
+Result<std::unique_ptr<kvcache::PoolTier>> CreatePoolTier(const daemon::DaemonConfig& config,
+                                                          model::KvPool* pool) {
+  if (config.kv_host_tier_mb <= 0 || !pool->memory().on_device())
+    return std::unique_ptr<kvcache::PoolTier>();
+#ifdef KVSTREAM_PREFILL_HAVE_GPU_TIER
+  kvcache::cuda::PinnedHostTier::Options o;
+  o.capacity_bytes = uint64_t(config.kv_host_tier_mb) << 20;
+  o.max_age_s = config.kv_tier_max_age_s;
+  auto tier = kvcache::cuda::PinnedHostTier::Create(pool, o);
+  if (!tier.ok()) return tier.status().WithContext("kv_host_tier_mb");
+  KV_LOG_INFO << "KV tier below the GPU pool: pinned host " << config.kv_host_tier_mb
+              << " MiB (write-through, fetched layer by layer)";
+  return std::unique_ptr<kvcache::PoolTier>(std::move(tier).value());
+#else
+  return NotSupported("kv_host_tier_mb with a GPU pool: this build has no CUDA");
+#endif
 }
 
 }  // namespace kvstream::prefill

@@ -5,14 +5,17 @@
 //
 // Guarantees: with none of them set, a TieredCache without tiers (every call a no-op). A disk
 // or store tier without a readable secret of at least 16 bytes, an unusable directory, a store
-// that refuses our AUTH or a pool on a GPU (the copies are host memcpy for now) is an error
-// naming the key, never a silent no-op. A store that is down at start only warns (misses).
+// that refuses our AUTH or a disk or store tier over a pool on a GPU (their copies are host
+// memcpy for now) is an error naming the key, never a silent no-op. A store that is down at
+// start only warns (misses). With a pool on a GPU, kv_host_tier_mb is the pinned host tier of
+// CreatePoolTier instead.
 #pragma once
 
 #include <memory>
 
 #include "common/status.h"
 #include "daemon/daemon_config.h"
+#include "kvcache/pool_tier.h"
 #include "kvcache/tiered_cache.h"
 #include "model/config.h"
 
@@ -21,5 +24,10 @@ namespace kvstream::prefill {
 Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::DaemonConfig& config,
                                                             const model::ModelConfig& model,
                                                             model::KvPool* pool);
+
+// The pinned host tier below a GPU pool (kvcache/cuda/pinned_tier.h) when kv_host_tier_mb is set
+// and the pool is on a GPU; null otherwise. kNotSupported in a build without CUDA.
+Result<std::unique_ptr<kvcache::PoolTier>> CreatePoolTier(const daemon::DaemonConfig& config,
+                                                          model::KvPool* pool);
 
 }  // namespace kvstream::prefill

@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   auto tiers = prefill::CreateKvTiers(*cfg, model->backend->config(), model->pool.get());
   if (!tiers.ok()) return Fail(tiers.status().WithContext("opening the KV tiers"));
   service.set_kv_tiers(std::move(tiers).value());
+  auto pool_tier = prefill::CreatePoolTier(*cfg, model->pool.get());
+  if (!pool_tier.ok()) return Fail(pool_tier.status().WithContext("opening the KV tiers"));
+  service.set_pool_tier(std::move(pool_tier).value());
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
   daemon::ReflectionService reflection({v1::Prefill::service_full_name()}, security->authorizer);

@@ -203,6 +203,8 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   const model::RopeScaling& rope = backend_->config().rope;
   const bool cacheable = rope.type != "dynamic" || n <= rope.original_max_position;
   kvcache::PrefixDirectory::Match cached;
+  // Copies from the tier below a GPU pool, in flight while the forward runs.
+  std::unique_ptr<kvcache::PoolPrefetch> prefetch;
   if (cacheable) cached = cache_.Find(root, tokens);
   // The blocks that follow the pool's prefix, found in the tiers below it and read from the
   // slow ones (disk, store) as the policy says, before the forward lock: other requests'
@@ -228,6 +230,12 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
                                      [&](int blocks) { cache_.EvictForAllocation(blocks); });
       }
       fetch.reset();  // the tiers' entries unpinned
+      if (pool_tier_ && cached.tokens < n) {
+        if (cached.tokens == 0) cached.lease = model::BlockLease(&pool_->allocator(), {});
+        prefetch = pool_tier_->Fetch(root, tokens, cached.tokens, &cached.lease,
+                                     [&](int blocks) { cache_.EvictForAllocation(blocks); });
+        cached.tokens = prefetch->tokens();
+      }
       if (cached.tokens == n) forward_lock.unlock();
     }
   }
@@ -272,6 +280,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   auto t0 = Clock::now();
   Status s;
   if (hit) {
+    if (prefetch) s = prefetch->WaitAll();  // no forward to wait on the GPU
     for (int l = 0; l < pool_->layout().num_layers && s.ok(); ++l) s = hooks.AfterLayer(l, nullptr);
   } else {
     model::SeqInput seq{std::span<const int32_t>(tokens).subspan(from_cache), from_cache,
@@ -279,7 +288,9 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     model::ForwardOptions fo;
     fo.skip_lm_head = true;
     model::ForwardOutput out;
-    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+    // Layer l's attention waits (on the GPU) for layer l of a prefix still being fetched.
+    kvcache::PrefetchHooks layered(prefetch.get(), &hooks);
+    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &layered, fo, &out);
   }
   auto t1 = Clock::now();
   if (forward_lock.owns_lock()) forward_lock.unlock();
@@ -306,6 +317,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     }
     // Write-through: every block of the prompt to the tiers below (in the background).
     tiers_->WriteDown(root, tokens, lease.ids());
+    if (pool_tier_) pool_tier_->WriteDown(root, tokens, lease.ids());
   }
   if (observed_.compute && !hit) observed_.compute->Observe(double(MicrosBetween(t0, t1)) * 1e-6);
   if (observed_.transfer_seconds) {
@@ -394,24 +406,32 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_model_hash(backend_->config().hash());
   resp->set_backend(backend_->name());
   resp->set_transport(connector_->transport().name());
-  const kvcache::TieredCache::Stats ts = tiers_->stats();
-  for (const auto& t : ts.tiers) {
+  auto add_tier = [&](const std::string& name, const kvcache::TierStats& t) {
     auto* o = resp->add_kv_tiers();
-    o->set_name(t.name);
-    o->set_hit_blocks(t.stats.hit_blocks);
-    o->set_miss_blocks(t.stats.miss_blocks);
-    o->set_read_failures(t.stats.read_failures);
-    o->set_bytes_read(t.stats.bytes_read);
-    o->set_bytes_written(t.stats.bytes_written);
-    o->set_written_blocks(t.stats.written_blocks);
-    o->set_write_failures(t.stats.write_failures);
-    o->set_evicted_blocks(t.stats.evicted_blocks);
-    o->set_entries(t.stats.entries);
-    o->set_bytes_used(t.stats.bytes_used);
-    o->set_capacity_bytes(t.stats.capacity_bytes);
+    o->set_name(name);
+    o->set_hit_blocks(t.hit_blocks);
+    o->set_miss_blocks(t.miss_blocks);
+    o->set_read_failures(t.read_failures);
+    o->set_bytes_read(t.bytes_read);
+    o->set_bytes_written(t.bytes_written);
+    o->set_written_blocks(t.written_blocks);
+    o->set_write_failures(t.write_failures);
+    o->set_evicted_blocks(t.evicted_blocks);
+    o->set_entries(t.entries);
+    o->set_bytes_used(t.bytes_used);
+    o->set_capacity_bytes(t.capacity_bytes);
+  };
+  const kvcache::TieredCache::Stats ts = tiers_->stats();
+  uint64_t fetched = ts.fetched_tokens, fetch_us = ts.fetch_us;
+  if (pool_tier_) {  // the pinned host tier below a GPU pool: first, as the fastest
+    const kvcache::PoolTier::Stats ps = pool_tier_->stats();
+    add_tier("host", ps.tier);
+    fetched += ps.fetched_tokens;
+    fetch_us += ps.fetch_us;
   }
-  resp->set_kv_tier_fetched_tokens(ts.fetched_tokens);
-  resp->set_kv_tier_fetch_us(ts.fetch_us);
+  for (const auto& t : ts.tiers) add_tier(t.name, t.stats);
+  resp->set_kv_tier_fetched_tokens(fetched);
+  resp->set_kv_tier_fetch_us(fetch_us);
   resp->set_kv_tier_queued_blocks(ts.queued_writes);
   resp->set_kv_tier_recomputed_tokens(ts.recomputed_tokens);
   resp->set_kv_tier_late_blocks(ts.late_blocks);

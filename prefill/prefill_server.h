@@ -30,6 +30,7 @@
 #include "daemon/metrics.h"
 #include "connector/prefill_connector.h"
 #include "kvcache/prefix_directory.h"
+#include "kvcache/pool_tier.h"
 #include "kvcache/tiered_cache.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
@@ -65,6 +66,9 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   // The KV tiers below the pool (set before the server starts; default: none).
   void set_kv_tiers(std::unique_ptr<kvcache::TieredCache> tiers) { tiers_ = std::move(tiers); }
   kvcache::TieredCache& kv_tiers() { return *tiers_; }
+  // The tier below a GPU pool that copies into it while the forward runs (prefill/kv_tiers.h's
+  // CreatePoolTier; set before the server starts; default: none).
+  void set_pool_tier(std::unique_ptr<kvcache::PoolTier> tier) { pool_tier_ = std::move(tier); }
   // New Prefill calls are refused; running ones are cancelled (their writes quiesced).
   void BeginShutdown();
   const std::string& instance_id() const { return instance_id_; }
@@ -82,6 +86,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   std::string device_id_;  // sent at handshake: lets decode see a prefill on its own GPU
   kvcache::PrefixDirectory cache_;
   std::unique_ptr<kvcache::TieredCache> tiers_;
+  std::unique_ptr<kvcache::PoolTier> pool_tier_;
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> admitting_{true};

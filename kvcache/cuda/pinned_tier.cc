@@ -77,15 +77,6 @@ Status PinnedHostTier::Prefetch::WaitAll() const {
   return CudaStatus(cudaEventSynchronize(layer_events_.back()), "cudaEventSynchronize");
 }
 
-Status PrefetchHooks::BeforeAttention(int layer, void* stream) {
-  if (prefetch_) KV_RETURN_IF_ERROR(prefetch_->WaitLayer(layer, stream));
-  return inner_ ? inner_->BeforeAttention(layer, stream) : OkStatus();
-}
-
-Status PrefetchHooks::AfterLayer(int layer, void* stream) {
-  return inner_ ? inner_->AfterLayer(layer, stream) : OkStatus();
-}
-
 Result<std::unique_ptr<PinnedHostTier>> PinnedHostTier::Create(model::KvPool* pool,
                                                                const Options& options) {
   if (pool == nullptr || !pool->memory().on_device())
@@ -110,12 +101,13 @@ PinnedHostTier::PinnedHostTier(model::KvPool* pool, const Options& options, int 
       options_([&] {
         Options o = options;
         if (!(o.low_watermark > 0 && o.low_watermark <= 1)) o.low_watermark = 0.9;
-        if (o.copy_ctas <= 0) o.copy_ctas = 32;
+        if (o.copy_ctas <= 0) o.copy_ctas = 16;
         return o;
       }()),
       block_bytes_(pool->layout().block_bytes()),
       slots_(slots),
-      copy_ctas_(options_.copy_ctas) {
+      copy_ctas_(options_.copy_ctas),
+      engine_max_runs_(options_.engine_max_runs) {
   free_.reserve(slots);
   for (int i = slots - 1; i >= 0; --i) free_.push_back(i);
   stats_.capacity_bytes = uint64_t(slots) * pool->layout().num_layers * block_bytes_;
@@ -201,7 +193,9 @@ int PinnedHostTier::SlotLocked() {
     std::vector<BlockKey> victims;
     for (auto it = lru_.rbegin(); it != lru_.rend() && index_.size() - victims.size() > low; ++it)
       if (index_.at(*it).pins == 0) victims.push_back(*it);
-    for (const BlockKey& k : victims) EraseLocked(k);
+    // Oldest first in the LRU is usually lowest first in a chain: freed so that the next
+    // write-down takes them back in ascending order (consecutive slots copy as one run).
+    for (auto it = victims.rbegin(); it != victims.rend(); ++it) EraseLocked(*it);
     stats_.evicted_blocks += victims.size();
   }
   if (free_.empty()) return -1;
@@ -210,7 +204,38 @@ int PinnedHostTier::SlotLocked() {
   return s;
 }
 
-std::unique_ptr<PinnedHostTier::Prefetch> PinnedHostTier::Fetch(
+// Runs of consecutive ids on both sides: [start index, length).
+std::vector<std::pair<int, int>> PinnedHostTier::Runs(std::span<const int32_t> src,
+                                                     std::span<const int32_t> dst) {
+  std::vector<std::pair<int, int>> runs;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (!runs.empty() && src[i] == src[i - 1] + 1 && dst[i] == dst[i - 1] + 1) ++runs.back().second;
+    else runs.push_back({int(i), 1});
+  }
+  return runs;
+}
+
+// Layers [c.layer_begin, c.layer_end): one copy-engine memcpy per run and layer when the blocks
+// form few runs (no SMs taken from the forward), else the gather kernel.
+Status PinnedHostTier::CopyLayers(const BlockCopy& c, const std::vector<std::pair<int, int>>& runs,
+                                  std::span<const int32_t> src, std::span<const int32_t> dst) {
+  if (int(runs.size()) <= engine_max_runs_.load()) {
+    ++engine_copies_;
+    for (int l = c.layer_begin; l < c.layer_end; ++l)
+      for (const auto& [i, len] : runs) {
+        const std::byte* from = c.src_base + l * c.src_layer_stride + size_t(src[i]) * c.block_bytes;
+        std::byte* to = c.dst_base + l * c.dst_layer_stride + size_t(dst[i]) * c.block_bytes;
+        KV_RETURN_IF_ERROR(CudaStatus(
+            cudaMemcpyAsync(to, from, size_t(len) * c.block_bytes, cudaMemcpyDefault, stream_),
+            "cudaMemcpyAsync (KV tier)"));
+      }
+    return OkStatus();
+  }
+  ++kernel_copies_;
+  return CudaStatus(CopyBlocks(c, copy_ctas_.load(), stream_), "KV tier block copy");
+}
+
+std::unique_ptr<PoolPrefetch> PinnedHostTier::Fetch(
     const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
     model::BlockLease* lease, const std::function<void(int)>& make_room) {
   auto result = std::make_unique<Prefetch>();
@@ -308,10 +333,11 @@ std::unique_ptr<PinnedHostTier::Prefetch> PinnedHostTier::Fetch(
     c.dst_ids = ids + nb;
     c.n = nb;
     c.block_bytes = block_bytes_;
+    const auto runs = Runs(slots, dst);
     for (int l = 0; l < nl && st.ok(); ++l) {
       c.layer_begin = l;
       c.layer_end = l + 1;
-      st = CudaStatus(CopyBlocks(c, copy_ctas_.load(), stream_), "KV tier copy in");
+      st = CopyLayers(c, runs, slots, dst);
       if (st.ok()) st = CudaStatus(cudaEventRecord(evs[l], stream_), "cudaEventRecord");
     }
     if (st.ok()) st = CudaStatus(cudaEventRecord(evs[nl], stream_), "cudaEventRecord");
@@ -416,7 +442,7 @@ void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> to
     c.block_bytes = block_bytes_;
     c.layer_begin = 0;
     c.layer_end = pool_->layout().num_layers;
-    if (st.ok()) st = CudaStatus(CopyBlocks(c, copy_ctas_.load(), stream_), "KV tier copy out");
+    if (st.ok()) st = CopyLayers(c, Runs(src, slots), src, slots);
     if (st.ok()) st = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
     if (!st.ok()) {
       cudaStreamSynchronize(stream_);
@@ -518,6 +544,8 @@ PinnedHostTier::Stats PinnedHostTier::stats() const {
   s.skipped_blocks = skipped_;
   s.in_flight = fifo_.size();
   s.ring_used = ring_head_ - ring_tail_;
+  s.engine_copies = engine_copies_;
+  s.kernel_copies = kernel_copies_;
   return s;
 }
 

@@ -3,7 +3,9 @@
 // by events from a pool (docs/kv_tiers.md, "The GPU path").
 //
 // Memory: one cudaHostAlloc (mapped) of capacity_bytes made at start, layer-major
-// ([layer][slot][block_bytes], like the pool), so a prefix moves in one copy per layer.
+// ([layer][slot][block_bytes], like the pool), and the blocks of one write-down take consecutive
+// slots where free, so a prefix moves in a few copy-engine memcpys per layer (or, scattered,
+// one gather-kernel launch per layer).
 //
 // Guarantees:
 //  - WriteDown never waits for a copy: it enqueues pool -> host copies of the blocks the tier
@@ -14,7 +16,7 @@
 //  - Fetch extends a prefix block by block with the entries held, grows `lease` and enqueues the
 //    host -> pool copies layer by layer (one pooled event per layer); it never waits on the host
 //    for them. The forward over the rest waits for layer l with Prefetch::WaitLayer(l, stream)
-//    (cudaStreamWaitEvent: on the GPU) before its attention reads layer l; PrefetchHooks does that.
+//    (cudaStreamWaitEvent: on the GPU) before its attention reads layer l (kvcache::PrefetchHooks).
 //    The copies hold references of their own on the destination blocks until they complete, so a
 //    forward that stops early never lets another request reuse a block still being written. A
 //    fetch that cannot start (no blocks, a launch error) covers nothing: a miss.
@@ -45,11 +47,12 @@
 #include "common/status.h"
 #include "kvcache/host_tier.h"  // KeyHasher
 #include "kvcache/prefix_key.h"
-#include "kvcache/tier.h"       // TierStats
-#include "model/backend.h"
+#include "kvcache/pool_tier.h"
 #include "model/kv_cache.h"
 
 namespace kvstream::kvcache::cuda {
+
+struct BlockCopy;  // kvcache/cuda/block_copy.h
 
 // cudaEvent_t's made once and handed out again (no timing; a host wait sleeps). Thread-safe.
 class EventPool {
@@ -67,13 +70,14 @@ class EventPool {
   int created_ = 0;
 };
 
-class PinnedHostTier {
+class PinnedHostTier final : public PoolTier {
  public:
   struct Options {
     size_t capacity_bytes = 0;
     double low_watermark = 0.9;
     int64_t max_age_s = 0;
-    int copy_ctas = 32;  // thread blocks of one copy (its share of the SMs)
+    int copy_ctas = 16;  // thread blocks of the gather kernel (its share of the SMs)
+    int engine_max_runs = 4;  // see set_engine_max_runs
   };
   // kInvalidArgument for a host pool or a capacity without one slot; allocation errors as they are.
   static Result<std::unique_ptr<PinnedHostTier>> Create(model::KvPool* pool, const Options& options);
@@ -82,16 +86,13 @@ class PinnedHostTier {
   PinnedHostTier& operator=(const PinnedHostTier&) = delete;
 
   // A fetch in flight: tokens [from, tokens()) are being copied into the lease's blocks.
-  class Prefetch {
+  class Prefetch final : public PoolPrefetch {
    public:
-    ~Prefetch();
-    int tokens() const { return tokens_; }
-    int from_tokens() const { return from_; }
-    bool empty() const { return layer_events_.empty(); }
-    // Makes `stream` (a cudaStream_t) wait on the GPU for layer l's copy; OK when empty().
-    Status WaitLayer(int layer, void* stream) const;
-    // Waits on the host for every layer (a prompt served whole, without a forward).
-    Status WaitAll() const;
+    ~Prefetch() override;
+    int tokens() const override { return tokens_; }
+    int from_tokens() const override { return from_; }
+    Status WaitLayer(int layer, void* stream) const override;  // cudaStreamWaitEvent
+    Status WaitAll() const override;
 
    private:
     friend class PinnedHostTier;
@@ -100,30 +101,20 @@ class PinnedHostTier {
     std::vector<cudaEvent_t> layer_events_;
   };
 
-  // tokens[0, from_tokens) are in `lease` already (from_tokens a multiple of the block size).
-  // make_room(n) is asked to free n pool blocks when allocation fails.
-  std::unique_ptr<Prefetch> Fetch(const BlockKey& root, std::span<const int32_t> tokens,
-                                  int from_tokens, model::BlockLease* lease,
-                                  const std::function<void(int)>& make_room);
-  // ids[i] hold the KV of tokens [i*block_size, ...).
+  // kvcache/pool_tier.h; Fetch returns a PinnedHostTier::Prefetch.
+  std::unique_ptr<PoolPrefetch> Fetch(const BlockKey& root, std::span<const int32_t> tokens,
+                                      int from_tokens, model::BlockLease* lease,
+                                      const std::function<void(int)>& make_room) override;
   void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
-                 const std::vector<int32_t>& ids);
-  // Waits until every copy enqueued so far is complete (and its entries visible).
-  void Flush();
-  void EraseAll();
-
-  struct Stats {
-    TierStats tier;
-    uint64_t fetched_tokens = 0;
-    uint64_t fetch_us = 0;          // host time spent matching and enqueueing fetches
-    uint64_t skipped_blocks = 0;    // write-downs skipped: too much in flight
-    uint64_t in_flight = 0;         // copies not yet completed (gauge)
-    int events_created = 0, events_free = 0;
-    uint64_t ring_used = 0;         // block ids of copies in flight (gauge)
-  };
-  Stats stats() const;
+                 const std::vector<int32_t>& ids) override;
+  void Flush() override;
+  void EraseAll() override;
+  Stats stats() const override;
   // The thread blocks of later copies (benchmarks: the copy's share of the SMs).
-  void set_copy_ctas(int ctas) { copy_ctas_ = ctas > 0 ? ctas : 32; }
+  void set_copy_ctas(int ctas) { copy_ctas_ = ctas > 0 ? ctas : 16; }
+  // Copies whose blocks form at most this many runs (consecutive on both sides) go through the
+  // copy engines, one memcpy per run and layer; others through the gather kernel (0: always).
+  void set_engine_max_runs(int runs) { engine_max_runs_ = runs; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -149,6 +140,9 @@ class PinnedHostTier {
   int SlotLocked();
   void EraseLocked(const BlockKey& key);
   void FinishLocked(Transfer& t, bool ok);
+  static std::vector<std::pair<int, int>> Runs(std::span<const int32_t> src, std::span<const int32_t> dst);
+  Status CopyLayers(const BlockCopy& c, const std::vector<std::pair<int, int>>& runs,
+                    std::span<const int32_t> src, std::span<const int32_t> dst);
   void Reaper();
 
   model::KvPool* pool_;
@@ -164,6 +158,7 @@ class PinnedHostTier {
   uint64_t ring_head_ = 0, ring_tail_ = 0;
   cudaStream_t stream_ = nullptr;  // the lowest priority
   std::atomic<int> copy_ctas_;
+  std::atomic<int> engine_max_runs_;
   EventPool events_;
 
   mutable std::mutex mu_;
@@ -177,21 +172,8 @@ class PinnedHostTier {
   bool reaping_ = false;  // a finished copy's leases are being returned
   TierStats stats_;
   uint64_t fetched_tokens_ = 0, fetch_us_ = 0, skipped_ = 0;
+  uint64_t engine_copies_ = 0, kernel_copies_ = 0;  // under mu_
   std::thread reaper_;
-};
-
-// Hooks for the forward over the suffix: layer l's attention waits (on the GPU) for layer l of
-// the prefetched prefix, then `inner`'s hooks run (inner may be null).
-class PrefetchHooks final : public model::LayerHooks {
- public:
-  PrefetchHooks(const PinnedHostTier::Prefetch* prefetch, model::LayerHooks* inner)
-      : prefetch_(prefetch), inner_(inner) {}
-  Status BeforeAttention(int layer, void* stream) override;
-  Status AfterLayer(int layer, void* stream) override;
-
- private:
-  const PinnedHostTier::Prefetch* prefetch_;
-  model::LayerHooks* inner_;
 };
 
 }  // namespace kvstream::kvcache::cuda

@@ -146,6 +146,38 @@ TEST_P(DaemonsGpuTest, TinyTokensEqualColocatedOnGpu) {
       << decode_->Log();
 }
 
+// The pinned host tier below the prefill's GPU pool (kvcache/cuda/pinned_tier.h), without the
+// pool's prefix cache: a prompt computed once is written down; again, it comes whole from the tier
+// (no forward); a longer prompt over it computes only its suffix while the prefix is fetched
+// layer by layer. Tokens equal the colocated ones; every pool block comes back.
+TEST_P(DaemonsGpuTest, PinnedHostTierTokensEqualColocated) {
+  if (GetParam().transport != "cuda_ipc" || GetParam().prefill_device != GetParam().decode_device)
+    GTEST_SKIP() << "the tier is the prefill's own: one case (cuda_ipc, one GPU) is enough";
+  ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(
+      Pair({"--model=tiny", "--pool_blocks=64"}, {"--kv_host_tier_mb=16", "--prompt_cache_blocks=0"}, {})));
+  std::vector<int32_t> base = MakePrompt(200, 512, 5), longer = base;
+  for (int32_t t : MakePrompt(60, 512, 6)) longer.push_back(t);
+  for (const auto* prompt : {&base, &base, &longer, &longer}) {
+    auto local = CallGenerate(*stub_, *prompt, 8, v1::LOAD_MODE_LOCAL, 120000);
+    ASSERT_TRUE(local.status.ok()) << local.status.error_message();
+    auto r = CallGenerate(*stub_, *prompt, 8, v1::LOAD_MODE_PIPELINED, 120000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, local.tokens) << "prompt of " << prompt->size();
+    // The write-down holds its pool blocks until its copy is complete (and visible).
+    ASSERT_TRUE(WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(10000)).ok());
+  }
+  auto pstub = PrefillStub(prefill_address());
+  auto st = CallStats(*pstub);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_GE(st->kv_tiers_size(), 1);
+  EXPECT_EQ(st->kv_tiers(0).name(), "host");
+  // The prefill gets a prompt less its last token (the decode's first step computes it): base
+  // whole (199), longer's prefix (192 = 12 full blocks), longer whole (259).
+  EXPECT_EQ(st->kv_tier_fetched_tokens(), 199u + 192u + 259u);
+  EXPECT_EQ(st->counters().requests_failed(), 0u);
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000)).ok());
+}
+
 // Llama-3-8B's shapes (GQA 32/8, head 128, vocab 128256) cut to 2 layers; the decode pool is
 // sized from free device memory (pool_gpu_fraction).
 TEST_P(DaemonsGpuTest, Llama3ShapedTwoLayersEqualsColocatedOnGpu) {

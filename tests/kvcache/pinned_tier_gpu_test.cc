@@ -110,6 +110,8 @@ TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
   ASSERT_EQ(cudaMemset(pool.base(), 0xff, pool.memory().size()), cudaSuccess);
 
   for (int rep = 0; rep < 20; ++rep) {  // many requests: no event or id slot made per request
+    // Odd reps: the gather kernel; even: the copy engines (the blocks are one run each side).
+    (*tier)->set_engine_max_runs(rep % 2 ? 0 : 4);
     model::BlockLease lease(&pool.allocator(), {});
     auto p = (*tier)->Fetch(root, tokens, 0, &lease, nullptr);
     ASSERT_EQ(p->tokens(), 100);
@@ -117,6 +119,27 @@ TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
     for (int b = 0; b < 7; ++b)
       for (int l = 0; l < nl; ++l)
         ASSERT_EQ(BlockBytes(pool, l, lease.ids()[b]), want[size_t(b) * nl + l]) << "block " << b << " layer " << l;
+  }
+  EXPECT_GT((*tier)->stats().engine_copies, 0u);
+  EXPECT_GT((*tier)->stats().kernel_copies, 0u);
+  // Scattered destination blocks (every other block free): 7 runs, so the gather kernel.
+  (*tier)->set_engine_max_runs(4);
+  {
+    auto ids = pool.allocator().Allocate(14);
+    ASSERT_TRUE(ids.ok());
+    std::vector<int32_t> odd, even;
+    for (int i = 0; i < 14; ++i) (i % 2 ? odd : even).push_back((*ids)[i]);
+    model::BlockLease keep(&pool.allocator(), even);
+    ASSERT_OK(pool.allocator().Release(odd));
+    const uint64_t kernels = (*tier)->stats().kernel_copies;
+    model::BlockLease lease(&pool.allocator(), {});
+    auto p = (*tier)->Fetch(root, tokens, 0, &lease, nullptr);
+    ASSERT_EQ(p->tokens(), 100);
+    ASSERT_OK(p->WaitAll());
+    EXPECT_EQ((*tier)->stats().kernel_copies, kernels + uint64_t(nl));
+    for (int b = 0; b < 7; ++b)
+      for (int l = 0; l < nl; ++l)
+        ASSERT_EQ(BlockBytes(pool, l, lease.ids()[b]), want[size_t(b) * nl + l]) << "block " << b;
   }
   // A partial prefix: the first 4 blocks, then other tokens.
   std::vector<int32_t> other = tokens;
@@ -185,6 +208,7 @@ TEST(PinnedTierGpu, SuffixOverFetchedPrefixGivesTheTokensOfTheWholePrompt) {
     // Suffix over the fetched prefix (the pool poisoned with finite garbage first).
     ASSERT_EQ(cudaMemset(g.pool->base(), 0x3c, g.pool->memory().size()), cudaSuccess);
     model::BlockLease lc(&g.pool->allocator(), {});
+    (*tier)->set_engine_max_runs(p % 2 ? 0 : 4);  // the gather kernel, or the copy engines
     auto pf = (*tier)->Fetch(root, prompt, 0, &lc, nullptr);
     ASSERT_EQ(pf->tokens(), 160);
     ASSERT_OK(lc.GrowToTokens(int(prompt.size()) + steps, bs));

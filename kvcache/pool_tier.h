@@ -1,0 +1,84 @@
+// A tier below the KV pool that copies blocks into the pool asynchronously, on the device, while
+// the forward runs (the pinned host tier below a GPU pool: kvcache/cuda/pinned_tier.h).
+// The prefill fetches a prompt's cached prefix with Fetch before its forward and passes
+// PrefetchHooks to the forward, so layer l's attention waits (on the GPU) for layer l's copy
+// only; after a successful prefill it calls WriteDown (docs/kv_tiers.md, "The GPU path").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "kvcache/prefix_key.h"
+#include "kvcache/tier.h"
+#include "model/backend.h"
+#include "model/kv_cache.h"
+
+namespace kvstream::kvcache {
+
+// Copies in flight into a request's blocks: tokens [from_tokens(), tokens()) are being copied.
+class PoolPrefetch {
+ public:
+  virtual ~PoolPrefetch() = default;
+  virtual int from_tokens() const = 0;
+  virtual int tokens() const = 0;
+  // Makes `stream` (the forward's, e.g. a cudaStream_t) wait for layer l's copy, without a host
+  // wait; OK when nothing was fetched.
+  virtual Status WaitLayer(int layer, void* stream) const = 0;
+  // Waits on the host for every layer (a prompt served whole, without a forward).
+  virtual Status WaitAll() const = 0;
+};
+
+class PoolTier {
+ public:
+  virtual ~PoolTier() = default;
+  // tokens[0, from_tokens) are in `lease` already (from_tokens a multiple of the block size).
+  // Grows `lease` over the blocks found and starts their copies; never returns null. A fetch
+  // that cannot start covers nothing (tokens() == from_tokens): a miss. make_room(n) is asked
+  // to free n pool blocks when allocation fails.
+  virtual std::unique_ptr<PoolPrefetch> Fetch(const BlockKey& root, std::span<const int32_t> tokens,
+                                              int from_tokens, model::BlockLease* lease,
+                                              const std::function<void(int)>& make_room) = 0;
+  // ids[i] hold the complete KV of tokens [i*block_size, ...); never waits for the copies.
+  virtual void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
+                         const std::vector<int32_t>& ids) = 0;
+  // Waits until every copy started so far is complete (and its entries visible).
+  virtual void Flush() = 0;
+  virtual void EraseAll() = 0;
+
+  struct Stats {
+    TierStats tier;
+    uint64_t fetched_tokens = 0;
+    uint64_t fetch_us = 0;        // host time spent matching and starting fetches
+    uint64_t skipped_blocks = 0;  // write-downs skipped: too much in flight
+    uint64_t in_flight = 0;       // copies not yet complete (gauge)
+    int events_created = 0, events_free = 0;
+    uint64_t ring_used = 0;       // block ids held by copies in flight (gauge)
+    uint64_t engine_copies = 0, kernel_copies = 0;  // layer ranges copied by either path
+  };
+  virtual Stats stats() const = 0;
+};
+
+// The forward's hooks with a prefetch below them: layer l's attention waits for layer l of the
+// prefix, then `inner`'s hooks run (either may be null).
+class PrefetchHooks final : public model::LayerHooks {
+ public:
+  PrefetchHooks(const PoolPrefetch* prefetch, model::LayerHooks* inner)
+      : prefetch_(prefetch), inner_(inner) {}
+  Status BeforeAttention(int layer, void* stream) override {
+    if (prefetch_) KV_RETURN_IF_ERROR(prefetch_->WaitLayer(layer, stream));
+    return inner_ ? inner_->BeforeAttention(layer, stream) : OkStatus();
+  }
+  Status AfterLayer(int layer, void* stream) override {
+    return inner_ ? inner_->AfterLayer(layer, stream) : OkStatus();
+  }
+
+ private:
+  const PoolPrefetch* prefetch_;
+  model::LayerHooks* inner_;
+};
+
+}  // namespace kvstream::kvcache
