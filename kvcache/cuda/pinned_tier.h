@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kvcache/host_tier.h"  // KeyHasher
+#include "kvcache/tier_index.h"  // KeyHasher
 #include "kvcache/prefix_key.h"
 #include "kvcache/pool_tier.h"
 #include "model/kv_cache.h"
