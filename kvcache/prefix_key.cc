@@ -1,5 +1,7 @@
 #include "kvcache/prefix_key.h"
 
+#include <algorithm>
+
 #include <openssl/evp.h>
 
 #include <cstring>
@@ -58,6 +60,16 @@ std::string KeyHex(const BlockKey& key) {
     s.push_back(kDigits[b & 15]);
   }
   return s;
+}
+
+std::vector<BlockKey> ChainKeys(const BlockKey& root, std::span<const int32_t> tokens, int block_size) {
+  std::vector<BlockKey> keys;
+  BlockKey key = root;
+  for (size_t pos = 0; pos < tokens.size(); pos += size_t(block_size)) {
+    key = BlockKeyOf(key, tokens.subspan(pos, std::min<size_t>(size_t(block_size), tokens.size() - pos)));
+    keys.push_back(key);
+  }
+  return keys;
 }
 
 }  // namespace kvstream::kvcache

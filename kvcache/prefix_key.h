@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "model/kv_cache.h"
 
@@ -22,6 +23,9 @@ using BlockKey = std::array<uint8_t, 32>;
 
 BlockKey RootKey(uint64_t model_hash, const model::KvLayout& layout, std::string_view salt);
 BlockKey BlockKeyOf(const BlockKey& parent, std::span<const int32_t> tokens);
+// The keys of tokens' blocks chained from root: one per block of block_size tokens, the last one
+// over the partial block when tokens.size() is not a multiple.
+std::vector<BlockKey> ChainKeys(const BlockKey& root, std::span<const int32_t> tokens, int block_size);
 // Lower-case hex (for logs and tests; keys are not secrets, but salts are never logged).
 std::string KeyHex(const BlockKey& key);
 

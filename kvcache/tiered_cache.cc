@@ -22,14 +22,7 @@ TieredCache::TieredCache(model::KvPool* pool, uint64_t model_hash,
 TieredCache::~TieredCache() { Stop(); }
 
 std::vector<BlockKey> TieredCache::Keys(const BlockKey& root, std::span<const int32_t> tokens) const {
-  const int bs = pool_->layout().block_size;
-  std::vector<BlockKey> keys;
-  BlockKey key = root;
-  for (size_t pos = 0; pos < tokens.size(); pos += bs) {
-    key = BlockKeyOf(key, tokens.subspan(pos, std::min<size_t>(bs, tokens.size() - pos)));
-    keys.push_back(key);
-  }
-  return keys;
+  return ChainKeys(root, tokens, pool_->layout().block_size);
 }
 
 std::vector<KvTier*> TieredCache::Locate(std::span<const BlockKey> keys, size_t first) {

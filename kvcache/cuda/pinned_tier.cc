@@ -154,16 +154,6 @@ PinnedHostTier::~PinnedHostTier() {
   if (host_) cudaFreeHost(host_);
 }
 
-std::vector<BlockKey> PinnedHostTier::Keys(const BlockKey& root, std::span<const int32_t> tokens) const {
-  const int bs = pool_->layout().block_size;
-  std::vector<BlockKey> keys;
-  BlockKey key = root;
-  for (size_t pos = 0; pos < tokens.size(); pos += bs) {
-    key = BlockKeyOf(key, tokens.subspan(pos, std::min<size_t>(bs, tokens.size() - pos)));
-    keys.push_back(key);
-  }
-  return keys;
-}
 
 bool PinnedHostTier::RingAllocLocked(size_t n, uint64_t* pos) {
   uint64_t p = ring_head_;
@@ -245,7 +235,7 @@ std::unique_ptr<PoolPrefetch> PinnedHostTier::Fetch(
   const int n = int(tokens.size());
   if (from_tokens >= n || from_tokens % bs != 0) return result;
   const auto t0 = Clock::now();
-  const std::vector<BlockKey> keys = Keys(root, tokens);
+  const std::vector<BlockKey> keys = ChainKeys(root, tokens, pool_->layout().block_size);
   const size_t first = size_t(from_tokens / bs);
   std::vector<BlockKey> pinned;
   std::vector<int32_t> slots;
@@ -377,7 +367,7 @@ void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> to
                                const std::vector<int32_t>& ids) {
   const int bs = pool_->layout().block_size;
   if (tokens.empty() || int64_t(ids.size()) * bs < int64_t(tokens.size())) return;
-  const std::vector<BlockKey> keys = Keys(root, tokens);
+  const std::vector<BlockKey> keys = ChainKeys(root, tokens, pool_->layout().block_size);
   Transfer t;
   t.write = true;
   std::vector<int32_t> slots, src;

@@ -135,7 +135,6 @@ class PinnedHostTier final : public PoolTier {
   };
   PinnedHostTier(model::KvPool* pool, const Options& options, int slots);
   Status Init();
-  std::vector<BlockKey> Keys(const BlockKey& root, std::span<const int32_t> tokens) const;
   bool RingAllocLocked(size_t n, uint64_t* pos);
   int SlotLocked();
   void EraseLocked(const BlockKey& key);
