@@ -41,7 +41,8 @@
 namespace kvstream::cli {
 
 #if KVSTREAM_CLI_HAVE_DAEMONS
-int RunBenchItl(std::span<const std::string> args);  // cmd_bench_itl.cc
+int RunBenchItl(std::span<const std::string> args);    // cmd_bench_itl.cc
+int RunBenchServe(std::span<const std::string> args);  // cmd_bench_serve.cc
 
 namespace {
 namespace v1 = kvstream::v1;
@@ -475,6 +476,7 @@ int RunBench(std::span<const std::string> args) {
     std::cout << "usage: kvstream bench <what> [flags]\n\n  ttft         TTFT and inter-token latency "
                  "through the daemons: pipelined, non-pipelined, colocated\n"
                  "  itl          inter-token latency of steady streams, idle and while KV lands\n"
+                 "  serve        load on any OpenAI-compatible server: vLLM's serving metrics\n"
                  "  make-model   write a dummy-weight checkpoint of a custom llama shape\n";
     return args.empty() ? kExitUsage : kExitOk;
   }
@@ -482,12 +484,13 @@ int RunBench(std::span<const std::string> args) {
 #if KVSTREAM_CLI_HAVE_DAEMONS
   if (args[0] == "ttft") return RunBenchTtft(args.subspan(1));
   if (args[0] == "itl") return RunBenchItl(args.subspan(1));
+  if (args[0] == "serve") return RunBenchServe(args.subspan(1));
 #else
-  if (args[0] == "ttft" || args[0] == "itl")
+  if (args[0] == "ttft" || args[0] == "itl" || args[0] == "serve")
     return ReportError("bench", NotSupported("this kvstream was built without the daemons' client "
                                              "(KVSTREAM_WITH_DAEMONS=OFF)"), false);
 #endif
-  return ReportError("bench", InvalidArgument("unknown benchmark '" + args[0] + "' (have: ttft, itl, make-model)"), true);
+  return ReportError("bench", InvalidArgument("unknown benchmark '" + args[0] + "' (have: ttft, itl, serve, make-model)"), true);
 }
 
 }  // namespace kvstream::cli

@@ -15,7 +15,7 @@
   X("make-checkpoint", RunMakeCheckpoint, "write a dummy-weight HF checkpoint directory") \
   X("tokenize", RunTokenize, "encode stdin's lines with a checkpoint's tokenizer (or --decode ids)") \
   X("presets", RunPresets, "list model presets with shapes and KV bytes per token")         \
-  X("bench", RunBench, "benchmarks through the daemons: ttft (pipelined/non-pipelined/colocated), itl") \
+  X("bench", RunBench, "benchmarks through the daemons: ttft (pipelined/non-pipelined/colocated), itl, serve (OpenAI HTTP)") \
   X("stats", RunStats, "what running daemons report: pool, requests, tokens, KV bytes moved") \
   X("kv-store", RunKvStore, "the shared KV tier on Redis: probe its servers, erase kvstream's keys")
 

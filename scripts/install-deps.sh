@@ -35,6 +35,7 @@ PKGS=(
   yamllint python3-yaml systemd  # the deploy files' checks (tests/deploy)
   python3-jinja2  # the reference the chat template renderer is tested against (tests/frontend)
   haproxy  # the balancer in front of several decodes' HTTP endpoints (deploy/haproxy, tests/daemons)
+  python3-matplotlib  # scripts/plot_bench_serve.py (kvstream bench serve's PNG; tests/cli)
 )
 # What building UCX from its Debian source needs (this system's packages only).
 UCX_BUILD_PKGS=(
