@@ -3,6 +3,7 @@
 // The parts: cli/serve/sse_client (HTTP + server-sent events on Boost.Beast), dataset (the
 // workloads and request bodies), runner (arrivals, concurrency, one coroutine per request),
 // metrics (vLLM's definitions, the table, JSON lines and CSV).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -219,6 +220,11 @@ int RunBenchServe(std::span<const std::string> raw_args) {
     auto token = daemon::ReadTokenFile("--token-file", flags->Get("token-file"));
     if (!token.ok()) return usage(token.status());
     copt.bearer_token = *token;
+  }
+  // One socket per request in flight: lift the soft limit on open files to the hard one.
+  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
   }
   asio::io_context io;
   auto client = SseClient::Create(io, *url, copt);
