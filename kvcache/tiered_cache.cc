@@ -126,15 +126,19 @@ TieredCache::PendingPtr TieredCache::Prepare(const BlockKey& root, std::span<con
   const model::KvLayout layout = pool_->layout();
   const size_t block_bytes = layout.block_bytes() * size_t(layout.num_layers);
   size_t usable = p->end;  // kBestEffort: up to the first slow block
+  // Every local entry is pinned before any slow read starts: a read that completes promotes its
+  // block into the faster tiers, which could otherwise evict a later block not pinned yet.
   for (size_t b = p->first; b < p->end; ++b) {
     KvTier* t = p->from[b];
-    if (!t->remote()) {
-      p->pinned[b] = t->Pin(p->keys[b]);
-      if (!p->pinned[b]) {  // gone since Locate
-        p->end = b;
-        break;
-      }
+    if (t->remote()) continue;
+    p->pinned[b] = t->Pin(p->keys[b]);
+    if (!p->pinned[b]) {  // gone since Locate
+      p->end = b;
+      break;
     }
+  }
+  for (size_t b = p->first; b < p->end; ++b) {
+    KvTier* t = p->from[b];
     if (!t->slow() || io_ == nullptr) continue;
     if (policy_.mode == FetchPolicy::Mode::kBestEffort) usable = std::min(usable, b);
     const int i = static_cast<int>(p->reads->state.size());

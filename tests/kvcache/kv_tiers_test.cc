@@ -298,14 +298,14 @@ TEST_F(DiskTierTest, WriteDownAndFetchThroughHostAndDisk) {
     EXPECT_EQ(host->stats().entries, 2u);
     {
       model::BlockLease got(&pool->allocator(), {});
-      EXPECT_EQ(tc.Fetch(root, tokens, 0, &got, nullptr), 14);  // blocks 0-1 from disk, 2-3 host
+      ASSERT_EQ(tc.Fetch(root, tokens, 0, &got, nullptr), 14);  // blocks 0-1 from disk, 2-3 host
       expect_same(got, 4);
     }
     // The host tier loses everything: the disk tier alone brings the prompt back.
     host->EraseAll();
     {
       model::BlockLease got(&pool->allocator(), {});
-      EXPECT_EQ(tc.Fetch(root, tokens, 0, &got, nullptr), 14);
+      ASSERT_EQ(tc.Fetch(root, tokens, 0, &got, nullptr), 14);
       expect_same(got, 4);
     }
     // A longer prompt with the same first 8 tokens: the 2 full blocks match, not the rest.
@@ -313,7 +313,7 @@ TEST_F(DiskTierTest, WriteDownAndFetchThroughHostAndDisk) {
     for (int i = 0; i < 10; ++i) longer.push_back(900 + i);
     {
       model::BlockLease got(&pool->allocator(), {});
-      EXPECT_EQ(tc.Fetch(root, longer, 0, &got, nullptr), 8);
+      ASSERT_EQ(tc.Fetch(root, longer, 0, &got, nullptr), 8);
       expect_same(got, 2);
     }
     // Starting past a prefix the caller holds already.

@@ -69,16 +69,46 @@ class SlowTier final : public KvTier {
   std::set<BlockKey> fail_;
 };
 
+// A host tier whose Pin takes its time (as under load): what a slow read started meanwhile does
+// to the entries a fetch is about to pin shows.
+class SlowPinHost final : public KvTier {
+ public:
+  explicit SlowPinHost(int blocks) : inner_(Host(blocks)) {}
+  std::string_view name() const override { return "host"; }
+  bool Contains(const BlockKey& k) override { return inner_->Contains(k); }
+  Status Get(const BlockKey& k, std::span<const std::span<std::byte>> layers) override {
+    return inner_->Get(k, layers);
+  }
+  Status Put(const BlockHeader& h, std::span<const std::span<const std::byte>> layers) override {
+    return inner_->Put(h, layers);
+  }
+  bool Pin(const BlockKey& k) override {
+    std::this_thread::sleep_for(milliseconds(100));
+    return inner_->Pin(k);
+  }
+  void Unpin(const BlockKey& k) override { inner_->Unpin(k); }
+  void Erase(const BlockKey& k) override { inner_->Erase(k); }
+  void EraseAll() override { inner_->EraseAll(); }
+  TierStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::unique_ptr<HostTier> inner_;
+};
+
 // A pool, a prompt of 14 tokens (3 full blocks of 4 and 2) written down to a host tier and a
 // slow tier, and the means to fetch it back and compare.
 class TierPolicyTest : public ::testing::Test {
  protected:
-  void Make(FetchPolicy policy, int host_blocks = 8) {
+  void Make(FetchPolicy policy, int host_blocks = 8, bool slow_pin = false) {
     pool_ = model::CreateHostPool(Layout(), 64).value();
     root_ = RootKey(1, Layout(), "");
     std::vector<std::unique_ptr<KvTier>> tiers;
-    tiers.push_back(Host(host_blocks));
-    host_ = static_cast<HostTier*>(tiers.back().get());
+    if (slow_pin) {
+      tiers.push_back(std::make_unique<SlowPinHost>(host_blocks));
+    } else {
+      tiers.push_back(Host(host_blocks));
+      host_ = static_cast<HostTier*>(tiers.back().get());
+    }
     tiers.push_back(std::make_unique<SlowTier>());
     slow_ = static_cast<SlowTier*>(tiers.back().get());
     tc_ = std::make_unique<TieredCache>(pool_.get(), 1, std::move(tiers), policy, 2);
@@ -233,6 +263,16 @@ TEST_F(TierPolicyTest, PinnedBlocksSurviveEvictionsBetweenPrepareAndFill) {
   tc_->WriteDown(root_, t, {src_.ids()[0]});
   tc_->Flush();
   EXPECT_FALSE(HostHoldsAll());
+}
+
+// 4 blocks, 3 host slots: the write-down leaves blocks 2-3 in host memory, 0-1 in the slow tier
+// alone. The fetch reads 0-1 from the slow tier, which promotes them into host memory; that must
+// not evict 2-3, which the fetch uses (it pins them before any slow read starts).
+TEST_F(TierPolicyTest, SlowReadsPromotingBlocksDoNotEvictTheFetchsOwnHostBlocks) {
+  ASSERT_NO_FATAL_FAILURE(Make({FetchPolicy::Mode::kWaitComplete}, /*host_blocks=*/3,
+                               /*slow_pin=*/true));
+  EXPECT_EQ(Fetch(), 14);
+  EXPECT_EQ(slow_->gets, 2);
 }
 
 }  // namespace
