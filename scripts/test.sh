@@ -13,6 +13,10 @@ phase() {  # phase NAME: prints how long the phase that just ended took
   echo "test.sh: $1 took $((SECONDS - phase_start)) s"
   phase_start=$SECONDS
 }
+disk() {  # disk WHEN: free space where the build trees live (a full run needs ~5 GiB)
+  echo "test.sh: free disk $1: $(df -h --output=avail "$root" | tail -1 | tr -d ' ')"
+}
+disk "at the start"
 container=${KVSTREAM_CONTAINER_TEST:-0}
 if [[ $container != 0 ]]; then "$root/scripts/install-deps.sh" --container; else "$root/scripts/install-deps.sh"; fi
 phase "install-deps"
@@ -30,4 +34,5 @@ if [[ $container != 0 ]]; then
   "$root/scripts/container-build.sh" localhost/kvstream:test || rc=$?
   phase "container build (buildah, debootstrap base)"
 fi
+disk "at the end"
 exit $rc
