@@ -5,6 +5,7 @@
 // the kernels (built twice: kvstream_kernels_attention, and with KVSTREAM_PA_TIMELINE=1
 // kvstream_kernels_attention_timeline).
 #include "kernels/paged_attention.h"
+#include "kernels/code_paths.h"
 
 #include <cuda_runtime.h>
 
@@ -117,29 +118,13 @@ class CudaOccupancy final : public PlanOccupancy {
   }
 };
 
-// KVSTREAM_KERNEL_FALLBACK set to anything but "" or "0": every launch takes the fallback paths.
-bool FallbackForced() {
-  static const bool forced = [] {
-    const char* e = std::getenv("KVSTREAM_KERNEL_FALLBACK");
-    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
-  }();
-  return forced;
-}
-
-// Whether device `dev` runs the sm_90 paths: compute capability >= 9.0, and the image of the
-// kernels the runtime loaded for it was compiled for compute_90 or later (the sm_90a SASS, or the
-// compute_90 PTX compiled by the driver for a newer GPU), so that it holds them. Asked once per
-// device.
+// Whether device `dev` runs the sm_90 paths (kernels/code_paths.h). Asked once per device.
 bool DeviceHasHopperPaths(int dev) {
   static std::atomic<int> known[64];  // 0 = not asked yet, 1 = no, 2 = yes
   if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0)
     return known[dev].load(std::memory_order_relaxed) == 2;
-  int major = 0;
-  cudaFuncAttributes fa{};
-  bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             cudaFuncGetAttributes(&fa, PagedDecodeKernel<false, 128, false, kWarps>) == cudaSuccess &&
-             major >= 9 && fa.ptxVersion >= 90;
-  (void)cudaGetLastError();
+  const bool yes = DeviceRunsHopperCode(
+      dev, reinterpret_cast<const void*>(PagedDecodeKernel<false, 128, false, kWarps>));
   if (dev >= 0 && dev < 64) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
   return yes;
 }

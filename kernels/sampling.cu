@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/sampling_math.h"
+#include "kernels/code_paths.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KV_SAMPLE_CLUSTER 1
@@ -538,22 +539,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The blocks per row: 4 on Hopper and later for vocabularies large enough to split, else 1
-// (also where KVSTREAM_KERNEL_FALLBACK forces the paths of older GPUs, as for the attention).
+// The blocks per row: 4 where the device runs the sm_90 paths (kernels/code_paths.h) and the
+// vocabulary is large enough to split, else 1.
 int ClusterBlocks(int vocab) {
-  static const int major = [] {
-    const char* e = std::getenv("KVSTREAM_KERNEL_FALLBACK");
-    if (e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0) return 0;
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
+  static const bool hopper = [] {
+    int dev = 0;
+    if (FallbackForced() || cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
     }
-    return v;
+    return DeviceRunsHopperCode(dev, reinterpret_cast<const void*>(SampleKernel<4>));
   }();
   // Four blocks stage a quarter of the row each in shared memory: up to 4 x 40k logits.
-  return major >= 9 && vocab >= 16 * kThreads && vocab <= 4 * 40 * 1024 ? 4 : 1;
+  return hopper && vocab >= 16 * kThreads && vocab <= 4 * 40 * 1024 ? 4 : 1;
 }
 
 template <int G>

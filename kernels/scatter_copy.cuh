@@ -11,25 +11,26 @@
 
 namespace kvstream::kernels::scatter {
 
-// Memory-table kernel: one CTA per table entry (table in device or mapped pinned host memory).
-template <int kThreads, int kUnroll>
-__global__ void ScatterCopyKernel(const CopyRun* __restrict__ table) {
-  // Read the entry once per CTA (it may sit in host memory across PCIe).
-  // Plain words, not CopyRun (whose member initialisers must not run per thread here).
-  __shared__ uint64_t run[3];
+// Reads table entry blockIdx.x once per CTA into shared memory (it may sit in host memory
+// across PCIe). Plain words, not CopyRun (whose member initialisers must not run per thread).
+__device__ __forceinline__ void LoadRun(const CopyRun* __restrict__ table, uint64_t* run) {
   if (threadIdx.x == 0) {
     run[0] = table[blockIdx.x].src;
     run[1] = table[blockIdx.x].dst;
     run[2] = table[blockIdx.x].length;
   }
   __syncthreads();
-  const uint64_t src = run[0], dst = run[1], len = run[2];
+}
+
+// The CTA copies len bytes: 16-byte words, several independent loads in flight per thread
+// before the stores, where addresses and length allow; bytes otherwise.
+template <int kThreads, int kUnroll>
+__device__ __forceinline__ void CopyBytes(uint64_t src, uint64_t dst, uint64_t len) {
   if (((src | dst | len) & 15u) == 0) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
     const uint64_t n = len / 16;
     uint64_t i = threadIdx.x;
-    // Several independent 16-byte loads in flight per thread before the stores.
     for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
       uint4 v[kUnroll];
 #pragma unroll
@@ -45,39 +46,43 @@ __global__ void ScatterCopyKernel(const CopyRun* __restrict__ table) {
   }
 }
 
+// The CTA copies n 16-byte words: kUnroll predicated loads per thread before the stores.
+template <int kThreads, int kUnroll>
+__device__ __forceinline__ void CopyWords(const uint4* __restrict__ s, uint4* __restrict__ d,
+                                          uint32_t n) {
+  for (uint32_t base = threadIdx.x; base < n; base += kThreads * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const uint32_t i = base + j * kThreads;
+      if (i < n) v[j] = s[i];
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const uint32_t i = base + j * kThreads;
+      if (i < n) d[i] = v[j];
+    }
+  }
+}
+
+// Memory-table kernel: one CTA per table entry (table in device or mapped pinned host memory).
+template <int kThreads, int kUnroll>
+__global__ void ScatterCopyKernel(const CopyRun* __restrict__ table) {
+  __shared__ uint64_t run[3];
+  LoadRun(table, run);
+  CopyBytes<kThreads, kUnroll>(run[0], run[1], run[2]);
+}
+
 // Memory-table kernel, 2-D: CTA (x, y) copies piece y (piece_bytes long) of entry x.
 template <int kPieceThreads, int kUnroll>
 __global__ void __launch_bounds__(kPieceThreads)
 ScatterCopyPiecesKernel(const CopyRun* __restrict__ table, uint64_t piece_bytes) {
   __shared__ uint64_t run[3];
-  if (threadIdx.x == 0) {
-    run[0] = table[blockIdx.x].src;
-    run[1] = table[blockIdx.x].dst;
-    run[2] = table[blockIdx.x].length;
-  }
-  __syncthreads();
+  LoadRun(table, run);
   const uint64_t off = uint64_t(blockIdx.y) * piece_bytes;
   if (off >= run[2]) return;
-  const uint64_t src = run[0] + off, dst = run[1] + off;
   const uint64_t len = run[2] - off < piece_bytes ? run[2] - off : piece_bytes;
-  if (((src | dst | len) & 15u) == 0) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    const uint64_t n = len / 16;
-    uint64_t i = threadIdx.x;
-    for (; i + (kUnroll - 1) * kPieceThreads < n; i += kUnroll * kPieceThreads) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * kPieceThreads];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) d[i + u * kPieceThreads] = v[u];
-    }
-    for (; i < n; i += kPieceThreads) d[i] = s[i];
-  } else {
-    const unsigned char* s = reinterpret_cast<const unsigned char*>(src);
-    unsigned char* d = reinterpret_cast<unsigned char*>(dst);
-    for (uint64_t i = threadIdx.x; i < len; i += kPieceThreads) d[i] = s[i];
-  }
+  CopyBytes<kPieceThreads, kUnroll>(run[0] + off, run[1] + off, len);
 }
 
 // ---- parameter-table kernel: the packed runs travel in the launch parameters ----------------
@@ -112,19 +117,7 @@ ParamScatterKernel(const __grid_constant__ ParamTable<kCap> t) {
     const uint4* __restrict__ s =
         reinterpret_cast<const uint4*>(t.src_base) + (uint64_t(pr.src16) + off);
     uint4* __restrict__ d = reinterpret_cast<uint4*>(t.dst_base) + (uint64_t(pr.dst16) + off);
-    for (uint32_t base = threadIdx.x; base < n; base += kThreads * kUnroll) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        const uint32_t i = base + j * kThreads;
-        if (i < n) v[j] = s[i];
-      }
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        const uint32_t i = base + j * kThreads;
-        if (i < n) d[i] = v[j];
-      }
-    }
+    CopyWords<kThreads, kUnroll>(s, d, n);
   }
 }
 
@@ -166,19 +159,7 @@ BlockScatterKernel(const __grid_constant__ BlockParams<kCap> t) {
     const uint4* __restrict__ s =
         reinterpret_cast<const uint4*>(t.src_base) + (uint64_t(ix.src) * t.unit16 + off);
     uint4* __restrict__ d = reinterpret_cast<uint4*>(t.dst_base) + (uint64_t(ix.dst) * t.unit16 + off);
-    for (uint32_t base = threadIdx.x; base < n; base += kThreads * kUnroll) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        const uint32_t i = base + j * kThreads;
-        if (i < n) v[j] = s[i];
-      }
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        const uint32_t i = base + j * kThreads;
-        if (i < n) d[i] = v[j];
-      }
-    }
+    CopyWords<kThreads, kUnroll>(s, d, n);
   }
 }
 
