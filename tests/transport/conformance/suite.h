@@ -38,6 +38,9 @@ struct Config {
   int writer_device = -1;  // CUDA devices of the writer's and the reader's memory (GPU kinds)
   int reader_device = -1;
   TransportOptions options;  // what the binary's MakeTransport may start from
+  // Write() refuses a source registration made by another transport of the same backend
+  // (cuda_ipc and ucx_staged check only the registration's type: they take it).
+  bool refuses_foreign_registration = true;
 };
 inline std::string ConfigName(const ::testing::TestParamInfo<Config>& info) {
   return info.param.backend + "_" + MemoryName(info.param.memory);

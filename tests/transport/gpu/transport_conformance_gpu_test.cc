@@ -91,7 +91,7 @@ std::vector<Config> GpuConfigs() {
     const std::string name = b.rfind("ucx_staged", 0) == 0 ? "ucx_staged" : b;
     const int reader = b == "nccl" ? 1 : 0;  // nccl: two ranks on one GPU are refused
     for (Memory m : {Memory::kDevice, Memory::kManaged, Memory::kHost}) {
-      out.push_back(Config{b, name, m, 0, reader, {}});
+      out.push_back(Config{b, name, m, 0, reader, {}, /*refuses_foreign_registration=*/b == "nccl"});
     }
   }
   // The CPU backends over CUDA memory (their capabilities say whether they move it).
