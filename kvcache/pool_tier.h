@@ -3,6 +3,8 @@
 // The prefill fetches a prompt's cached prefix with Fetch before its forward and passes
 // PrefetchHooks to the forward, so layer l's attention waits (on the GPU) for layer l's copy
 // only; after a successful prefill it calls WriteDown (docs/kv_tiers.md, "The GPU path").
+// Slower tiers (disk, store) are staged through it: its staging() view, first in a TieredCache
+// made with `staged`, takes their blocks before Fetch and gives its own to their write-down.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +45,14 @@ class PoolTier {
                                               int from_tokens, model::BlockLease* lease,
                                               const std::function<void(int)>& make_room) = 0;
   // ids[i] hold the complete KV of tokens [i*block_size, ...); never waits for the copies.
+  // `written` (if set) runs once, on another thread or before WriteDown returns, after the copy
+  // out is complete and its entries visible, or when none was started.
   virtual void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
-                         const std::vector<int32_t>& ids) = 0;
+                         const std::vector<int32_t>& ids,
+                         std::function<void()> written = {}) = 0;
+  // The tier's entries as a KvTier that the host reads and writes with memcpy (Get, Put, Pin:
+  // kvcache/tier.h), owned by the tier; null if it has none.
+  virtual KvTier* staging() { return nullptr; }
   // Waits until every copy started so far is complete (and its entries visible).
   virtual void Flush() = 0;
   virtual void EraseAll() = 0;
@@ -60,6 +68,31 @@ class PoolTier {
     uint64_t engine_copies = 0, kernel_copies = 0;  // layer ranges copied by either path
   };
   virtual Stats stats() const = 0;
+};
+
+// A KvTier owned elsewhere (a PoolTier's staging view, first in a TieredCache); forwards every call.
+class BorrowedTier final : public KvTier {
+ public:
+  explicit BorrowedTier(KvTier* t) : t_(t) {}
+  std::string_view name() const override { return t_->name(); }
+  bool Contains(const BlockKey& key) override { return t_->Contains(key); }
+  Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override {
+    return t_->Get(key, layers);
+  }
+  Status Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) override {
+    return t_->Put(header, layers);
+  }
+  std::vector<bool> Present(std::span<const BlockKey> keys) override { return t_->Present(keys); }
+  bool remote() const override { return t_->remote(); }
+  bool slow() const override { return t_->slow(); }
+  bool Pin(const BlockKey& key) override { return t_->Pin(key); }
+  void Unpin(const BlockKey& key) override { t_->Unpin(key); }
+  void Erase(const BlockKey& key) override { t_->Erase(key); }
+  void EraseAll() override { t_->EraseAll(); }
+  TierStats stats() const override { return t_->stats(); }
+
+ private:
+  KvTier* t_;
 };
 
 // The forward's hooks with a prefetch below them: layer l's attention waits for layer l of the

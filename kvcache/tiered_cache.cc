@@ -10,8 +10,12 @@ namespace kvstream::kvcache {
 
 TieredCache::TieredCache(model::KvPool* pool, uint64_t model_hash,
                          std::vector<std::unique_ptr<KvTier>> tiers, FetchPolicy policy,
-                         int io_threads)
-    : pool_(pool), model_hash_(model_hash), tiers_(std::move(tiers)), policy_(policy) {
+                         int io_threads, bool staged)
+    : pool_(pool),
+      model_hash_(model_hash),
+      tiers_(std::move(tiers)),
+      policy_(policy),
+      staged_(staged && !tiers_.empty()) {
   if (tiers_.empty()) return;
   worker_ = std::thread([this] { Worker(); });
   bool any_slow = false;
@@ -200,7 +204,7 @@ TieredCache::PendingPtr TieredCache::Prepare(const BlockKey& root, std::span<con
 
 int TieredCache::Fill(Pending* p, int from_tokens, model::BlockLease* lease,
                       const std::function<void(int)>& make_room) {
-  if (p == nullptr) return from_tokens;
+  if (p == nullptr || staged_) return from_tokens;  // staged: FillFrom
   const auto t0 = std::chrono::steady_clock::now();
   const int bs = pool_->layout().block_size;
   const int nl = pool_->layout().num_layers;
@@ -252,33 +256,101 @@ int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, in
   return Fill(p.get(), from_tokens, lease, make_room);
 }
 
+bool TieredCache::Enqueue(Job job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return false;  // the job's lease returns its references here
+  if (queued_blocks_ + job.blocks > uint64_t(pool_->num_blocks()) / 2) {
+    if (skipped_blocks_ % 1000 < job.blocks || skipped_blocks_ == 0) {
+      KV_LOG_WARN << "KV tiers: write-down of " << job.blocks << " blocks skipped: "
+                  << queued_blocks_ << " blocks already queued (half the pool); "
+                  << skipped_blocks_ << " skipped before";
+    }
+    skipped_blocks_ += job.blocks;
+    return false;
+  }
+  queued_blocks_ += job.blocks;
+  queue_.push_back(std::move(job));
+  cv_.notify_all();
+  return true;
+}
+
 void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                             const std::vector<int32_t>& ids) {
   const int bs = pool_->layout().block_size;
-  if (!enabled() || tokens.empty()) return;
+  if (!enabled() || staged_ || tokens.empty()) return;
   if (static_cast<int64_t>(ids.size()) * bs < static_cast<int64_t>(tokens.size())) return;
   std::vector<int32_t> mine(ids.begin(), ids.begin() + model::BlocksForTokens(int(tokens.size()), bs));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    if (queued_blocks_ + mine.size() > uint64_t(pool_->num_blocks()) / 2) {
-      if (skipped_blocks_ % 1000 < mine.size() || skipped_blocks_ == 0) {
-        KV_LOG_WARN << "KV tiers: write-down of " << mine.size() << " blocks skipped: "
-                    << queued_blocks_ << " blocks already queued (half the pool); "
-                    << skipped_blocks_ << " skipped before";
-      }
-      skipped_blocks_ += mine.size();
-      return;
-    }
-  }
   if (!pool_->allocator().Ref(mine).ok()) return;
-  Job job{root, std::vector<int32_t>(tokens.begin(), tokens.end()),
-          model::BlockLease(&pool_->allocator(), std::move(mine))};
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return;  // the job's lease returns its references here
-  queued_blocks_ += job.lease.ids().size();
-  queue_.push_back(std::move(job));
-  cv_.notify_all();
+  const size_t blocks = mine.size();
+  Enqueue(Job{root, std::vector<int32_t>(tokens.begin(), tokens.end()),
+              model::BlockLease(&pool_->allocator(), std::move(mine)), blocks});
+}
+
+void TieredCache::WriteStaged(const BlockKey& root, std::span<const int32_t> tokens) {
+  if (!staged_ || tiers_.size() < 2 || tokens.empty()) return;
+  const size_t blocks = size_t(model::BlocksForTokens(int(tokens.size()), pool_->layout().block_size));
+  Enqueue(Job{root, std::vector<int32_t>(tokens.begin(), tokens.end()), model::BlockLease(), blocks});
+}
+
+int TieredCache::Stage(Pending* p, int from_tokens) {
+  const int bs = pool_->layout().block_size;
+  const model::KvLayout layout = pool_->layout();
+  KvTier* staging = tiers_.front().get();
+  int covered = from_tokens;
+  const bool contiguous = from_tokens % bs == 0 && size_t(from_tokens / bs) >= p->first;
+  std::vector<std::byte> buf;
+  for (size_t b = size_t(from_tokens / bs); contiguous && b < p->end; ++b) {
+    const int end = std::min(p->tokens, int(b + 1) * bs);
+    if (p->from[b] != staging) {
+      // Read by an I/O thread (done: Prepare kept only those), or now, then put in the staging
+      // tier (usually there already: the read promoted it) and pinned there.
+      std::vector<std::span<std::byte>> layers;
+      std::vector<std::byte>* data = nullptr;
+      std::unique_lock<std::mutex> lock(p->reads->mu, std::defer_lock);
+      if (p->slot[b] >= 0) {
+        lock.lock();
+        data = &p->reads->data[p->slot[b]];
+      } else {
+        buf.resize(layout.block_bytes() * size_t(layout.num_layers));
+        data = &buf;
+      }
+      std::byte* base = data->data();
+      for (int l = 0; l < layout.num_layers; ++l)
+        layers.emplace_back(base + size_t(l) * layout.block_bytes(), layout.block_bytes());
+      if (p->slot[b] < 0 && !p->from[b]->Get(p->keys[b], layers).ok()) break;
+      const BlockHeader h{p->root, p->keys[b], model_hash_, layout, uint32_t(end - int(b) * bs)};
+      if (!staging->Contains(p->keys[b]) &&
+          !staging->Put(h, std::vector<std::span<const std::byte>>(layers.begin(), layers.end())).ok())
+        break;
+      if (p->pinned[b]) p->from[b]->Unpin(p->keys[b]);
+      p->pinned[b] = staging->Pin(p->keys[b]);
+      if (!p->pinned[b]) break;
+      p->from[b] = staging;
+    }
+    covered = end;
+  }
+  return covered;
+}
+
+std::unique_ptr<PoolPrefetch> TieredCache::FillFrom(PoolTier* below, Pending* p,
+                                                    std::span<const int32_t> tokens,
+                                                    int from_tokens, model::BlockLease* lease,
+                                                    const std::function<void(int)>& make_room) {
+  if (p == nullptr || !staged_ || below == nullptr) return nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int staged = Stage(p, from_tokens);
+  std::unique_ptr<PoolPrefetch> prefetch;
+  int covered = from_tokens;
+  if (staged > from_tokens) {
+    prefetch = below->Fetch(p->root, tokens.first(size_t(staged)), from_tokens, lease, make_room);
+    covered = prefetch->tokens();
+  }
+  fetched_tokens_ += uint64_t(covered - from_tokens);
+  if (p->found_end_tokens > covered) recomputed_tokens_ += uint64_t(p->found_end_tokens - covered);
+  fetch_us_ += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - t0).count());
+  if (covered == from_tokens) prefetch.reset();
+  return prefetch;
 }
 
 void TieredCache::WriteJob(const Job& job) {
@@ -286,16 +358,29 @@ void TieredCache::WriteJob(const Job& job) {
   const int bs = pool_->layout().block_size;
   const int nl = pool_->layout().num_layers;
   const size_t block_bytes = pool_->layout().block_bytes();
+  // Staged: each block is copied out of the staging tier first (a chain ends at the first gone).
+  std::vector<std::byte> buf(staged_ ? block_bytes * size_t(nl) : 0);
   for (size_t b = 0; b < keys.size(); ++b) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
     std::vector<std::span<const std::byte>> layers;
-    for (int l = 0; l < nl; ++l) layers.emplace_back(pool_->block_ptr(l, job.lease.ids()[b]), block_bytes);
+    if (staged_) {
+      bool below = false;  // a slower tier lacks it
+      for (size_t i = 1; i < tiers_.size(); ++i) below |= tiers_[i]->remote() || !tiers_[i]->Contains(keys[b]);
+      if (!below) continue;
+      std::vector<std::span<std::byte>> out;
+      for (int l = 0; l < nl; ++l) out.emplace_back(buf.data() + size_t(l) * block_bytes, block_bytes);
+      if (!tiers_.front()->Get(keys[b], out).ok()) return;
+      layers.assign(out.begin(), out.end());
+    } else {
+      for (int l = 0; l < nl; ++l) layers.emplace_back(pool_->block_ptr(l, job.lease.ids()[b]), block_bytes);
+    }
     const int held = std::min<int>(bs, int(job.tokens.size()) - int(b) * bs);
     BlockHeader h{job.root, keys[b], model_hash_, pool_->layout(), uint32_t(held)};
     for (auto& t : tiers_) {
+      if (staged_ && t == tiers_.front()) continue;
       // A remote tier checks presence itself, batched, before it writes.
       if (!t->remote() && t->Contains(keys[b])) continue;
       Status s = t->Put(h, layers);
@@ -316,7 +401,7 @@ void TieredCache::Worker() {
     busy_ = true;
     lock.unlock();
     WriteJob(job);
-    const size_t blocks = job.lease.ids().size();
+    const size_t blocks = job.blocks;
     job.lease.Reset();  // the copies are done: the pool blocks may go
     lock.lock();
     queued_blocks_ -= blocks;
@@ -336,7 +421,7 @@ void TieredCache::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     dropped.swap(queue_);
-    for (const Job& j : dropped) queued_blocks_ -= j.lease.ids().size();
+    for (const Job& j : dropped) queued_blocks_ -= j.blocks;
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();

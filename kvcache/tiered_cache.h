@@ -23,7 +23,15 @@
 //    threshold_tokens tokens below the pool is recomputed instead of fetched.
 //  - Stop (or the destructor) drops queued writes and reads and joins the threads: every lease
 //    returned.
-// Host pools only (the copies are memcpy). Thread-safe.
+//  - Staged (a pool the host cannot address, e.g. on a GPU): tiers[0] is the staging view of the
+//    PoolTier below the pool (PoolTier::staging(): the pinned host tier), every slower tier is
+//    read into it and written from it. FillFrom replaces Fill: it puts the blocks read from
+//    slow tiers into the staging tier, pins them there and has the PoolTier fetch the run into
+//    the pool (asynchronously, layer by layer); WriteStaged replaces WriteDown: once the
+//    PoolTier's copy out is complete, a background thread copies the prompt's blocks from the
+//    staging tier to the slower tiers that lack them. The policies and the threshold apply to
+//    the staging tier as to any.
+// Otherwise host pools only (the copies are memcpy). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -41,6 +49,7 @@
 #include "common/status.h"
 #include "common/time.h"
 #include "kvcache/io_pool.h"
+#include "kvcache/pool_tier.h"
 #include "kvcache/prefix_key.h"
 #include "kvcache/tier.h"
 #include "model/kv_cache.h"
@@ -60,8 +69,9 @@ class TieredCache {
  public:
   // `tiers`: fastest first (host, disk, store); may be empty (then every call does nothing).
   // io_threads: the pool reading slow tiers (0: none, slow tiers are then read by Fill).
+  // staged: tiers[0] is a PoolTier's staging view (above: "Staged").
   TieredCache(model::KvPool* pool, uint64_t model_hash, std::vector<std::unique_ptr<KvTier>> tiers,
-              FetchPolicy policy = {}, int io_threads = 2);
+              FetchPolicy policy = {}, int io_threads = 2, bool staged = false);
   ~TieredCache();
   TieredCache(const TieredCache&) = delete;
   TieredCache& operator=(const TieredCache&) = delete;
@@ -88,7 +98,17 @@ class TieredCache {
   int Fetch(const BlockKey& root, std::span<const int32_t> tokens, int from_tokens,
             model::BlockLease* lease, const std::function<void(int)>& make_room,
             Deadline deadline = DeadlineAfterMs(60000));
-  // ids[i] hold the KV of tokens [i*block_size, ...); takes references of its own.
+  // Staged: stages the prepared blocks from tokens[from_tokens...] in tiers[0] and has `below`
+  // (whose staging view it is) fetch them into `lease`. Null when nothing is fetched; else the
+  // prefetch covers [from_tokens, its tokens()).
+  std::unique_ptr<PoolPrefetch> FillFrom(PoolTier* below, Pending* pending,
+                                         std::span<const int32_t> tokens, int from_tokens,
+                                         model::BlockLease* lease,
+                                         const std::function<void(int)>& make_room);
+  // Staged: queues the write of the prompt's blocks held by tiers[0] to the slower tiers
+  // (never waits; skipped, counted, past the queue's bound).
+  void WriteStaged(const BlockKey& root, std::span<const int32_t> tokens);
+  // ids[i] hold the KV of tokens [i*block_size, ...); takes references of its own. Not staged.
   void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                  const std::vector<int32_t>& ids);
   // Waits until every queued write is done (tests; a shutdown uses Stop).
@@ -117,8 +137,12 @@ class TieredCache {
   struct Job {
     BlockKey root;
     std::vector<int32_t> tokens;
-    model::BlockLease lease;
+    model::BlockLease lease;  // empty when staged: the blocks are read from tiers_[0]
+    size_t blocks = 0;
   };
+  bool Enqueue(Job job);  // false when the queue is full or stopping (counted)
+  // Blocks [from_tokens / block_size, end) of `p` held and pinned in tiers_[0]: the tokens covered.
+  int Stage(Pending* p, int from_tokens);
   void Worker();
   void WriteJob(const Job& job);
   std::vector<BlockKey> Keys(const BlockKey& root, std::span<const int32_t> tokens) const;
@@ -132,6 +156,7 @@ class TieredCache {
   const uint64_t model_hash_;
   std::vector<std::unique_ptr<KvTier>> tiers_;
   const FetchPolicy policy_;
+  const bool staged_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;

@@ -13,12 +13,15 @@ namespace kvstream::prefill {
 
 Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::DaemonConfig& config,
                                                             const model::ModelConfig& model,
-                                                            model::KvPool* pool) {
+                                                            model::KvPool* pool,
+                                                            kvcache::PoolTier* pool_tier) {
   std::vector<std::unique_ptr<kvcache::KvTier>> tiers;
   const bool gpu = pool->memory().on_device();  // the host tier: CreatePoolTier
-  if (gpu && (!config.kv_disk_tier_dir.empty() || !config.kv_store_redis.empty()))
-    return NotSupported("kv_disk_tier_dir / kv_store_redis: the disk and store tiers copy with "
-                        "the host for now and need a host pool (backend cpu)");
+  const bool staged = gpu && pool_tier != nullptr && pool_tier->staging() != nullptr;
+  if (gpu && !staged && (!config.kv_disk_tier_dir.empty() || !config.kv_store_redis.empty()))
+    return InvalidArgument("kv_disk_tier_dir / kv_store_redis with a GPU pool: their blocks are "
+                           "staged through the pinned host tier; set kv_host_tier_mb too");
+  if (staged) tiers.push_back(std::make_unique<kvcache::BorrowedTier>(pool_tier->staging()));
   std::string secret;
   if (!config.kv_disk_tier_dir.empty() || !config.kv_store_redis.empty()) {
     KV_ASSIGN_OR_RETURN(secret,
@@ -71,7 +74,7 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
     }
     tiers.push_back(std::make_unique<kvcache::StoreKvTier>(std::move(store).value()));
   }
-  if (!tiers.empty()) {
+  if (tiers.size() > (staged ? 1u : 0u)) {
     KV_LOG_INFO << "KV tiers below the pool:" << (config.kv_host_tier_mb > 0 ? " host " : "")
                 << (config.kv_host_tier_mb > 0 ? std::to_string(config.kv_host_tier_mb) + " MiB" : "")
                 << (config.kv_disk_tier_dir.empty()
@@ -86,7 +89,7 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
   policy.timeout = std::chrono::milliseconds(config.kv_tier_timeout_ms);
   policy.threshold_tokens = config.kv_prefetch_threshold_tokens;
   return std::make_unique<kvcache::TieredCache>(pool, model.hash(), std::move(tiers), policy,
-                                                config.kv_tier_io_threads);
+                                                config.kv_tier_io_threads, staged);
 }
 
 Result<std::unique_ptr<kvcache::PoolTier>> CreatePoolTier(const daemon::DaemonConfig& config,

@@ -40,11 +40,13 @@ int main(int argc, char** argv) {
   daemon::Health health("kvstream.v1.Prefill");
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
   service.set_authorizer(security->authorizer);
-  auto tiers = prefill::CreateKvTiers(*cfg, model->backend->config(), model->pool.get());
-  if (!tiers.ok()) return Fail(tiers.status().WithContext("opening the KV tiers"));
-  service.set_kv_tiers(std::move(tiers).value());
   auto pool_tier = prefill::CreatePoolTier(*cfg, model->pool.get());
   if (!pool_tier.ok()) return Fail(pool_tier.status().WithContext("opening the KV tiers"));
+  // Below a GPU pool the disk and store tiers are staged through the pinned tier.
+  auto tiers = prefill::CreateKvTiers(*cfg, model->backend->config(), model->pool.get(),
+                                      pool_tier->get());
+  if (!tiers.ok()) return Fail(tiers.status().WithContext("opening the KV tiers"));
+  service.set_kv_tiers(std::move(tiers).value());
   service.set_pool_tier(std::move(pool_tier).value());
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());

@@ -223,19 +223,20 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     if (cacheable) {
       cached.lease.Reset();
       cached = cache_.Find(root, tokens);
-      // Copied into pool blocks under the lock (memory copies only).
+      // Copied into pool blocks under the lock (memory copies only); below a GPU pool, staged
+      // in the pinned tier and copied from there layer by layer while the forward runs.
       if (fetch != nullptr && cached.tokens < n) {
         if (cached.tokens == 0) cached.lease = model::BlockLease(&pool_->allocator(), {});
-        cached.tokens = tiers_->Fill(fetch.get(), cached.tokens, &cached.lease,
-                                     [&](int blocks) { cache_.EvictForAllocation(blocks); });
+        auto make_room = [&](int blocks) { cache_.EvictForAllocation(blocks); };
+        if (pool_tier_) {
+          prefetch = tiers_->FillFrom(pool_tier_.get(), fetch.get(), tokens, cached.tokens,
+                                      &cached.lease, make_room);
+          if (prefetch) cached.tokens = prefetch->tokens();
+        } else {
+          cached.tokens = tiers_->Fill(fetch.get(), cached.tokens, &cached.lease, make_room);
+        }
       }
       fetch.reset();  // the tiers' entries unpinned
-      if (pool_tier_ && cached.tokens < n) {
-        if (cached.tokens == 0) cached.lease = model::BlockLease(&pool_->allocator(), {});
-        prefetch = pool_tier_->Fetch(root, tokens, cached.tokens, &cached.lease,
-                                     [&](int blocks) { cache_.EvictForAllocation(blocks); });
-        cached.tokens = prefetch->tokens();
-      }
       if (cached.tokens == n) forward_lock.unlock();
     }
   }
@@ -316,8 +317,12 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
       KV_LOG_DEBUG << "[req " << id << "] " << added << " blocks of the prompt cached";
     }
     // Write-through: every block of the prompt to the tiers below (in the background).
-    tiers_->WriteDown(root, tokens, lease.ids());
-    if (pool_tier_) pool_tier_->WriteDown(root, tokens, lease.ids());
+    if (!pool_tier_) {
+      tiers_->WriteDown(root, tokens, lease.ids());
+    } else {  // to the pinned tier, then from it to the slower ones once its copy is complete
+      pool_tier_->WriteDown(root, tokens, lease.ids(),
+                            [t = tiers_.get(), root, tokens] { t->WriteStaged(root, tokens); });
+    }
   }
   if (observed_.compute && !hit) observed_.compute->Observe(double(MicrosBetween(t0, t1)) * 1e-6);
   if (observed_.transfer_seconds) {
@@ -423,12 +428,8 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   };
   const kvcache::TieredCache::Stats ts = tiers_->stats();
   uint64_t fetched = ts.fetched_tokens, fetch_us = ts.fetch_us;
-  if (pool_tier_) {  // the pinned host tier below a GPU pool: first, as the fastest
-    const kvcache::PoolTier::Stats ps = pool_tier_->stats();
-    add_tier("host", ps.tier);
-    fetched += ps.fetched_tokens;
-    fetch_us += ps.fetch_us;
-  }
+  // The pinned host tier below a GPU pool is ts.tiers[0] (its staging view), counted there.
+  if (pool_tier_) fetch_us += pool_tier_->stats().fetch_us;
   for (const auto& t : ts.tiers) add_tier(t.name, t.stats);
   resp->set_kv_tier_fetched_tokens(fetched);
   resp->set_kv_tier_fetch_us(fetch_us);

@@ -69,6 +69,10 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   // The tier below a GPU pool that copies into it while the forward runs (prefill/kv_tiers.h's
   // CreatePoolTier; set before the server starts; default: none).
   void set_pool_tier(std::unique_ptr<kvcache::PoolTier> tier) { pool_tier_ = std::move(tier); }
+  // The tiers' threads read the pool tier's staging view: they stop before it goes.
+  ~PrefillServer() override {
+    if (tiers_) tiers_->Stop();
+  }
   // New Prefill calls are refused; running ones are cancelled (their writes quiesced).
   void BeginShutdown();
   const std::string& instance_id() const { return instance_id_; }

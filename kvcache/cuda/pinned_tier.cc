@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/log.h"
 #include "kvcache/cuda/block_copy.h"
@@ -242,17 +243,11 @@ std::unique_ptr<PoolPrefetch> PinnedHostTier::Fetch(
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t b = first; b < keys.size(); ++b) {
-      auto it = index_.find(keys[b]);
-      if (it != index_.end() && it->second.ready && !it->second.doomed && options_.max_age_s > 0 &&
-          Clock::now() - it->second.written > std::chrono::seconds(options_.max_age_s)) {
-        EraseLocked(keys[b]);
-        ++stats_.evicted_blocks;
-        it = index_.end();
-      }
-      if (it == index_.end() || !it->second.ready || it->second.doomed) {
+      if (!UsableLocked(keys[b])) {
         ++stats_.miss_blocks;
         break;
       }
+      auto it = index_.find(keys[b]);
       ++it->second.pins;
       lru_.splice(lru_.begin(), lru_, it->second.lru);
       pinned.push_back(keys[b]);
@@ -261,14 +256,7 @@ std::unique_ptr<PoolPrefetch> PinnedHostTier::Fetch(
   }
   auto unpin = [&](size_t from) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = from; i < pinned.size(); ++i) {
-      Entry& e = index_.at(pinned[i]);
-      --e.pins;
-      if (e.doomed && e.pins == 0) {
-        e.doomed = false;
-        EraseLocked(pinned[i]);
-      }
-    }
+    for (size_t i = from; i < pinned.size(); ++i) UnpinLocked(pinned[i]);
     pinned.resize(from);
     slots.resize(from);
   };
@@ -364,11 +352,19 @@ std::unique_ptr<PoolPrefetch> PinnedHostTier::Fetch(
 }
 
 void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
-                               const std::vector<int32_t>& ids) {
+                               const std::vector<int32_t>& ids, std::function<void()> written) {
   const int bs = pool_->layout().block_size;
+  // Where no copy starts, `written` runs before returning (after the lock is released).
+  Transfer t;
+  t.written = std::move(written);
+  struct RunIfLeft {
+    Transfer* t;
+    ~RunIfLeft() {
+      if (t->written) t->written();
+    }
+  } run_if_left{&t};
   if (tokens.empty() || int64_t(ids.size()) * bs < int64_t(tokens.size())) return;
   const std::vector<BlockKey> keys = ChainKeys(root, tokens, pool_->layout().block_size);
-  Transfer t;
   t.write = true;
   std::vector<int32_t> slots, src;
   std::unique_lock<std::mutex> lock(mu_);
@@ -448,7 +444,8 @@ void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> to
   t.done = done;
   t.ring_end = pos + 2 * size_t(nb);
   writing_blocks_ += nb;
-  fifo_.push_back(std::move(t));
+  fifo_.push_back(std::move(t));  // leaves t.written empty: the reaper runs it
+  t.written = nullptr;
   cv_.notify_all();
 }
 
@@ -503,6 +500,7 @@ void PinnedHostTier::Reaper() {
     events_.Give(t.done);
     lock.unlock();
     t.pool_refs.Reset();  // the copy is complete: the pool blocks may go
+    if (t.written) t.written();
     lock.lock();
     reaping_ = false;
     cv_.notify_all();
@@ -519,6 +517,101 @@ void PinnedHostTier::EraseAll() {
   std::vector<BlockKey> all;
   for (const auto& [k, e] : index_) all.push_back(k);
   for (const BlockKey& k : all) EraseLocked(k);
+}
+
+bool PinnedHostTier::UsableLocked(const BlockKey& key) {
+  auto it = index_.find(key);
+  if (it == index_.end() || !it->second.ready || it->second.doomed) return false;
+  if (options_.max_age_s > 0 &&
+      Clock::now() - it->second.written > std::chrono::seconds(options_.max_age_s)) {
+    EraseLocked(key);
+    ++stats_.evicted_blocks;
+    return false;
+  }
+  return true;
+}
+
+void PinnedHostTier::UnpinLocked(const BlockKey& key) {
+  auto it = index_.find(key);
+  if (it == index_.end() || it->second.pins == 0) return;
+  if (--it->second.pins == 0 && it->second.doomed) {
+    it->second.doomed = false;
+    EraseLocked(key);
+  }
+}
+
+bool PinnedHostTier::View::Contains(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(t_->mu_);
+  return t_->UsableLocked(key);
+}
+
+bool PinnedHostTier::View::Pin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(t_->mu_);
+  if (!t_->UsableLocked(key)) return false;
+  ++t_->index_.at(key).pins;
+  return true;
+}
+
+void PinnedHostTier::View::Unpin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(t_->mu_);
+  t_->UnpinLocked(key);
+}
+
+void PinnedHostTier::View::Erase(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(t_->mu_);
+  t_->EraseLocked(key);
+}
+
+Status PinnedHostTier::View::Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) {
+  const int nl = t_->pool_->layout().num_layers;
+  if (int(layers.size()) != nl) return InvalidArgument("pinned host KV tier: wrong layer count");
+  int slot;
+  {
+    std::lock_guard<std::mutex> lock(t_->mu_);
+    if (!t_->UsableLocked(key)) return NotFound("pinned host KV tier: block not held");
+    Entry& e = t_->index_.at(key);
+    ++e.pins;  // not evicted while it is copied out
+    slot = e.slot;
+  }
+  for (int l = 0; l < nl; ++l) std::memcpy(layers[l].data(), t_->SlotLayer(slot, l), t_->block_bytes_);
+  std::lock_guard<std::mutex> lock(t_->mu_);
+  t_->UnpinLocked(key);
+  return OkStatus();
+}
+
+Status PinnedHostTier::View::Put(const BlockHeader& header,
+                                 std::span<const std::span<const std::byte>> layers) {
+  const int nl = t_->pool_->layout().num_layers;
+  if (int(layers.size()) != nl) return InvalidArgument("pinned host KV tier: wrong layer count");
+  int slot;
+  {
+    std::lock_guard<std::mutex> lock(t_->mu_);
+    if (t_->stopping_) return Unavailable("pinned host KV tier stopping");
+    if (t_->index_.count(header.key)) return OkStatus();  // held, or being written
+    slot = t_->SlotLocked();
+    if (slot < 0) {
+      ++t_->stats_.write_failures;
+      return ResourceExhausted("pinned host KV tier: every slot in use");
+    }
+    Entry e;
+    e.slot = slot;
+    e.lru = t_->lru_.end();
+    t_->index_.emplace(header.key, e);  // not ready: invisible until its bytes are in
+  }
+  for (int l = 0; l < nl; ++l) std::memcpy(t_->SlotLayer(slot, l), layers[l].data(), t_->block_bytes_);
+  std::lock_guard<std::mutex> lock(t_->mu_);
+  Entry& e = t_->index_.at(header.key);
+  e.ready = true;
+  e.written = Clock::now();
+  t_->lru_.push_front(header.key);
+  e.lru = t_->lru_.begin();
+  ++t_->stats_.written_blocks;
+  t_->stats_.bytes_written += uint64_t(nl) * t_->block_bytes_;
+  if (e.doomed && e.pins == 0) {
+    e.doomed = false;
+    t_->EraseLocked(header.key);
+  }
+  return OkStatus();
 }
 
 PinnedHostTier::Stats PinnedHostTier::stats() const {

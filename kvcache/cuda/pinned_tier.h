@@ -25,6 +25,9 @@
 //  - No event or pinned buffer is made per request: events come from a pool made at start (it
 //    grows only if more copies are in flight at once than it holds, counted in stats), block
 //    ids travel through one pinned ring (and its device copy) allocated at start.
+//  - staging(): the entries as a KvTier for the slower tiers staged through this one (kvcache/
+//    tiered_cache.h, `staged`): Put copies a block in with the host (visible once complete), Get
+//    copies one out, Pin keeps one from eviction; entries Put this way are fetched like any.
 //  - The destructor waits for every copy in flight and returns every lease; every Prefetch must
 //    be destroyed before the tier. Thread-safe.
 #pragma once
@@ -106,7 +109,8 @@ class PinnedHostTier final : public PoolTier {
                                       int from_tokens, model::BlockLease* lease,
                                       const std::function<void(int)>& make_room) override;
   void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
-                 const std::vector<int32_t>& ids) override;
+                 const std::vector<int32_t>& ids, std::function<void()> written = {}) override;
+  KvTier* staging() override { return &view_; }
   void Flush() override;
   void EraseAll() override;
   Stats stats() const override;
@@ -126,8 +130,31 @@ class PinnedHostTier final : public PoolTier {
     Clock::time_point written;
     std::list<BlockKey>::iterator lru;
   };
+  // The host-side view (staging()).
+  class View final : public KvTier {
+   public:
+    explicit View(PinnedHostTier* t) : t_(t) {}
+    std::string_view name() const override { return "host"; }
+    bool Contains(const BlockKey& key) override;
+    Status Get(const BlockKey& key, std::span<const std::span<std::byte>> layers) override;
+    Status Put(const BlockHeader& header, std::span<const std::span<const std::byte>> layers) override;
+    bool Pin(const BlockKey& key) override;
+    void Unpin(const BlockKey& key) override;
+    void Erase(const BlockKey& key) override;
+    void EraseAll() override { t_->EraseAll(); }
+    TierStats stats() const override { return t_->stats().tier; }
+
+   private:
+    PinnedHostTier* t_;
+  };
+  std::byte* SlotLayer(int slot, int layer) const {
+    return host_ + (size_t(layer) * slots_ + size_t(slot)) * block_bytes_;
+  }
+  bool UsableLocked(const BlockKey& key);  // held, complete, not erased, not expired
+  void UnpinLocked(const BlockKey& key);
   struct Transfer {
     bool write = false;
+    std::function<void()> written;  // a write-down's callback
     cudaEvent_t done = nullptr;
     model::BlockLease pool_refs;   // the pool blocks the copy reads or writes
     std::vector<BlockKey> keys;    // its entries (written, or pinned for a read)
@@ -159,6 +186,7 @@ class PinnedHostTier final : public PoolTier {
   std::atomic<int> copy_ctas_;
   std::atomic<int> engine_max_runs_;
   EventPool events_;
+  View view_{this};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -11,8 +11,11 @@
 // usable GPU is present.
 #include <cuda_runtime_api.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <future>
 #include <ostream>
 #include <thread>
@@ -154,7 +157,8 @@ TEST_P(DaemonsGpuTest, PinnedHostTierTokensEqualColocated) {
   if (GetParam().transport != "cuda_ipc" || GetParam().prefill_device != GetParam().decode_device)
     GTEST_SKIP() << "the tier is the prefill's own: one case (cuda_ipc, one GPU) is enough";
   ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(
-      Pair({"--model=tiny", "--pool_blocks=64"}, {"--kv_host_tier_mb=16", "--prompt_cache_blocks=0"}, {})));
+      Pair({"--model=tiny", "--pool_blocks=64"},
+           {"--kv_host_tier_mb=16", "--prompt_cache_blocks=0", "--kv_prefetch_threshold_tokens=0"}, {})));
   std::vector<int32_t> base = MakePrompt(200, 512, 5), longer = base;
   for (int32_t t : MakePrompt(60, 512, 6)) longer.push_back(t);
   for (const auto* prompt : {&base, &base, &longer, &longer}) {
@@ -175,6 +179,65 @@ TEST_P(DaemonsGpuTest, PinnedHostTierTokensEqualColocated) {
   // whole (199), longer's prefix (192 = 12 full blocks), longer whole (259).
   EXPECT_EQ(st->kv_tier_fetched_tokens(), 199u + 192u + 259u);
   EXPECT_EQ(st->counters().requests_failed(), 0u);
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000)).ok());
+}
+
+// A disk tier below the pinned tier (staged through it): a prompt computed once reaches the disk
+// from the pinned copy; both daemons restarted on the same directory (the pinned tier empty),
+// the prompt and a longer one are served from disk through the pinned tier, layer by layer.
+// Tokens equal the colocated ones; every pool block comes back.
+TEST_P(DaemonsGpuTest, DiskBelowPinnedTierTokensEqualColocated) {
+  if (GetParam().transport != "cuda_ipc" || GetParam().prefill_device != GetParam().decode_device)
+    GTEST_SKIP() << "the tier is the prefill's own: one case (cuda_ipc, one GPU) is enough";
+  const std::string secret = dir_.path() + "/kv.secret";
+  std::ofstream(secret) << "0123456789abcdef0123456789abcdef\n";
+  ::chmod(secret.c_str(), 0600);
+  const DaemonPair pair = Pair({"--model=tiny", "--pool_blocks=64"},
+                               {"--kv_host_tier_mb=16", "--prompt_cache_blocks=0",
+                                "--kv_prefetch_threshold_tokens=0", "--kv_disk_tier_dir=" + dir_.path() + "/kv",
+                                "--kv_tier_secret_file=" + secret},
+                               {});
+  ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(pair));
+  std::vector<int32_t> base = MakePrompt(200, 512, 7), longer = base;
+  for (int32_t t : MakePrompt(60, 512, 8)) longer.push_back(t);
+  for (int round = 0; round < 2; ++round) {
+    for (const auto* prompt : {&base, &longer}) {
+      auto local = CallGenerate(*stub_, *prompt, 8, v1::LOAD_MODE_LOCAL, 120000);
+      ASSERT_TRUE(local.status.ok()) << local.status.error_message();
+      auto r = CallGenerate(*stub_, *prompt, 8, v1::LOAD_MODE_PIPELINED, 120000);
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.tokens, local.tokens) << "round " << round << ", prompt of " << prompt->size();
+      ASSERT_TRUE(WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(10000)).ok());
+    }
+    auto pstub = PrefillStub(prefill_address());
+    if (round == 1) {
+      // base whole (199 tokens) and longer's prefix (192) from disk through the pinned tier.
+      auto st = CallStats(*pstub);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      ASSERT_EQ(st->kv_tiers_size(), 2);
+      EXPECT_EQ(st->kv_tiers(1).name(), "disk");
+      EXPECT_EQ(st->kv_tiers(1).hit_blocks(), 13u);
+      EXPECT_EQ(st->kv_tier_fetched_tokens(), 199u + 192u);
+      EXPECT_EQ(st->counters().requests_failed(), 0u);
+      break;
+    }
+    // The write to disk follows the pinned copy's: wait for base's 13 blocks and longer's 5.
+    uint64_t written = 0;
+    for (int i = 0; i < 200 && written < 18; ++i) {
+      auto st = CallStats(*pstub);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      written = st->kv_tiers_size() > 1 ? st->kv_tiers(1).written_blocks() : 0;
+      if (written < 18) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_GE(written, 18u);
+    prefill_->Signal(SIGTERM);
+    decode_->Signal(SIGTERM);
+    EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
+    EXPECT_EQ(decode_->Wait(DeadlineAfterMs(15000)), 0);
+    ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(pair));
+    longer.resize(base.size() - 8);  // round 1: a prompt whose prefix is on disk
+    for (int32_t t : MakePrompt(68, 512, 9)) longer.push_back(t);
+  }
   EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000)).ok());
 }
 

@@ -2,19 +2,25 @@
 // blocks written down and fetched back byte for byte (whole and partial prefixes, eviction), the
 // forward over a suffix with the prefix fetched layer by layer gives the tokens of the whole
 // prompt's forward (wherever the top-2 logit margin exceeds the error; the others are named),
-// and every pool block, event and pinned id slot is returned.
+// also with the prefix from a disk tier staged through the pinned tier (a damaged entry
+// refused), and every pool block, event and pinned id slot is returned.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
 
 #include "kvcache/cuda/pinned_tier.h"
+#include "kvcache/disk_tier.h"
 #include "kvcache/prefix_key.h"
+#include "kvcache/tiered_cache.h"
 #include "model/backend.h"
 #include "model/cuda/cuda_backend.h"
 
@@ -171,6 +177,54 @@ TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
   EXPECT_EQ((*tier)->stats().tier.entries, 0u);
 }
 
+// Greedy steps of `prompt` whole on `base` against its suffix from lc's prefix (fetched by `pf`:
+// the first forward waits for it layer by layer) on `g`: logits within the f16 tolerance, tokens
+// equal wherever the top-2 margin exceeds it (counted in *compared, the others in *skipped).
+void CompareSteps(Gpu& base, Gpu& g, const std::vector<int32_t>& prompt, model::BlockLease& lc,
+                  const PoolPrefetch* pf, int p, int* compared, int* skipped) {
+  const model::ModelConfig& c = g.backend->config();
+  const int bs = g.pool->layout().block_size;
+  const int steps = 8;
+  const double tol = 1.5e-2;  // f16, of the largest |logit| (tests/model/cuda_backend_test.cc)
+  model::ForwardOptions fo;
+  fo.want_logits = true;
+  model::BlockLease lb(&base.pool->allocator(), {});  // whole prompt, no cache
+  ASSERT_OK(lb.GrowToTokens(int(prompt.size()) + steps, bs));
+  ASSERT_OK(lc.GrowToTokens(int(prompt.size()) + steps, bs));
+  PrefetchHooks hooks(pf, nullptr);
+  const int from = pf->tokens();
+  std::vector<int32_t> in_b = prompt, in_c(prompt.begin() + from, prompt.end());
+  int pos_b = 0, pos_c = from;
+  for (int step = 0; step <= steps; ++step) {
+    model::SeqInput sb{in_b, pos_b, lb.ids()}, sc{in_c, pos_c, lc.ids()};
+    model::ForwardOutput ob, oc;
+    ASSERT_OK(base.backend->Forward(*base.pool, std::span(&sb, 1), nullptr, fo, &ob));
+    ASSERT_OK(g.backend->Forward(*g.pool, std::span(&sc, 1), step == 0 ? &hooks : nullptr, fo, &oc));
+    double max_abs = 0, max_diff = 0;
+    for (int j = 0; j < c.vocab_size; ++j) {
+      ASSERT_TRUE(std::isfinite(oc.logits[j])) << "prompt " << p << " step " << step;
+      max_abs = std::max(max_abs, std::fabs(double(ob.logits[j])));
+      max_diff = std::max(max_diff, std::fabs(double(ob.logits[j]) - oc.logits[j]));
+    }
+    EXPECT_LE(max_diff / std::max(max_abs, 1e-6), tol) << "prompt " << p << " step " << step;
+    std::vector<float> top(ob.logits.begin(), ob.logits.end());
+    std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+    const double margin = double(top[0]) - top[1];
+    if (margin > tol * max_abs) {
+      ++*compared;
+      EXPECT_EQ(ob.next_tokens[0], oc.next_tokens[0]) << "prompt " << p << " step " << step
+                                                      << ", top-2 margin " << margin;
+    } else {
+      ++*skipped;
+      std::printf("skip prompt %d step %d: top-2 margin %.3g <= tolerance %.3g (tokens %d / %d)\n",
+                  p, step, margin, tol * max_abs, ob.next_tokens[0], oc.next_tokens[0]);
+    }
+    pos_b += int(in_b.size());
+    pos_c += int(in_c.size());
+    in_b = in_c = {ob.next_tokens[0]};  // both fed the same token
+  }
+}
+
 // The suffix's forward over a prefix fetched layer by layer against the whole prompt's forward.
 TEST(PinnedTierGpu, SuffixOverFetchedPrefixGivesTheTokensOfTheWholePrompt) {
   Gpu base = MakeGpu(128);
@@ -195,54 +249,18 @@ TEST(PinnedTierGpu, SuffixOverFetchedPrefixGivesTheTokensOfTheWholePrompt) {
     (*tier)->WriteDown(root, prefix, lease.ids());
   }
   (*tier)->Flush();
-  const double tol = 1.5e-2;  // f16, of the largest |logit| (tests/model/cuda_backend_test.cc)
   int compared = 0, skipped = 0;
   for (int p = 0; p < 6; ++p) {
     std::vector<int32_t> prompt = prefix;
     const std::vector<int32_t> suffix = Tokens(5 + 13 * p, c.vocab_size, 100 + p);
     prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    const int steps = 8;
-    // Whole prompt, no cache.
-    model::BlockLease lb(&base.pool->allocator(), {});
-    ASSERT_OK(lb.GrowToTokens(int(prompt.size()) + steps, bs));
     // Suffix over the fetched prefix (the pool poisoned with finite garbage first).
     ASSERT_EQ(cudaMemset(g.pool->base(), 0x3c, g.pool->memory().size()), cudaSuccess);
     model::BlockLease lc(&g.pool->allocator(), {});
     (*tier)->set_engine_max_runs(p % 2 ? 0 : 4);  // the gather kernel, or the copy engines
     auto pf = (*tier)->Fetch(root, prompt, 0, &lc, nullptr);
     ASSERT_EQ(pf->tokens(), 160);
-    ASSERT_OK(lc.GrowToTokens(int(prompt.size()) + steps, bs));
-    PrefetchHooks hooks(pf.get(), nullptr);
-    std::vector<int32_t> in_b = prompt, in_c(prompt.begin() + 160, prompt.end());
-    int pos_b = 0, pos_c = 160;
-    for (int step = 0; step <= steps; ++step) {
-      model::SeqInput sb{in_b, pos_b, lb.ids()}, sc{in_c, pos_c, lc.ids()};
-      model::ForwardOutput ob, oc;
-      ASSERT_OK(base.backend->Forward(*base.pool, std::span(&sb, 1), nullptr, fo, &ob));
-      ASSERT_OK(g.backend->Forward(*g.pool, std::span(&sc, 1), step == 0 ? &hooks : nullptr, fo, &oc));
-      double max_abs = 0, max_diff = 0;
-      for (int j = 0; j < c.vocab_size; ++j) {
-        ASSERT_TRUE(std::isfinite(oc.logits[j])) << "prompt " << p << " step " << step;
-        max_abs = std::max(max_abs, std::fabs(double(ob.logits[j])));
-        max_diff = std::max(max_diff, std::fabs(double(ob.logits[j]) - oc.logits[j]));
-      }
-      EXPECT_LE(max_diff / std::max(max_abs, 1e-6), tol) << "prompt " << p << " step " << step;
-      std::vector<float> top(ob.logits.begin(), ob.logits.end());
-      std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
-      const double margin = double(top[0]) - top[1];
-      if (margin > tol * max_abs) {
-        ++compared;
-        EXPECT_EQ(ob.next_tokens[0], oc.next_tokens[0]) << "prompt " << p << " step " << step
-                                                        << ", top-2 margin " << margin;
-      } else {
-        ++skipped;
-        std::printf("skip prompt %d step %d: top-2 margin %.3g <= tolerance %.3g (tokens %d / %d)\n",
-                    p, step, margin, tol * max_abs, ob.next_tokens[0], oc.next_tokens[0]);
-      }
-      pos_b += int(in_b.size());
-      pos_c += int(in_c.size());
-      in_b = in_c = {ob.next_tokens[0]};  // both fed the same token
-    }
+    CompareSteps(base, g, prompt, lc, pf.get(), p, &compared, &skipped);
   }
   std::printf("tokens compared %d, skipped (margin within tolerance) %d\n", compared, skipped);
   EXPECT_GT(compared, 3 * skipped);
@@ -250,6 +268,81 @@ TEST(PinnedTierGpu, SuffixOverFetchedPrefixGivesTheTokensOfTheWholePrompt) {
   EXPECT_EQ(s.tier.hit_blocks, 60u);
   EXPECT_EQ(s.fetched_tokens, 6u * 160);
   ExpectAllReturned(**tier, *g.pool);
+}
+
+// A disk tier below the pinned tier (kvcache/tiered_cache.h, staged): the write-down reaches the
+// disk from the pinned copy; with the pinned tier emptied the prefix comes up from disk through
+// it, layer by layer, and the suffix's tokens are the whole prompt's; a damaged entry ends the
+// prefix there (refused, counted) and the tokens are still the whole prompt's.
+TEST(PinnedTierGpu, DiskBelowThePinnedTierGivesTheTokensOfTheWholePrompt) {
+  Gpu base = MakeGpu(128);
+  Gpu g = MakeGpu(128);
+  ASSERT_TRUE(base.pool && g.pool);
+  const model::ModelConfig& c = g.backend->config();
+  const model::KvLayout layout = g.pool->layout();
+  PinnedHostTier::Options o;
+  o.capacity_bytes = 64 * c.num_layers * layout.block_bytes();
+  auto tier = PinnedHostTier::Create(g.pool.get(), o);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  const BlockKey root = RootKey(c.hash(), layout, "");
+  const std::string dir = "/tmp/kv_staged_gpu_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  DiskTier::Options d;
+  d.dir = dir;
+  d.identity = {root, layout};
+  d.model_hash = c.hash();
+  d.secret = "0123456789abcdef0123456789abcdef";
+  d.capacity_bytes = 64 * EncodedBlockBytes(layout);
+  auto disk = DiskTier::Open(d);
+  ASSERT_TRUE(disk.ok()) << disk.status().ToString();
+  DiskTier* dt = disk->get();
+  std::vector<std::unique_ptr<KvTier>> tiers;
+  tiers.push_back(std::make_unique<BorrowedTier>((*tier)->staging()));
+  tiers.push_back(std::move(disk).value());
+  FetchPolicy policy;
+  policy.threshold_tokens = 0;
+  TieredCache tc(g.pool.get(), c.hash(), std::move(tiers), policy, 2, /*staged=*/true);
+  const std::vector<int32_t> prefix = Tokens(160, c.vocab_size, 3);  // 10 blocks
+  {
+    model::BlockLease lease(&g.pool->allocator(), {});
+    ASSERT_OK(lease.GrowToTokens(int(prefix.size()), layout.block_size));
+    model::SeqInput seq{prefix, 0, lease.ids()};
+    model::ForwardOutput out;
+    ASSERT_OK(g.backend->Forward(*g.pool, std::span(&seq, 1), nullptr, {}, &out));
+    (*tier)->WriteDown(root, prefix, lease.ids(), [&] { tc.WriteStaged(root, prefix); });
+  }
+  (*tier)->Flush();
+  tc.Flush();
+  EXPECT_EQ(dt->stats().written_blocks, 10u);
+  int compared = 0, skipped = 0;
+  for (int p = 0; p < 2; ++p) {
+    (*tier)->EraseAll();  // only the disk holds the prefix
+    if (p == 1) {  // block 7's payload damaged: blocks 0-6 come up
+      std::fstream f(dt->PathOf(ChainKeys(root, prefix, layout.block_size)[7]),
+                     std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(kBlockHeaderBytes + 100);
+      f.put('\x5a');
+    }
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> suffix = Tokens(37, c.vocab_size, 200 + p);
+    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    ASSERT_EQ(cudaMemset(g.pool->base(), 0x3c, g.pool->memory().size()), cudaSuccess);
+    model::BlockLease lc(&g.pool->allocator(), {});
+    auto pending = tc.Prepare(root, prompt, 0, DeadlineAfterMs(10000));
+    auto pf = tc.FillFrom(tier->get(), pending.get(), prompt, 0, &lc, nullptr);
+    pending.reset();
+    ASSERT_NE(pf, nullptr);
+    ASSERT_EQ(pf->tokens(), p == 0 ? 160 : 112);
+    CompareSteps(base, g, prompt, lc, pf.get(), p, &compared, &skipped);
+  }
+  std::printf("tokens compared %d, skipped (margin within tolerance) %d\n", compared, skipped);
+  EXPECT_GT(compared, 3 * skipped);
+  EXPECT_EQ(dt->stats().read_failures, 1u);
+  EXPECT_EQ(dt->stats().hit_blocks, 10u + 9u);  // every read starts at once: 8 and 9 too
+  EXPECT_EQ(tc.stats().fetched_tokens, 160u + 112u);
+  tc.Stop();
+  ExpectAllReturned(**tier, *g.pool);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
