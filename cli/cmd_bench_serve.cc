@@ -21,6 +21,7 @@
 #include "cli/flags.h"
 #include "cli/remote.h"
 #include "cli/serve/dataset.h"
+#include "cli/serve/grpc_client.h"
 #include "cli/serve/metrics.h"
 #include "cli/serve/runner.h"
 #include "cli/serve/sse_client.h"
@@ -32,11 +33,13 @@ namespace {
 
 using json = nlohmann::ordered_json;
 namespace asio = boost::asio;
+namespace v1 = kvstream::v1;
 const char kCmd[] = "bench serve";
 
 std::vector<FlagSpec> ServeFlagSpecs() {
   std::vector<FlagSpec> s = {
-      {"url", true, "the server: http://HOST:PORT or https://HOST:PORT (optionally a base path)", ""},
+      {"url", true, "the server: http://HOST:PORT or https://HOST:PORT (optionally a base path); "
+              "grpc://HOST:PORT: a decode daemon's gRPC Generate (TLS and token from the auth flags)", ""},
       {"model", true, "model id sent (default: the first of GET /v1/models)", ""},
       {"endpoint", true, "completions (/v1/completions) or chat (/v1/chat/completions)", "completions"},
       {"dataset", true, "random, jsonl or multiturn", "random"},
@@ -56,6 +59,8 @@ std::vector<FlagSpec> ServeFlagSpecs() {
       {"warmup", true, "unrecorded requests sent first, once", "0"},
       {"seed", true, "seed of the dataset and the arrivals", "0"},
       {"temperature", true, "sampling temperature sent", "0"},
+      {"load-mode", true, "kvstream's load mode: pipelined, non-pipelined or local (the decode computes "
+                    "the prompt itself: colocated); empty: the daemon's default", ""},
       {"ignore-eos", false, "send ignore_eos (vLLM's extension): every answer runs to max_tokens", ""},
       {"extra-body", true, "JSON object merged into every request body", ""},
       {"goodput", true, "SLOs for goodput, vLLM's form: ttft:MS tpot:MS e2el:MS", ""},
@@ -63,6 +68,8 @@ std::vector<FlagSpec> ServeFlagSpecs() {
       {"timeout-s", true, "per request, connect to last byte", "3600"},
       {"label", true, "a name for this run's series in the JSON lines and the plot", ""},
       {"json-out", true, "append one JSON line per run here", ""},
+      {"requests-out", true, "append one JSON line per request here (label, start, TTFT, E2EL, tokens, "
+                        "error): for figures over a part of a run", ""},
       {"csv-out", true, "write one CSV row per run here (with a header)", ""},
       {"no-progress", false, "no progress bar (it is drawn only when stderr is a terminal)", ""},
   };
@@ -133,8 +140,9 @@ int RunBenchServe(std::span<const std::string> raw_args) {
   auto flags = Flags::Parse(args, specs);
   if (!flags.ok()) return ReportError(kCmd, flags.status(), true);
   if (flags->help()) {
-    std::cout << "usage: kvstream bench serve --url http://HOST:PORT [flags]\n\n"
-                 "Streams requests to an OpenAI-compatible server at a Poisson rate or a fixed\n"
+    std::cout << "usage: kvstream bench serve --url http://HOST:PORT|grpc://HOST:PORT [flags]\n\n"
+                 "Streams requests to an OpenAI-compatible server (or a decode daemon's gRPC\n"
+                 "Generate, same workloads and metrics) at a Poisson rate or a fixed\n"
                  "concurrency and reports vLLM's serving metrics (TTFT, TPOT, ITL, E2EL, throughput,\n"
                  "goodput). docs/benchmarks.md has the definitions side by side with vLLM's.\n\n"
               << FlagsHelp(specs);
@@ -142,8 +150,16 @@ int RunBenchServe(std::span<const std::string> raw_args) {
   }
   auto usage = [](const Status& s) { return ReportError(kCmd, s, true); };
   if (!flags->Has("url")) return usage(InvalidArgument("--url is required"));
-  auto url = ParseUrl(flags->Get("url"));
-  if (!url.ok()) return usage(url.status());
+  const std::string url_text = flags->Get("url");
+  const bool grpc = url_text.rfind("grpc://", 0) == 0;
+  Url url;
+  if (!grpc) {
+    auto u = ParseUrl(url_text);
+    if (!u.ok()) return usage(u.status());
+    url = *u;
+  } else if (url_text.size() <= 7 || url_text.find('/', 7) != std::string::npos) {
+    return usage(InvalidArgument("--url grpc://HOST:PORT takes no path"));
+  }
 
   DatasetOptions d;
   d.kind = flags->Get("dataset");
@@ -195,6 +211,12 @@ int RunBenchServe(std::span<const std::string> raw_args) {
   if (endpoint != "completions" && endpoint != "chat")
     return usage(InvalidArgument("--endpoint must be completions or chat"));
   body.chat = endpoint == "chat";
+  if (grpc && (body.chat || flags->Has("extra-body")))
+    return usage(InvalidArgument("--url grpc:// sends Generate requests: no --endpoint chat, no --extra-body"));
+  body.load_mode = flags->Get("load-mode");
+  if (!body.load_mode.empty() && body.load_mode != "pipelined" && body.load_mode != "non-pipelined" &&
+      body.load_mode != "local")
+    return usage(InvalidArgument("--load-mode must be pipelined, non-pipelined or local"));
   if (body.chat && d.ids) return usage(InvalidArgument("--endpoint chat needs text prompts (--prompt-format text)"));
   body.temperature = *temperature;
   body.ignore_eos = flags->Has("ignore-eos");
@@ -227,12 +249,27 @@ int RunBenchServe(std::span<const std::string> raw_args) {
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
   asio::io_context io;
-  auto client = SseClient::Create(io, *url, copt);
-  if (!client.ok()) return ReportError(kCmd, client.status(), client.status().code() == StatusCode::kInvalidArgument);
-
+  std::unique_ptr<SseClient> http;
+  std::unique_ptr<GrpcClient> grpc_client;
+  Target target;
   body.model = flags->Get("model");
+  if (grpc) {
+    auto channel = RemoteChannel(*flags, url_text.substr(7));
+    if (!channel.ok()) return usage(channel.status());
+    auto stub = v1::Decode::NewStub(*channel);
+    auto stats = FetchStats(*stub, 10000, "Stats of " + url_text);
+    if (!stats.ok()) return ReportError(kCmd, stats.status(), false);
+    if (body.model.empty()) body.model = stats->model_name();
+    grpc_client = std::make_unique<GrpcClient>(io, *channel, std::chrono::seconds(*timeout_s));
+    target.grpc = grpc_client.get();
+  } else {
+    auto client = SseClient::Create(io, url, copt);
+    if (!client.ok()) return ReportError(kCmd, client.status(), client.status().code() == StatusCode::kInvalidArgument);
+    http = std::move(client).value();
+    target.http = http.get();
+  }
   if (body.model.empty()) {
-    const StreamOutcome models = RunSync(io, (*client)->Get("/v1/models"));
+    const StreamOutcome models = RunSync(io, http->Get("/v1/models"));
     const auto j = nlohmann::json::parse(models.body, nullptr, false);
     if (!models.error.empty() || j.is_discarded() || !j.contains("data") || !j["data"].is_array() ||
         j["data"].empty() || !j["data"][0].contains("id"))
@@ -258,7 +295,7 @@ int RunBenchServe(std::span<const std::string> raw_args) {
     wo.request_rate = INFINITY;
     wo.max_concurrency = static_cast<int>((*concurrencies)[0]);
     wo.label = "warmup";
-    const LoadResult r = RunLoad(io, **client, w, wo);
+    const LoadResult r = RunLoad(io, target, w, wo);
     int failed = 0;
     for (const RequestRecord& x : r.records) failed += x.ok ? 0 : 1;
     std::cerr << "warmup: " << r.records.size() << " requests, " << failed << " failed\n";
@@ -269,31 +306,58 @@ int RunBenchServe(std::span<const std::string> raw_args) {
     json_out.open(flags->Get("json-out"), std::ios::app);
     if (!json_out) return usage(InvalidArgument("--json-out: cannot write " + flags->Get("json-out")));
   }
+  std::ofstream requests_out;
+  if (flags->Has("requests-out")) {
+    requests_out.open(flags->Get("requests-out"), std::ios::app);
+    if (!requests_out) return usage(InvalidArgument("--requests-out: cannot write " + flags->Get("requests-out")));
+  }
   std::vector<json> rows;
   bool some_run_all_failed = false;
   for (double conc : *concurrencies) {
     for (double rate : *rates) {
       RunInfo info;
       info.label = flags->Get("label");
-      info.endpoint = endpoint;
+      info.endpoint = grpc ? "grpc" : endpoint;
       info.model = body.model;
       info.dataset = d.kind;
-      info.url = flags->Get("url");
+      info.url = url_text;
       info.request_rate = rate;
       info.max_concurrency = static_cast<int>(conc);
       info.multiturn = d.kind == "multiturn";
+      info.load_mode = body.load_mode;
       lo.request_rate = rate;
       lo.max_concurrency = info.max_concurrency;
       std::ostringstream label;
       label << "rate " << rate;
       if (conc > 0) label << " concurrency " << conc;
       lo.label = label.str();
-      const LoadResult r = RunLoad(io, **client, *dataset, lo);
+      const LoadResult r = RunLoad(io, target, *dataset, lo);
       info.num_requests = static_cast<int>(r.records.size());
       const RunMetrics m = ComputeMetrics(r.records, r.duration_s, *percentiles, slo);
       std::cout << SummaryTable(info, m, slo) << std::flush;
       json row = MetricsJson(info, m, slo);
       if (json_out.is_open()) json_out << row.dump() << "\n" << std::flush;
+      for (size_t i = 0; requests_out.is_open() && i < r.records.size(); ++i) {
+        const RequestRecord& x = r.records[i];
+        json q;
+        q["label"] = info.label;
+        q["request_rate"] = std::isinf(rate) ? json("inf") : json(rate);
+        q["max_concurrency"] = info.max_concurrency;
+        q["index"] = i;
+        q["turn"] = x.turn;
+        q["ok"] = x.ok;
+        q["start_s"] = x.start_s;
+        q["ttft_ms"] = x.ttft_s * 1e3;
+        q["e2el_ms"] = x.latency_s * 1e3;
+        q["prompt_tokens"] = x.prompt_len;
+        q["output_tokens"] = x.output_tokens;
+        json itl = json::array();
+        for (double g : x.itl_s) itl.push_back(std::llround(g * 1e6));
+        q["itl_us"] = std::move(itl);
+        if (!x.ok) q["error"] = x.error;
+        requests_out << q.dump() << "\n";
+      }
+      if (requests_out.is_open()) requests_out << std::flush;
       rows.push_back(std::move(row));
       some_run_all_failed |= m.completed == 0;
     }

@@ -127,7 +127,7 @@ bool CommonField(const std::string& k, const ojson& v, CompletionRequest* r, std
   if (k == "model" || k == "user") return true;
   if (v.is_null() && k != "stream" && k != "ignore_eos" && k != "return_token_ids") {
     return k == "max_tokens" || k == "stream_options" || k == "stop" || k == "temperature" ||
-           k == "top_p" || k == "min_p" || k == "top_k" || k == "seed";
+           k == "top_p" || k == "min_p" || k == "top_k" || k == "seed" || k == "load_mode";
   }
   if (k == "max_tokens") {
     auto n = IntIn(v, 1, std::numeric_limits<int32_t>::max());
@@ -167,6 +167,13 @@ bool CommonField(const std::string& k, const ojson& v, CompletionRequest* r, std
     auto n = IntIn(v, -1, std::numeric_limits<int32_t>::max());
     if (!n) *e = Bad("top_k must be an integer >= -1 (-1 or 0: off)", k);
     else r->top_k = *n < 0 ? 0 : int(*n);
+  } else if (k == "load_mode") {
+    const std::string m = v.is_string() ? v.get<std::string>() : "";
+    if (m == "default") r->load_mode = kvstream::v1::LOAD_MODE_DEFAULT;
+    else if (m == "pipelined") r->load_mode = kvstream::v1::LOAD_MODE_PIPELINED;
+    else if (m == "non-pipelined") r->load_mode = kvstream::v1::LOAD_MODE_NON_PIPELINED;
+    else if (m == "local") r->load_mode = kvstream::v1::LOAD_MODE_LOCAL;
+    else *e = Bad("load_mode must be \"default\", \"pipelined\", \"non-pipelined\" or \"local\"", k);
   } else if (k == "seed") {
     if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) r->seed = v.get<uint64_t>();
     else *e = Bad("seed must be an integer >= 0", k);
@@ -334,6 +341,7 @@ kvstream::v1::GenerateRequest ToGenerateRequest(const CompletionRequest& c) {
     g.set_prompt_text(c.prompt_text);
   }
   g.set_max_tokens(c.max_tokens);
+  g.set_load_mode(c.load_mode);
   for (const std::string& s : c.stop) g.add_stop_strings(s);
 #if KVSTREAM_PROTO_HAS_SAMPLING
   g.set_ignore_eos(c.ignore_eos);

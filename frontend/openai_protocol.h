@@ -50,6 +50,9 @@ struct CompletionRequest {
   std::optional<int> logprobs;  // top-N log-probabilities per token (0: the chosen one only)
   bool ignore_eos = false;
   bool return_token_ids = false;  // vLLM's extension: choices[0].token_ids
+  // kvstream's extension "load_mode": how the prompt's KV is made (gRPC's LoadMode):
+  // "pipelined", "non-pipelined", "local" (the decode computes it: colocated) or "default".
+  kvstream::v1::LoadMode load_mode = kvstream::v1::LOAD_MODE_DEFAULT;
 };
 
 // Parses a POST /v1/completions body; `model_id` is the one model served.

@@ -143,6 +143,22 @@ int Words(const std::string& s) {
 }
 }  // namespace
 
+Message TurnPrompt(const Conversation& c, size_t turn, const std::vector<Message>& answers, int* prompt_len) {
+  Message p = c.system;
+  for (size_t t = 0; t < turn; ++t) {
+    p.ids.insert(p.ids.end(), c.turns[t].user.ids.begin(), c.turns[t].user.ids.end());
+    p.text += c.turns[t].user.text;
+    if (t < answers.size()) {
+      p.ids.insert(p.ids.end(), answers[t].ids.begin(), answers[t].ids.end());
+      p.text += answers[t].text;
+    }
+  }
+  p.ids.insert(p.ids.end(), c.turns[turn].user.ids.begin(), c.turns[turn].user.ids.end());
+  p.text += c.turns[turn].user.text;
+  *prompt_len = c.ids ? static_cast<int>(p.ids.size()) : Words(p.text);
+  return p;
+}
+
 std::string RequestBody(const Conversation& c, size_t turn, const std::vector<Message>& answers,
                         const BodyOptions& o, int* prompt_len) {
   json body = json::object();
@@ -163,30 +179,17 @@ std::string RequestBody(const Conversation& c, size_t turn, const std::vector<Me
     body["messages"] = std::move(msgs);
     *prompt_len = words;
   } else if (c.ids) {
-    std::vector<int32_t> p = c.system.ids;
-    for (size_t t = 0; t < turn; ++t) {
-      p.insert(p.end(), c.turns[t].user.ids.begin(), c.turns[t].user.ids.end());
-      if (t < answers.size()) p.insert(p.end(), answers[t].ids.begin(), answers[t].ids.end());
-    }
-    p.insert(p.end(), c.turns[turn].user.ids.begin(), c.turns[turn].user.ids.end());
-    *prompt_len = static_cast<int>(p.size());
-    body["prompt"] = std::move(p);
+    body["prompt"] = TurnPrompt(c, turn, answers, prompt_len).ids;
     if (c.turns.size() > 1) body["return_token_ids"] = true;
   } else {
-    std::string p = c.system.text;
-    for (size_t t = 0; t < turn; ++t) {
-      p += c.turns[t].user.text;
-      if (t < answers.size()) p += answers[t].text;
-    }
-    p += c.turns[turn].user.text;
-    *prompt_len = Words(p);
-    body["prompt"] = std::move(p);
+    body["prompt"] = TurnPrompt(c, turn, answers, prompt_len).text;
   }
   body["max_tokens"] = c.turns[turn].max_tokens;
   body["temperature"] = o.temperature;
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   if (o.ignore_eos) body["ignore_eos"] = true;
+  if (!o.load_mode.empty()) body["load_mode"] = o.load_mode;
   for (const auto& [k, v] : o.extra.items()) body[k] = v;
   return body.dump();
 }

@@ -54,8 +54,14 @@ struct BodyOptions {
   std::string model;
   double temperature = 0;
   bool ignore_eos = false;
+  std::string load_mode;  // pipelined | non-pipelined | local; empty: the daemon's default
   nlohmann::json extra = nlohmann::json::object();  // merged into every body last
 };
+
+// The completions prompt of a conversation's turn: the system prompt, each earlier turn's user
+// message and answer, then this turn's user message (ids and text both built; c.ids says which
+// is used). *prompt_len: the ids' count, or the text's words (an estimate of its tokens).
+Message TurnPrompt(const Conversation& c, size_t turn, const std::vector<Message>& answers, int* prompt_len);
 
 // The body of a conversation's turn `turn` given the answers of its earlier turns (a text
 // answer is appended as text; with ids, its token ids, asked for with vLLM's return_token_ids).

@@ -160,6 +160,7 @@ json MetricsJson(const RunInfo& info, const RunMetrics& m, const Slo& slo) {
   j["endpoint"] = info.endpoint;
   j["model"] = info.model;
   j["dataset"] = info.dataset;
+  j["load_mode"] = info.load_mode;
   j["request_rate"] = std::isinf(info.request_rate) ? json("inf") : json(info.request_rate);
   j["max_concurrency"] = info.max_concurrency;
   j["num_requests"] = info.num_requests;

@@ -52,11 +52,12 @@ Dist Summarize(const std::vector<double>& seconds, const std::vector<double>& pe
 
 struct RunInfo {
   std::string label;  // names the series in plots (e.g. the server's mode)
-  std::string endpoint, model, dataset, url;
+  std::string endpoint, model, dataset, url;  // endpoint: completions, chat or grpc
   double request_rate = 0;   // requests/s; infinity: all at once
   int max_concurrency = 0;   // 0: unbounded
   int num_requests = 0;
   bool multiturn = false;
+  std::string load_mode;     // kvstream's load mode asked for (empty: the daemon's default)
 };
 
 struct RunMetrics {

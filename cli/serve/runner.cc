@@ -15,10 +15,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "cli/serve/grpc_client.h"
+
 namespace kvstream::cli::serve {
 
 namespace asio = boost::asio;
 using json = nlohmann::json;
+namespace v1 = kvstream::v1;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -112,7 +115,7 @@ std::vector<double> Arrivals(int n, const LoadOptions& o) {
 
 struct Shared {
   asio::io_context& io;
-  SseClient& client;
+  Target target;
   const LoadOptions& o;
   Slots slots;
   Progress progress;
@@ -120,18 +123,38 @@ struct Shared {
   Clock::time_point last_end;
 };
 
-asio::awaitable<void> OneRequest(Shared& s, const std::string& body, int est_prompt_len, bool chat,
-                                 RequestRecord& r, Message& answer) {
+// Counts a chunk (a streamed event with a choice, or a gRPC message) arriving at `at_s`.
+void CountChunk(double at_s, RequestRecord& r, double& last_s) {
+  if (r.chunks == 0) r.ttft_s = at_s;
+  else r.itl_s.push_back(at_s - last_s);
+  last_s = at_s;
+  ++r.chunks;
+}
+
+asio::awaitable<void> OneRequest(Shared& s, const Conversation& c, size_t turn,
+                                 const std::vector<Message>& answers, RequestRecord& r, Message& answer) {
+  int prompt_len = 0;
+  const bool chat = s.o.body.chat;
+  std::string body;
+  v1::GenerateRequest greq;
+  if (s.target.grpc) greq = GenerateRequestFor(c, turn, answers, s.o.body, &prompt_len);
+  else body = RequestBody(c, turn, answers, s.o.body, &prompt_len);
   const Clock::time_point st = Clock::now();
   r.start_s = Seconds(st - s.t0);
-  r.prompt_len = est_prompt_len;
+  r.prompt_len = prompt_len;
   double last_s = 0;
   std::string stream_error;
-  StreamOutcome out = co_await s.client.PostStream(
-      s.o.path, body, [&](const std::string& data, SteadyTime at) {
-        std::string e = ApplyEvent(data, Seconds(at - st), chat, r, answer, last_s);
-        if (!e.empty() && stream_error.empty()) stream_error = std::move(e);
-      });
+  StreamOutcome out;
+  if (s.target.grpc) {
+    out = co_await s.target.grpc->Generate(std::move(greq), [&](const v1::GenerateResponse& m, SteadyTime at) {
+      ApplyMessage(m, Seconds(at - st), r, answer, last_s);
+    });
+  } else {
+    out = co_await s.target.http->PostStream(s.o.path, body, [&](const std::string& data, SteadyTime at) {
+      std::string e = ApplyEvent(data, Seconds(at - st), chat, r, answer, last_s);
+      if (!e.empty() && stream_error.empty()) stream_error = std::move(e);
+    });
+  }
   const Clock::time_point end = Clock::now();
   s.last_end = std::max(s.last_end, end);
   if (!out.error.empty()) {
@@ -160,13 +183,11 @@ asio::awaitable<void> RunConversation(Shared& s, const Conversation& c, double a
   co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   std::vector<Message> answers;
   for (size_t t = 0; t < c.turns.size(); ++t) {
-    int prompt_len = 0;
-    const std::string body = RequestBody(c, t, answers, s.o.body, &prompt_len);
     co_await s.slots.Acquire();
     RequestRecord& r = records[t];
     r.turn = static_cast<int>(t);
     Message answer;
-    co_await OneRequest(s, body, prompt_len, s.o.body.chat, r, answer);
+    co_await OneRequest(s, c, t, answers, r, answer);
     s.slots.Release();
     s.progress.Done(r.ok);
     answers.push_back(std::move(answer));
@@ -192,10 +213,7 @@ std::string ApplyEvent(const std::string& data, double at_s, bool chat, RequestR
     return kind.empty() ? "error" : kind;
   }
   if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
-    if (r.chunks == 0) r.ttft_s = at_s;
-    else r.itl_s.push_back(at_s - last_s);
-    last_s = at_s;
-    ++r.chunks;
+    CountChunk(at_s, r, last_s);
     const json& c = j["choices"][0];
     const json* text = nullptr;
     if (!chat && c.contains("text")) text = &c["text"];
@@ -218,14 +236,23 @@ std::string ApplyEvent(const std::string& data, double at_s, bool chat, RequestR
   return "";
 }
 
-LoadResult RunLoad(asio::io_context& io, SseClient& client,
+void ApplyMessage(const v1::GenerateResponse& msg, double at_s, RequestRecord& r, Message& answer,
+                  double& last_s) {
+  CountChunk(at_s, r, last_s);
+  answer.ids.push_back(msg.token_id());
+  answer.text += msg.text();
+  r.output_tokens = r.chunks;
+  r.usage = true;
+}
+
+LoadResult RunLoad(asio::io_context& io, Target target,
                    const std::vector<Conversation>& conversations, const LoadOptions& o) {
   LoadResult result;
   std::vector<size_t> first(conversations.size() + 1, 0);
   for (size_t i = 0; i < conversations.size(); ++i) first[i + 1] = first[i] + conversations[i].turns.size();
   result.records.resize(first.back());
   const std::vector<double> arrivals = Arrivals(static_cast<int>(conversations.size()), o);
-  Shared s{io, client, o, Slots(io, o.max_concurrency),
+  Shared s{io, target, o, Slots(io, o.max_concurrency),
            Progress(o.progress, static_cast<int>(first.back()), o.label), Clock::now(), Clock::now()};
   for (size_t i = 0; i < conversations.size(); ++i)
     asio::co_spawn(io, RunConversation(s, conversations[i], arrivals[i], &result.records[first[i]]),

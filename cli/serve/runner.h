@@ -13,7 +13,20 @@
 #include "cli/serve/metrics.h"
 #include "cli/serve/sse_client.h"
 
+namespace kvstream::v1 {
+class GenerateResponse;
+}
+
 namespace kvstream::cli::serve {
+
+class GrpcClient;
+
+// Where the requests go: an OpenAI-compatible server over HTTP, or a decode daemon's gRPC
+// Generate (exactly one set).
+struct Target {
+  SseClient* http = nullptr;
+  GrpcClient* grpc = nullptr;
+};
 
 struct LoadOptions {
   double request_rate = 0;  // conversations per second; infinity: all at once
@@ -31,8 +44,8 @@ struct LoadResult {
   double duration_s = 0;               // the run's start to its last answer
 };
 
-// Runs every turn of `conversations` against `client` (on `io`, which must not be running).
-LoadResult RunLoad(boost::asio::io_context& io, SseClient& client,
+// Runs every turn of `conversations` against `target` (on `io`, which must not be running).
+LoadResult RunLoad(boost::asio::io_context& io, Target target,
                    const std::vector<Conversation>& conversations, const LoadOptions& o);
 
 // Parses one streamed event into `r` / `answer` (exposed for tests): a chunk with a non-empty
@@ -41,5 +54,10 @@ LoadResult RunLoad(boost::asio::io_context& io, SseClient& client,
 // "usage" sets output/prompt tokens; an "error" object is returned as the failure's kind.
 std::string ApplyEvent(const std::string& data, double at_s, bool chat, RequestRecord& r,
                        Message& answer, double& last_s);
+
+// One gRPC GenerateResponse at `at_s`, as ApplyEvent's token event: one chunk; its token id and
+// text appended to `answer`; the output tokens counted exactly (usage set).
+void ApplyMessage(const kvstream::v1::GenerateResponse& msg, double at_s, RequestRecord& r,
+                  Message& answer, double& last_s);
 
 }  // namespace kvstream::cli::serve

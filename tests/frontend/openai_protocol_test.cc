@@ -50,6 +50,21 @@ TEST(OpenAiProtocol, PromptForms) {
   EXPECT_NE(two.message.find("one prompt per request"), std::string::npos) << two.message;
 }
 
+// kvstream's extension load_mode picks gRPC's LoadMode (bench serve's --load-mode over HTTP).
+TEST(OpenAiProtocol, LoadModeExtension) {
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4]})")).load_mode(), v1::LOAD_MODE_DEFAULT);
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4],"load_mode":"pipelined"})")).load_mode(),
+            v1::LOAD_MODE_PIPELINED);
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4],"load_mode":"non-pipelined"})")).load_mode(),
+            v1::LOAD_MODE_NON_PIPELINED);
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4],"load_mode":"local"})")).load_mode(),
+            v1::LOAD_MODE_LOCAL);
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4],"load_mode":null})")).load_mode(),
+            v1::LOAD_MODE_DEFAULT);
+  EXPECT_EQ(Err(R"({"model":"tiny","prompt":[3,4],"load_mode":"colocated"})").param, "load_mode");
+  EXPECT_EQ(Err(R"({"model":"tiny","prompt":[3,4],"load_mode":3})").param, "load_mode");
+}
+
 TEST(OpenAiProtocol, EveryField) {
   const auto parsed = ParseCompletionRequest(R"({"model":"tiny","prompt":"x","max_tokens":7,"stream":true,
       "stream_options":{"include_usage":true},"stop":["a","b"],"temperature":0.5,"top_p":0.9,
