@@ -7,7 +7,7 @@
 - Kubernetes: each kustomize overlay rendered (kubectl kustomize, offline) and validated against
   the Kubernetes OpenAPI schemas (tests/deploy/k8s_validate.js, npm's kubernetes-models); then the
   objects against each other and the daemons: every config key is a flag of the daemon's --help;
-  the ports of listen/health_listen are the containers' named ports, the probes' and the
+  the ports of listen/health_listen/http are the containers' named ports, the probes' and the
   Services'; probes on the gRPC health service with the daemon's service name; the config,
   token and checkpoint paths lie in the volumes mounted there; the decode's peers are the prefill
   StatefulSet's pods behind its headless Service; terminationGracePeriodSeconds covers the drain;
@@ -137,6 +137,12 @@ def check_workloads(objs, flags, where):
                if all(labels.get(k) == v for k, v in s["spec"]["selector"].items())]
         check(len(svc) == 1 and svc[0]["spec"]["ports"][0]["targetPort"] in ("grpc", ports.get("grpc")),
               f"{where}: {name}: no Service on its grpc port")
+        # The HTTP endpoint (decode's "http"): a container port named http, a Service port on it.
+        if "http" in cfg:
+            check(port_of(cfg["http"]) == ports.get("http"),
+                  f"{where}: {name}: http {cfg['http']} is not its http containerPort {ports.get('http')}")
+            check(any(sp["targetPort"] in ("http", ports.get("http")) for s in svc for sp in s["spec"]["ports"]),
+                  f"{where}: {name}: no Service port on its http port")
         check(any(all(labels.get(k) == v for k, v in p["spec"]["selector"]["matchLabels"].items()) for p in pdbs),
               f"{where}: {name}: no PodDisruptionBudget")
         if role == "decode":
