@@ -76,7 +76,7 @@ TEST_F(BenchServeTest, CountsTokensAndMultiTurnAgainstTheDaemons) {
 // The gRPC path (grpc://, Generate streams) with the same workloads and definitions as HTTP, in
 // every load mode (local: the decode computes the prompt, colocated), and the HTTP path with the
 // same modes (kvstream's load_mode extension): the same counts; the multi-turn prompts grow by
-// each answer's ids from the stream; RESOURCE_EXHAUSTED counted by kind.
+// each answer's ids from the stream.
 TEST_F(BenchServeTest, GrpcPathSideBySideWithHttp) {
   ASSERT_NO_FATAL_FAILURE(Start({"--model=tiny", "--pool_blocks=64"}, {}));
   const std::string load = "--prompt-format ids --vocab-size 500 --input-len 12 --output-len 6 --num-prompts 12 "
@@ -126,31 +126,22 @@ TEST_F(BenchServeTest, GrpcPathSideBySideWithHttp) {
   EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(10000)), 0);
 }
 
-TEST_F(BenchServeTest, GrpcQueueFullIsCountedByKind) {
-  ASSERT_NO_FATAL_FAILURE(Start({"--model=tiny", "--pool_blocks=8"}, {"--max_queue=2", "--queue_timeout_ms=60000"}));
-  auto rows = Bench("--prompt-format ids --vocab-size 500 --input-len 60 --output-len 8 --num-prompts 12 --ignore-eos",
-                    0, true);
-  ASSERT_EQ(rows.size(), 1u);
-  const json& r = rows[0];
-  EXPECT_EQ(r["completed"].get<int>() + r["failed"].get<int>(), 12);
-  EXPECT_GE(r["completed"].get<int>(), 1) << r.dump();
-  EXPECT_GE(r["failed"].get<int>(), 1) << r.dump();
-  EXPECT_EQ(r["errors"], json({{"grpc RESOURCE_EXHAUSTED", r["failed"]}})) << r.dump();
-  EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(20000)), 0);
-}
-
 // An 8-block pool and a 2-request admission queue: of 12 requests of 68 tokens (5 blocks each)
-// sent at once, those past the queue are refused at once with 429 queue_full, and counted so.
+// sent at once, those past the queue are refused at once (HTTP 429 queue_full, gRPC
+// RESOURCE_EXHAUSTED), and counted so.
 TEST_F(BenchServeTest, QueueFullIsCountedByKind) {
   ASSERT_NO_FATAL_FAILURE(Start({"--model=tiny", "--pool_blocks=8"}, {"--max_queue=2", "--queue_timeout_ms=60000"}));
-  auto rows = Bench("--prompt-format ids --vocab-size 500 --input-len 60 --output-len 8 --num-prompts 12 --ignore-eos");
-  ASSERT_EQ(rows.size(), 1u);
-  const json& r = rows[0];
-  EXPECT_EQ(r["completed"].get<int>() + r["failed"].get<int>(), 12);
-  EXPECT_GE(r["completed"].get<int>(), 1) << r.dump();
-  EXPECT_GE(r["failed"].get<int>(), 1) << r.dump();
-  EXPECT_EQ(r["errors"], json({{"http 429 (queue_full)", r["failed"]}})) << r.dump();
-  EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(20000)), 0);
+  for (bool grpc : {false, true}) {  // over gRPC the refusal is RESOURCE_EXHAUSTED
+    auto rows = Bench("--prompt-format ids --vocab-size 500 --input-len 60 --output-len 8 --num-prompts 12 --ignore-eos",
+                      0, grpc);
+    ASSERT_EQ(rows.size(), 1u);
+    const json& r = rows[0];
+    EXPECT_EQ(r["completed"].get<int>() + r["failed"].get<int>(), 12);
+    EXPECT_GE(r["completed"].get<int>(), 1) << r.dump();
+    EXPECT_GE(r["failed"].get<int>(), 1) << r.dump();
+    EXPECT_EQ(r["errors"], json({{grpc ? "grpc RESOURCE_EXHAUSTED" : "http 429 (queue_full)", r["failed"]}})) << r.dump();
+    EXPECT_EQ(BlocksNotFree(decode_address(), true, DeadlineAfterMs(20000)), 0);
+  }
 }
 
 }  // namespace
