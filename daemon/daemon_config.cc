@@ -126,6 +126,14 @@ const std::vector<Field>& Fields() {
                "decode, cuda_ipc + cuda: compute stream waits for each layer's copy on the GPU "
                "(early notifications, landed flags; docs/transports.md) (true|false)"),
       KV_FIELD(on_load_failure, kStr, "decode: fail | recompute when the KV does not land"),
+      KV_FIELD(prefill_routing, kStr,
+               "decode, several prefills: prefix (by the prompt's first blocks, rendezvous "
+               "hashing, load-aware) | least_loaded"),
+      KV_FIELD(prefill_route_blocks, kInt,
+               "decode: prefix routing keys on the prompt's first this many blocks"),
+      KV_FIELD(prefill_route_slack, kInt,
+               "decode: prefix routing passes over a prefill with this many more loads in flight "
+               "than the least loaded"),
       KV_FIELD(max_batch, kInt, "decode: sequences per decode step"),
       KV_FIELD(queue_timeout_ms, kI64, "decode: wait this long for free KV blocks (0 = fail at once)"),
       KV_FIELD(max_queue, kInt,
@@ -238,6 +246,10 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     return InvalidArgument("gpu_landed_wait needs --transport cuda_ipc and --backend cuda");
   if (c.on_load_failure != "fail" && c.on_load_failure != "recompute")
     return InvalidArgument("on_load_failure must be fail or recompute");
+  if (c.prefill_routing != "prefix" && c.prefill_routing != "least_loaded")
+    return InvalidArgument("prefill_routing must be prefix or least_loaded");
+  if (c.prefill_route_blocks < 1) return InvalidArgument("prefill_route_blocks must be >= 1");
+  if (c.prefill_route_slack < 1) return InvalidArgument("prefill_route_slack must be >= 1");
   if (c.max_batch <= 0) return InvalidArgument("max_batch must be > 0");
   if (c.max_queue < 0) return InvalidArgument("max_queue must be >= 0");
   if (c.max_concurrent_streams <= 0) return InvalidArgument("max_concurrent_streams must be > 0");

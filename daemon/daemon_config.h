@@ -136,6 +136,13 @@ struct DaemonConfig {
   int kv_prefetch_threshold_tokens = 256;
   int kv_tier_io_threads = 2;
   std::string on_load_failure = "fail";  // fail | recompute
+  // decode with several prefills (decode/prefill_router.h): prefix (a request goes to the
+  // prefill ranked first for its first prefill_route_blocks blocks' key by rendezvous hashing,
+  // passed over when not ready or when its loads in flight exceed the least loaded's by
+  // prefill_route_slack or more) | least_loaded.
+  std::string prefill_routing = "prefix";
+  int prefill_route_blocks = 4;
+  int prefill_route_slack = 4;
   int max_batch = 32;           // decode: sequences per decode step
   int64_t queue_timeout_ms = 10000;      // decode: wait this long for free KV blocks (0: fail at once)
   int max_queue = 256;          // decode: requests waiting for KV blocks, first come first served

@@ -24,6 +24,19 @@ int64_t WallMicros() {
 int64_t MicrosSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
 }
+PrefillRouter MakeRouter(const daemon::DaemonConfig& config, model::ModelBackend* backend,
+                         model::KvPool* pool,
+                         const std::vector<connector::DecodeConnector*>& connectors) {
+  std::vector<std::string> addresses;
+  for (connector::DecodeConnector* c : connectors) addresses.push_back(c->prefill_address());
+  auto policy = ParseRoutePolicy(config.prefill_routing);  // checked by the config parser
+  // The prefill's key chain (prefill/kv_tiers.cc): the same root, so the route key of a prompt
+  // is the key its blocks have in every tier.
+  return PrefillRouter(policy.ok() ? *policy : RoutePolicy::kLeastLoaded, std::move(addresses),
+                       kvcache::RootKey(backend->config().hash(), pool->layout(), /*salt=*/""),
+                       pool->layout().block_size, config.prefill_route_blocks,
+                       config.prefill_route_slack);
+}
 }  // namespace
 
 struct DecodeServer::Request {
@@ -68,6 +81,7 @@ DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBacke
       backend_(backend),
       pool_(pool),
       connectors_(std::move(connectors)),
+      router_(MakeRouter(config, backend, pool, connectors_)),
       admission_(&pool->allocator(), config.max_queue),
       join_budget_(config.itl_target_ms * 1e-3,
                    double(backend->config().decode_step_weight_bytes())) {
@@ -123,22 +137,13 @@ bool DecodeServer::FirstStepAfterLoad(const Request& r) const {
                                            r.conn->peer_device_id(), shared_via_mps_);
 }
 
-connector::DecodeConnector* DecodeServer::PickConnector() {
-  const size_t n = connectors_.size();
-  const uint64_t start = next_connector_.fetch_add(1);
-  if (n == 1) return connectors_[0];
-  connector::DecodeConnector* best = nullptr;
-  int best_loads = 0;
-  for (size_t k = 0; k < n; ++k) {  // from a rotating start: ties go round robin
-    connector::DecodeConnector* c = connectors_[(start + k) % n];
-    if (!c->peer_ready()) continue;
-    const int loads = c->stats().loads_in_flight;
-    if (best == nullptr || loads < best_loads) {
-      best = c;
-      best_loads = loads;
-    }
-  }
-  return best != nullptr ? best : connectors_[start % n];
+connector::DecodeConnector* DecodeServer::PickConnector(std::span<const int32_t> prefix) {
+  const uint64_t rotate = next_connector_.fetch_add(1);
+  if (connectors_.size() == 1) return connectors_[0];
+  std::vector<PrefillState> states;
+  for (connector::DecodeConnector* c : connectors_)
+    states.push_back({c->peer_ready(), c->stats().loads_in_flight});
+  return connectors_[router_.Pick(router_.RouteKey(prefix), states, rotate)];
 }
 
 DecodeServer::~DecodeServer() {
@@ -249,7 +254,7 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
   if (r->remote) {
     r->load_deadline = std::min(r->deadline, DeadlineAfterMs(config_.load_timeout_ms));
     std::vector<int32_t> prefix(r->prompt.begin(), r->prompt.end() - 1);
-    r->conn = PickConnector();
+    r->conn = PickConnector(prefix);
     Status s = r->conn->StartLoad(r->id, std::move(prefix), r->blocks->ids(), r->pipelined,
                                   r->load_deadline, r->blocks);
     if (!s.ok()) return reject(s.WithContext("start_load"));

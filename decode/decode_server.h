@@ -16,9 +16,12 @@
 //  - Every request has a deadline: the client's, capped at request_timeout_ms.
 //  - When the KV does not land: on_load_failure=fail ends the request with the load's status;
 //    recompute computes the prompt locally in fresh blocks.
-//  - Several prefill daemons (one DecodeConnector each): a request's load goes to the one with
-//    the fewest loads in flight among those whose last handshake is valid (a prefill that was
-//    lost is skipped until a handshake with it succeeds again; with none valid, round robin).
+//  - Several prefill daemons (one DecodeConnector each): a request's load goes where
+//    prefill_routing says (decode/prefill_router.h): by default the prefill ranked first for its
+//    prompt's first blocks (so the turns of a conversation find their prefix there), else the
+//    next in rank when that one is not ready or overloaded; least_loaded: the fewest loads in
+//    flight. Only prefills whose last handshake is valid are taken (a prefill that was lost is
+//    skipped until a handshake with it succeeds again; with none valid, round robin).
 //    A prober thread retries the handshake with every prefill that is not ready, once a second
 //    (each attempt bounded by min(handshake_timeout_ms, 1 s)), so a prefill that comes back or
 //    starts late takes traffic again; it also keeps the readiness (SetHealth) up to date.
@@ -41,6 +44,7 @@
 #include "connector/decode_connector.h"
 #include "decode/admission.h"
 #include "decode/join_budget.h"
+#include "decode/prefill_router.h"
 #include "decode/text_request.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
@@ -137,8 +141,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   double KvBytes(int tokens) const {
     return double(tokens) * double(backend_->config().kv_bytes_per_token());
   }
-  // The prefill connector for a new load (see the class comment).
-  connector::DecodeConnector* PickConnector();
+  // The prefill connector for a new load of `prefix` (see the class comment).
+  connector::DecodeConnector* PickConnector(std::span<const int32_t> prefix);
 
   daemon::DaemonConfig config_;
   std::shared_ptr<const daemon::Authorizer> authz_ = daemon::Authorizer::Open();
@@ -150,6 +154,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   model::KvPool* pool_;
   std::vector<connector::DecodeConnector*> connectors_;
   std::atomic<uint64_t> next_connector_{0};
+  PrefillRouter router_;
   Admission admission_;  // FIFO wait for KV blocks (max_queue)
 
   std::mutex mu_;

@@ -248,6 +248,11 @@ TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
         "--kv_store_timeout_ms=0"}, "kv_store_timeout_ms"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s", "--kv_store_insecure",
         "--kv_store_max_pending_mb=0"}, "kv_store_max_pending_mb"},
+      {{"--prefill_routing=random"}, "prefill_routing"},
+      {{"--prefill_routing=Prefix"}, "prefill_routing"},
+      {{"--prefill_route_blocks=0"}, "prefill_route_blocks"},
+      {{"--prefill_route_slack=0"}, "prefill_route_slack"},
+      {{"--prefill_route_slack=-3"}, "prefill_route_slack"},
   };
   for (const Case& k : cases) {
     auto c = Parse(k.args);

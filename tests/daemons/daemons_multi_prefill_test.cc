@@ -14,9 +14,11 @@ namespace {
 
 class MultiPrefillTest : public DisaggTest {
  protected:
-  std::unique_ptr<DaemonProcess> StartPrefillOn(const std::string& name, int port) {
+  std::unique_ptr<DaemonProcess> StartPrefillOn(const std::string& name, int port,
+                                                const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = DefaultDaemonFlags();
     for (const char* a : {"--model=tiny", "--pool_blocks=64"}) args.push_back(a);
+    args.insert(args.end(), extra.begin(), extra.end());
     args.push_back("--listen=127.0.0.1:" + std::to_string(port));
     auto p = std::make_unique<DaemonProcess>(name, PrefillBin(), args, dir_.path());
     Status s = p->Start(DeadlineAfterMs(60000));
@@ -30,6 +32,18 @@ class MultiPrefillTest : public DisaggTest {
                              (*p)->Log().c_str());
     }
     DisaggTest::TearDown();
+  }
+  void StartDecode(int port_a, int port_b, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = DefaultDaemonFlags();
+    for (const char* f : {"--model=tiny", "--pool_blocks=256", "--on_load_failure=recompute"})
+      args.push_back(f);
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("--listen=127.0.0.1:0");
+    args.push_back("--peer=127.0.0.1:" + std::to_string(port_a) + ",127.0.0.1:" +
+                   std::to_string(port_b));
+    decode_ = std::make_unique<DaemonProcess>("decode", DecodeBin(), args, dir_.path());
+    ASSERT_TRUE(decode_->Start(DeadlineAfterMs(60000)).ok());
+    stub_ = DecodeStub(decode_->address());
   }
   // Members, so that a failure prints their logs.
   std::unique_ptr<DaemonProcess> a, b;
@@ -45,15 +59,8 @@ TEST_F(MultiPrefillTest, LoadsSpreadOverBothAndSurviveOneDying) {
   a = StartPrefillOn("prefill_a", port_a);
   b = StartPrefillOn("prefill_b", port_b);
   ASSERT_TRUE(a && b);
-  std::vector<std::string> args = DefaultDaemonFlags();
-  for (const char* f : {"--model=tiny", "--pool_blocks=256", "--on_load_failure=recompute"})
-    args.push_back(f);
-  args.push_back("--listen=127.0.0.1:0");
-  args.push_back("--peer=127.0.0.1:" + std::to_string(port_a) + ",127.0.0.1:" +
-                 std::to_string(port_b));
-  decode_ = std::make_unique<DaemonProcess>("decode", DecodeBin(), args, dir_.path());
-  ASSERT_TRUE(decode_->Start(DeadlineAfterMs(60000)).ok());
-  stub_ = DecodeStub(decode_->address());
+  // The least-loaded policy: one prompt repeated spreads (prefix routing would keep it on one).
+  ASSERT_NO_FATAL_FAILURE(StartDecode(port_a, port_b, {"--prefill_routing=least_loaded"}));
 
   // Spread: 8 requests one after another land on both prefills; tokens equal colocated.
   const std::vector<int32_t> prompt = MakePrompt(40, 512, 5);
@@ -95,6 +102,112 @@ TEST_F(MultiPrefillTest, LoadsSpreadOverBothAndSurviveOneDying) {
     EXPECT_EQ(r.tokens, want);
   }
   EXPECT_GE(PrefillOk("127.0.0.1:" + std::to_string(port_a)), 2u) << "A did not take loads again";
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_->address(), true, DeadlineAfterMs(10000)).ok());
+}
+
+// Prefix-aware routing (the default with several prefills, decode/prefill_router.h): every
+// turn of a conversation (the previous prompt, its answer and a new message) goes to the
+// prefill that computed the previous turns, so it finds that prefix in its cache; a prefill
+// going down moves only its own conversations.
+TEST_F(MultiPrefillTest, TurnsOfAConversationLandOnOnePrefillThatHoldsTheirPrefix) {
+  const int port_a = PickFreePort(), port_b = PickFreePort();
+  // Room for every conversation's prefix (a cache cycled through by more than it holds would
+  // miss every time under LRU, whatever the routing).
+  const std::vector<std::string> cache = {"--pool_blocks=320", "--prompt_cache_blocks=256"};
+  a = StartPrefillOn("prefill_a", port_a, cache);
+  b = StartPrefillOn("prefill_b", port_b, cache);
+  ASSERT_TRUE(a && b);
+  ASSERT_NO_FATAL_FAILURE(StartDecode(port_a, port_b, {}));
+  const std::string addr[2] = {"127.0.0.1:" + std::to_string(port_a),
+                               "127.0.0.1:" + std::to_string(port_b)};
+  uint64_t served[2] = {0, 0}, hit_tokens[2] = {0, 0};
+  // One turn: tokens equal colocated; which prefill served it (-1: none, recomputed) and the
+  // prompt tokens it took from its cache (its Stats' deltas: requests go one at a time).
+  auto turn = [&](const std::vector<int32_t>& prompt, std::vector<int32_t>* answer, int* where,
+                  int* cached) {
+    auto r = CallGenerate(*stub_, prompt, 5, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.tokens, Colocated({"--model=tiny"}, prompt, 5));
+    *answer = r.tokens;
+    *cached = 0;
+    *where = -1;
+    const bool remote = r.messages.front().load().loaded_remotely();
+    const Deadline deadline = DeadlineAfterMs(5000);
+    while (remote && *where < 0 && Clock::now() < deadline) {
+      for (int i = 0; i < 2; ++i) {
+        if (i == 1 && !b) continue;  // killed
+        auto stub = PrefillStub(addr[i]);
+        auto st = CallStats(*stub);
+        if (!st.ok() || st->counters().requests_ok() <= served[i]) continue;
+        served[i] = st->counters().requests_ok();
+        *cached = int(st->counters().prompt_cache_hit_tokens() - hit_tokens[i]);
+        hit_tokens[i] = st->counters().prompt_cache_hit_tokens();
+        *where = i;
+      }
+      if (*where < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(!remote || *where >= 0) << "no prefill counted the request";
+  };
+  struct Conversation {
+    std::vector<int32_t> prompt;
+    int owner = -1;
+  };
+  std::vector<Conversation> convs;
+  int per[2] = {0, 0};
+  // Turn 1 of conversations (70 tokens: the route key's 4 blocks) until each prefill has two.
+  for (int c = 0; c < 16 && (per[0] < 2 || per[1] < 2); ++c) {
+    Conversation conv{MakePrompt(70, 512, 1000 + c)};
+    std::vector<int32_t> answer;
+    int cached = 0;
+    ASSERT_NO_FATAL_FAILURE(turn(conv.prompt, &answer, &conv.owner, &cached));
+    ASSERT_GE(conv.owner, 0);
+    ++per[conv.owner];
+    conv.prompt.insert(conv.prompt.end(), answer.begin(), answer.end());
+    convs.push_back(conv);
+  }
+  ASSERT_TRUE(per[0] >= 2 && per[1] >= 2) << per[0] << " / " << per[1];
+  // Turns 2 and 3: the same prefill, which has the previous prompt's full blocks (at the
+  // prefill the prompt less its last token) in its cache: hit rate not halved.
+  auto next_turn = [&](Conversation& conv, uint64_t seed, int* where) {
+    const int previous_blocks = (int(conv.prompt.size()) - 5 - 1) / 16;
+    const auto message = MakePrompt(10, 512, seed);
+    conv.prompt.insert(conv.prompt.end(), message.begin(), message.end());
+    std::vector<int32_t> answer;
+    int cached = 0;
+    ASSERT_NO_FATAL_FAILURE(turn(conv.prompt, &answer, where, &cached));
+    if (*where == conv.owner) {
+      EXPECT_GE(cached, previous_blocks * 16) << "prefix not found";
+    }
+    conv.prompt.insert(conv.prompt.end(), answer.begin(), answer.end());
+  };
+  for (int t = 2; t <= 3; ++t) {
+    // Another client's request between the rounds: requests of one conversation are not evenly
+    // spaced (round robin over two prefills would otherwise put each turn where the last went).
+    std::vector<int32_t> stray_answer;
+    int stray_where = -1, stray_cached = 0;
+    ASSERT_NO_FATAL_FAILURE(turn(MakePrompt(70, 512, 4000 + t), &stray_answer, &stray_where,
+                                 &stray_cached));
+    for (size_t c = 0; c < convs.size(); ++c) {
+      int where = -1;
+      ASSERT_NO_FATAL_FAILURE(next_turn(convs[c], 2000 + 100 * t + c, &where));
+      EXPECT_EQ(where, convs[c].owner) << "conversation " << c << " turn " << t << " moved";
+    }
+  }
+  // B goes down: A's conversations stay on A (and still hit); B's move to A once the decode
+  // knows B is lost (the first may be recomputed), with the colocated tokens throughout.
+  b->Signal(SIGKILL);
+  b->Wait(DeadlineAfterMs(10000));
+  b.reset();
+  int moved_to_a = 0;
+  for (size_t c = 0; c < convs.size(); ++c) {
+    int where = -1;
+    ASSERT_NO_FATAL_FAILURE(next_turn(convs[c], 3000 + c, &where));
+    if (convs[c].owner == 0) {
+      EXPECT_EQ(where, 0) << "a conversation of the live prefill moved";
+    }
+    if (convs[c].owner == 1 && where == 0) ++moved_to_a;
+  }
+  EXPECT_GE(moved_to_a, per[1] - 1);
   EXPECT_TRUE(WaitForAllBlocksFree(decode_->address(), true, DeadlineAfterMs(10000)).ok());
 }
 
