@@ -100,8 +100,9 @@ const std::vector<Field>& Fields() {
       KV_FIELD(kv_disk_tier_erase, kBool,
                "prefill: erase every entry in kv_disk_tier_dir (any model's) at start (true|false)"),
       KV_FIELD(kv_store_redis, kStr,
-               "prefill: shared KV tier (L4) on Redis: servers unix:/path or host:port, a,b,... "
-               "(empty = off; needs kv_tier_secret_file; docs/kv_store.md)"),
+               "shared KV tier (L4) on Redis: servers unix:/path or host:port, a,b,... (empty = "
+               "off; needs kv_tier_secret_file; docs/kv_store.md); the decode writes finished "
+               "conversations to it"),
       KV_FIELD(kv_store_auth_file, kStr,
                "prefill: Redis AUTH file (the password, or ACL user and password on two lines)"),
       KV_FIELD(kv_store_insecure, kBool, "prefill: allow kv_store_redis without an auth file"),

@@ -24,18 +24,13 @@ int64_t WallMicros() {
 int64_t MicrosSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
 }
-PrefillRouter MakeRouter(const daemon::DaemonConfig& config, model::ModelBackend* backend,
-                         model::KvPool* pool,
-                         const std::vector<connector::DecodeConnector*>& connectors) {
+PrefillRouter MakeRouter(const daemon::DaemonConfig& config, const kvcache::BlockKey& root,
+                         int block_size, const std::vector<connector::DecodeConnector*>& connectors) {
   std::vector<std::string> addresses;
   for (connector::DecodeConnector* c : connectors) addresses.push_back(c->prefill_address());
   auto policy = ParseRoutePolicy(config.prefill_routing);  // checked by the config parser
-  // The prefill's key chain (prefill/kv_tiers.cc): the same root, so the route key of a prompt
-  // is the key its blocks have in every tier.
   return PrefillRouter(policy.ok() ? *policy : RoutePolicy::kLeastLoaded, std::move(addresses),
-                       kvcache::RootKey(backend->config().hash(), pool->layout(), /*salt=*/""),
-                       pool->layout().block_size, config.prefill_route_blocks,
-                       config.prefill_route_slack);
+                       root, block_size, config.prefill_route_blocks, config.prefill_route_slack);
 }
 }  // namespace
 
@@ -61,6 +56,7 @@ struct DecodeServer::Request {
   bool load_info_sent = false;
   int64_t last_token_us = 0;  // since arrival, of the last token emitted
   v1::LoadInfo load;
+  std::vector<int32_t> answer;  // the tokens emitted, with a write-down only
   std::unique_ptr<tokenizer::TextStream> text;  // with a tokenizer: the response text
   // Shared with the Generate handler (under mu).
   std::mutex mu;
@@ -81,7 +77,10 @@ DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBacke
       backend_(backend),
       pool_(pool),
       connectors_(std::move(connectors)),
-      router_(MakeRouter(config, backend, pool, connectors_)),
+      // The prefill's key chain (prefill/kv_tiers.cc): the same root, so a prompt's route key
+      // and the blocks the decode writes down have the keys they have in every tier.
+      kv_root_(kvcache::RootKey(backend->config().hash(), pool->layout(), /*salt=*/"")),
+      router_(MakeRouter(config, kv_root_, pool->layout().block_size, connectors_)),
       admission_(&pool->allocator(), config.max_queue),
       join_budget_(config.itl_target_ms * 1e-3,
                    double(backend->config().decode_step_weight_bytes())) {
@@ -322,6 +321,7 @@ void DecodeServer::Emit(Request& r, int32_t token, const model::TokenLogprobs* l
     h->Observe(double(since_arrival_us - r.last_token_us) * 1e-6);
   r.last_token_us = since_arrival_us;
   ++r.generated;
+  if (write_down_ != nullptr) r.answer.push_back(token);
   bool last = Done(r, token);
   if (r.text) {  // the text this token made final; a stop string ends the request
     auto step = r.text->Push(token, last);
@@ -380,8 +380,9 @@ void DecodeServer::Complete(Request& r, Status status) {
     r.final = status;
   }
   if (r.remote) r.conn->Finished(r.id);
-  // Our reference; blocks that received a load stay with the connector until it is safe.
-  r.blocks.reset();
+  // Our reference, dropped on return (after the write-down took its own); blocks that
+  // received a load stay with the connector until it is safe.
+  const std::shared_ptr<model::BlockLease> blocks = std::move(r.blocks);
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_ids_.erase(r.id);
@@ -400,6 +401,20 @@ void DecodeServer::Complete(Request& r, Status status) {
     r.on_output();
     r.on_output = nullptr;
   }
+  if (status.ok() && blocks) WriteDown(r, *blocks);  // after the response: never delays it
+}
+
+void DecodeServer::WriteDown(const Request& r, const model::BlockLease& blocks) {
+  if (write_down_ == nullptr) return;
+  const int block_size = pool_->layout().block_size;
+  const size_t full = size_t(r.cache_len / block_size);  // a partial block no next turn matches
+  if (full == 0 || full > blocks.ids().size()) return;
+  std::vector<int32_t> tokens = r.prompt;
+  tokens.insert(tokens.end(), r.answer.begin(), r.answer.end());
+  if (tokens.size() < full * size_t(block_size)) return;  // (cannot happen: KV of emitted tokens)
+  tokens.resize(full * size_t(block_size));
+  write_down_->WriteDown(kv_root_, tokens,
+                         std::vector<int32_t>(blocks.ids().begin(), blocks.ids().begin() + full));
 }
 
 namespace {

@@ -46,6 +46,7 @@
 #include "decode/join_budget.h"
 #include "decode/prefill_router.h"
 #include "decode/text_request.h"
+#include "kvcache/tiered_cache.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
 
@@ -102,6 +103,13 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   void set_default_stop_tokens(std::vector<int32_t> ids) { default_stop_ = std::move(ids); }
   // Who may call which method (set before the server starts; default: every caller).
   void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
+  // Every request that ends OK has its KV (prompt and answer, full blocks) written down to
+  // `tiers` (the shared store tier: docs/kv_tiers.md) after its last message, so that the next
+  // turn's prefix, the answer included, is found there by any prefill. Asynchronous: the tiers
+  // take references of their own on the blocks and copy them out on their thread; a full
+  // write-down queue skips it (counted). Null (default): nothing written. Set before serving;
+  // `tiers` must outlive the server.
+  void set_kv_write_down(kvcache::TieredCache* tiers) { write_down_ = tiers; }
   // Text in and out (prompt_text, stop_strings, GenerateResponse.text) with this tokenizer, or
   // refused with why_none. Set before serving; the tokenizer must outlive the server.
   void set_text_support(TextSupport text) { text_ = std::move(text); }
@@ -131,6 +139,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   LoadState LoadStateOf(const Request& r);
   void Emit(Request& r, int32_t token, const model::TokenLogprobs* logprobs);
   void Complete(Request& r, Status status);
+  // r's KV of its first r.cache_len tokens (full blocks) in `blocks`, queued for write_down_.
+  void WriteDown(const Request& r, const model::BlockLease& blocks);
   // Cancel with r.mu held.
   void CancelLocked(Request& r, const std::string& why);
   bool Done(const Request& r, int32_t token) const;
@@ -154,7 +164,9 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   model::KvPool* pool_;
   std::vector<connector::DecodeConnector*> connectors_;
   std::atomic<uint64_t> next_connector_{0};
+  const kvcache::BlockKey kv_root_;  // the prefix keys' root (kvcache/prefix_key.h), as the prefill's
   PrefillRouter router_;
+  kvcache::TieredCache* write_down_ = nullptr;
   Admission admission_;  // FIFO wait for KV blocks (max_queue)
 
   std::mutex mu_;

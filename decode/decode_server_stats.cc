@@ -1,6 +1,8 @@
 // DecodeServer's figures: the Stats call and the metrics (daemon/metrics.h), from one place.
 #include "decode/decode_server.h"
 
+#include "daemon/kv_store_tier.h"  // FillKvTierStats
+
 namespace kvstream::decode {
 
 namespace v1 = kvstream::v1;
@@ -58,6 +60,11 @@ void DecodeServer::FillStats(v1::StatsResponse* resp) {
   resp->set_model_hash(backend_->config().hash());
   resp->set_backend(backend_->name());
   resp->set_transport(config_.transport);
+  if (write_down_ != nullptr) {  // the shared tier finished conversations are written down to
+    const kvcache::TieredCache::Stats ts = write_down_->stats();
+    for (const auto& t : ts.tiers) daemon::FillKvTierStats(t.name, t.stats, resp->add_kv_tiers());
+    resp->set_kv_tier_queued_blocks(ts.queued_writes);
+  }
 }
 
 void DecodeServer::EnableMetrics(daemon::MetricsRegistry* registry) {

@@ -6,6 +6,7 @@
 #include "daemon/credentials.h"
 #include "daemon/daemon_runtime.h"
 #include "daemon/health.h"
+#include "daemon/kv_store_tier.h"
 #include "daemon/metrics.h"
 #include "daemon/reflection.h"
 #include "daemon/signals.h"
@@ -111,9 +112,29 @@ int main(int argc, char** argv) {
       KV_LOG_WARN << "tokenizer not loaded: " << tok.status().ToString();
     }
   }
+  // The shared KV tier (docs/kv_tiers.md): finished conversations are written down to it.
+  std::unique_ptr<kvcache::TieredCache> write_down;
+  if (!cfg->kv_store_redis.empty()) {
+    if (model->pool->memory().on_device())
+      return Fail(NotSupported("kv_store_redis on the decode: the write-down copies with the host "
+                               "for now and needs a host pool (backend cpu)"));
+    auto secret = daemon::ReadTokenFile("kv_tier_secret_file", cfg->kv_tier_secret_file);
+    if (!secret.ok()) return Fail(secret.status());
+    const uint64_t model_hash = model->backend->config().hash();
+    auto store = daemon::CreateStoreKvTier(*cfg, model_hash, model->pool->layout(), *secret);
+    if (!store.ok()) return Fail(store.status());
+    std::vector<std::unique_ptr<kvcache::KvTier>> tiers;
+    tiers.push_back(std::move(store).value());
+    write_down = std::make_unique<kvcache::TieredCache>(model->pool.get(), model_hash,
+                                                        std::move(tiers), kvcache::FetchPolicy{},
+                                                        /*io_threads=*/0);
+    KV_LOG_INFO << "finished conversations are written down to the shared KV tier "
+                << cfg->kv_store_redis;
+  }
   daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   service.set_text_support(text);
+  service.set_kv_write_down(write_down.get());
   service.set_authorizer(security->authorizer);
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
@@ -161,6 +182,7 @@ int main(int argc, char** argv) {
   (*server)->Wait();
   metrics->reset();  // its scrapes read the service and the connectors
   service.Stop();
+  if (write_down) write_down->Stop();  // drops what is still queued: its block references return
   conns.clear();  // each connector waits (bounded) for its writers before releasing blocks
   int free_blocks = model->pool->allocator().free_count();
   KV_LOG_INFO << "kvstream-decode stopped; " << free_blocks << "/" << model->pool->num_blocks()

@@ -2,9 +2,9 @@
 
 #include "common/log.h"
 #include "daemon/credentials.h"  // ReadTokenFile
+#include "daemon/kv_store_tier.h"
 #include "kvcache/disk_tier.h"
 #include "kvcache/host_tier.h"
-#include "kvcache/store_tier.h"
 #ifdef KVSTREAM_PREFILL_HAVE_GPU_TIER
 #include "kvcache/cuda/pinned_tier.h"
 #endif
@@ -53,26 +53,9 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
     tiers.push_back(std::move(disk).value());
   }
   if (!config.kv_store_redis.empty()) {
-    kvcache::StoreTierOptions o;
-    o.redis.servers = kvcache::SplitRedisServers(config.kv_store_redis);
-    o.redis.auth_file = config.kv_store_auth_file;
-    o.redis.insecure = config.kv_store_insecure;
-    o.redis.ns = config.kv_store_namespace;
-    o.redis.timeout = std::chrono::milliseconds(config.kv_store_timeout_ms);
-    o.redis.ttl = std::chrono::seconds(config.kv_store_ttl_s);
-    o.secret = secret;
-    o.identity = {root, pool->layout()};
-    o.model_hash = model.hash();
-    o.max_pending_bytes = size_t(config.kv_store_max_pending_mb) * kMiB;
-    auto store = kvcache::StoreTier::Open(std::move(o));
-    if (!store.ok()) return store.status().WithContext("kv_store_redis");
-    // A refused AUTH is a configuration error; a server that is down is only a miss for now.
-    const Status probe = (*store)->Probe();
-    if (probe.code() == StatusCode::kFailedPrecondition) return probe.WithContext("kv_store_redis");
-    if (!probe.ok()) {
-      KV_LOG_WARN << "kv_store_redis: " << probe.ToString() << " (reads miss until it answers)";
-    }
-    tiers.push_back(std::make_unique<kvcache::StoreKvTier>(std::move(store).value()));
+    KV_ASSIGN_OR_RETURN(auto store,
+                        daemon::CreateStoreKvTier(config, model.hash(), pool->layout(), secret));
+    tiers.push_back(std::move(store));
   }
   if (tiers.size() > (staged ? 1u : 0u)) {
     KV_LOG_INFO << "KV tiers below the pool:" << (config.kv_host_tier_mb > 0 ? " host " : "")

@@ -8,6 +8,7 @@
 #include "connector/grpc_status.h"
 #include "connector/handshake.h"  // kQuiescedTrailer
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
+#include "daemon/kv_store_tier.h"  // FillKvTierStats
 #include "prefill/prefill_request.h"
 
 namespace kvstream::prefill {
@@ -412,19 +413,7 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_backend(backend_->name());
   resp->set_transport(connector_->transport().name());
   auto add_tier = [&](const std::string& name, const kvcache::TierStats& t) {
-    auto* o = resp->add_kv_tiers();
-    o->set_name(name);
-    o->set_hit_blocks(t.hit_blocks);
-    o->set_miss_blocks(t.miss_blocks);
-    o->set_read_failures(t.read_failures);
-    o->set_bytes_read(t.bytes_read);
-    o->set_bytes_written(t.bytes_written);
-    o->set_written_blocks(t.written_blocks);
-    o->set_write_failures(t.write_failures);
-    o->set_evicted_blocks(t.evicted_blocks);
-    o->set_entries(t.entries);
-    o->set_bytes_used(t.bytes_used);
-    o->set_capacity_bytes(t.capacity_bytes);
+    daemon::FillKvTierStats(name, t, resp->add_kv_tiers());
   };
   const kvcache::TieredCache::Stats ts = tiers_->stats();
   uint64_t fetched = ts.fetched_tokens, fetch_us = ts.fetch_us;

@@ -110,5 +110,83 @@ TEST_F(KvStoreTest, RedisKilledMidRunMeansMissesNotWrongTokensNorHangs) {
   EXPECT_GT(hits, 0u);
 }
 
+// The decode writes a finished conversation's blocks (prompt and answer) down to the store, so
+// the next turn's prefix, the previous answer included, is found there by a prefill with
+// nothing local; with the colocated tokens (the recompute's). A decode holding another secret
+// plants nothing the prefill uses (bad HMAC: a miss, counted).
+class KvStoreDecodeTest : public KvStoreTest {
+ protected:
+  // The prefill's flags on both daemons, the decode's secret in `decode_secret`.
+  DaemonPair PairWithDecodeStore(const RedisServer& redis, const std::string& decode_secret) {
+    DaemonPair pair = Pair(redis);
+    pair.decode = {"--kv_tier_secret_file=" + SecretFile("decode.secret", decode_secret),
+                   "--kv_store_redis=unix:" + redis.socket(),
+                   "--kv_store_auth_file=" + redis.AuthFile(redis.password()),
+                   "--kv_store_timeout_ms=200"};
+    return pair;
+  }
+  // Turn 1 (40 tokens, a 30-token answer: the decode holds the KV of 69 tokens, 4 full blocks,
+  // the 3rd and 4th with answer tokens), then turn 2 (+ the answer + 10 tokens) on a restarted
+  // prefill; returns turn 2's cached tokens and the prefill's store figures.
+  void TwoTurns(const DaemonPair& pair, int32_t* cached, v1::KvTierStats* store) {
+    ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+    auto prompt = MakePrompt(40, 512, 97);
+    auto r = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.tokens, Colocated(kTiny, prompt, 30));
+    // The decode's write-down, asynchronous: at least the 2 blocks the prefill did not write
+    // (it wrote the first 2 and its partial 3rd).
+    const Deadline deadline = DeadlineAfterMs(10000);
+    uint64_t written = 0;
+    auto dstub = DecodeStub(decode_address());
+    while (Clock::now() < deadline) {
+      auto st = CallStats(*dstub);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      ASSERT_EQ(st->kv_tiers_size(), 1);
+      EXPECT_EQ(st->kv_tiers(0).name(), "store");
+      written = st->kv_tiers(0).written_blocks();
+      if (written >= 2 && st->kv_tier_queued_blocks() == 0 &&
+          st->pool().free_blocks() == st->pool().num_blocks())
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    ASSERT_GE(written, 2u);
+    ASSERT_NO_FATAL_FAILURE(Restart(pair));
+    prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.end());
+    const auto message = MakePrompt(10, 512, 98);
+    prompt.insert(prompt.end(), message.begin(), message.end());  // 80 tokens: 79 at the prefill
+    bool computed = false;
+    ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompt, cached, &computed));
+    EXPECT_TRUE(computed);
+    auto st = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    ASSERT_NE(Tier(*st, "store"), nullptr);
+    *store = *Tier(*st, "store");
+  }
+};
+
+TEST_F(KvStoreDecodeTest, TheNextTurnFindsThePreviousAnswerInTheStore) {
+  RedisServer redis;
+  int32_t cached = -1;
+  v1::KvTierStats store;
+  ASSERT_NO_FATAL_FAILURE(TwoTurns(PairWithDecodeStore(redis, std::string(32, 's')), &cached, &store));
+  EXPECT_EQ(cached, 64);  // 4 blocks: the 3rd and 4th hold the previous answer
+  EXPECT_EQ(store.hit_blocks(), 4u);
+  EXPECT_EQ(store.read_failures(), 0u);
+}
+
+TEST_F(KvStoreDecodeTest, ADecodeWithAnotherSecretPlantsNothing) {
+  RedisServer redis;
+  int32_t cached = -1;
+  v1::KvTierStats store;
+  ASSERT_NO_FATAL_FAILURE(TwoTurns(PairWithDecodeStore(redis, std::string(32, 'x')), &cached, &store));
+  // The decode's blocks are refused (the prefill's own first 2 may be used, unless the decode's
+  // copies reached the store first).
+  // (The slow reads run at once: the 3rd and 4th blocks both fail.)
+  EXPECT_LE(cached, 32);
+  EXPECT_LE(store.hit_blocks(), 2u);
+  EXPECT_GE(store.read_failures(), 2u);
+}
+
 }  // namespace
 }  // namespace kvstream::testing
