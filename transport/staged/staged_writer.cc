@@ -119,6 +119,8 @@ void StagedWriter::Shutdown() {
   const Deadline deadline = DeadlineAfterMs(context->options.close_timeout_ms);
   bool drained = false;
   bool said_hello = false;
+  Status link;           // the link's state when the wait ended
+  size_t unfinished = 0;  // writes not done then
   {
     auto lock = LockFromOutside();
     drained = cv_.wait_until(lock, deadline, [&] {
@@ -126,6 +128,8 @@ void StagedWriter::Shutdown() {
     });
     drained = drained && status_.ok();
     said_hello = hello_sent;
+    link = status_;
+    unfinished = writes_.size();
   }
   if (drained && said_hello && inner_ep) {
     // The peer must forget us (also when we never wrote past the hello).
@@ -141,11 +145,23 @@ void StagedWriter::Shutdown() {
       auto lock = LockFromOutside();
       cv_.wait_until(lock, ack_deadline, [&] { return bye_acked_ || !status_.ok(); });
       if (!bye_acked_) {
-        KV_LOG_WARN << "ucx_staged: peer did not acknowledge the goodbye";
+        KV_LOG_WARN << "ucx_staged: closing endpoint " << conn_id << ": the receiver did not "
+                    << "acknowledge the goodbye in time; closing anyway (the receiver frees this "
+                    << "writer's staging slots when it sees the connection close)";
       }
     }
   } else if (!drained && said_hello) {
-    KV_LOG_WARN << "ucx_staged: endpoint closing with writes still in flight";
+    if (!link.ok()) {
+      KV_LOG_WARN << "ucx_staged: closing endpoint " << conn_id << " after its link failed ("
+                  << link.ToString() << "): " << unfinished
+                  << " unfinished write(s) end kCanceled, no goodbye is sent";
+    } else {
+      KV_LOG_WARN << "ucx_staged: closing endpoint " << conn_id << " with " << unfinished
+                  << " write(s) still running after close_timeout_ms ("
+                  << context->options.close_timeout_ms << " ms): they end kCanceled, nothing of them lands "
+                  << "once this close returns, and no goodbye is sent (the receiver reclaims this "
+                  << "writer's staging slots when the connection closes)";
+    }
   }
   {
     auto lock = LockFromOutside();
