@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -207,6 +208,44 @@ Status CopyPieces(const std::vector<CopyRun>& runs, cuda::PackedTable* table,
                             "nccl: staging copy");
   }
   return OkStatus();
+}
+
+Result<std::string> NcclTransportState::IssueAdmissionId() {
+  std::string id(kUniqueIdBytes, '\0');
+  size_t got = 0;
+  while (got < id.size()) {
+    const ssize_t r = ::getrandom(id.data() + got, id.size() - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Internal(std::string("nccl: getrandom for an admission id: ") + std::strerror(errno));
+    }
+    got += static_cast<size_t>(r);
+  }
+  std::lock_guard<std::mutex> lock(id_mu);
+  const auto now = Clock::now();
+  while (!admission_ids.empty() &&
+         (admission_ids.size() >= kMaxAdmissionIds ||
+          now - admission_ids.front().second > std::chrono::milliseconds(kAdmissionIdTtlMs))) {
+    admission_ids.pop_front();
+  }
+  admission_ids.emplace_back(id, now);
+  return id;
+}
+
+bool NcclTransportState::ConsumeAdmissionId(const char* presented) {
+  std::lock_guard<std::mutex> lock(id_mu);
+  const auto now = Clock::now();
+  for (auto it = admission_ids.begin(); it != admission_ids.end(); ++it) {
+    unsigned char diff = 0;  // constant time per candidate
+    for (size_t i = 0; i < kUniqueIdBytes; ++i) {
+      diff |= static_cast<unsigned char>(presented[i] ^ it->first[i]);
+    }
+    if (diff != 0) continue;
+    const bool fresh = now - it->second <= std::chrono::milliseconds(kAdmissionIdTtlMs);
+    admission_ids.erase(it);  // used up, whether or not it was still fresh
+    return fresh;
+  }
+  return false;
 }
 
 Status NcclTransportState::InitStaging(Staging* st, uint64_t chunk_bytes) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -103,10 +104,17 @@ struct NcclTransportState {
   std::mutex sink_mu;
   NotificationSink sink;
 
+  // Receiver: the admission ids its addresses carry. LocalAddress() issues a fresh one per call
+  // (so per handshake); a hello that presents one consumes it, so each admits one connection.
+  // Ids never presented expire (kAdmissionIdTtl) and at most kMaxAdmissionIds wait at a time
+  // (the oldest goes first).
+  static constexpr int64_t kAdmissionIdTtlMs = 10 * 60 * 1000;
+  static constexpr size_t kMaxAdmissionIds = 256;
   std::mutex id_mu;
-  std::string advertised_id;
-  bool advertised_used = false;
-  // Receiver: hellos that presented the advertised id (a communicator followed) or did not.
+  std::deque<std::pair<std::string, Clock::time_point>> admission_ids;
+  Result<std::string> IssueAdmissionId();       // kUniqueIdBytes random bytes (getrandom)
+  bool ConsumeAdmissionId(const char* presented);  // true once per issued id, within its TTL
+  // Receiver: hellos that presented an issued id (a communicator followed) or did not.
   std::atomic<uint64_t> hellos_admitted{0};
   std::atomic<uint64_t> hellos_refused{0};
 

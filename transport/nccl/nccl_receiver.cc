@@ -61,36 +61,27 @@ Status NcclReceiver::Handshake() {
     return refuse(FailedPrecondition("nccl: writer speaks protocol " + std::to_string(hello.version) +
                                      ", this receiver " + std::to_string(kProtocolVersion)));
   }
-  // Only a writer that knows the id this receiver advertised in its address, which travels only
-  // inside the authenticated handshake, gets a communicator (or a fresh id for one).
-  unsigned char diff = 0;
-  for (size_t i = 0; i < kUniqueIdBytes; ++i) {
-    diff |= static_cast<unsigned char>(hello.unique_id[i] ^ shared_->advertised_id[i]);
-  }
-  if (diff != 0) {
+  // Only a writer that presents an admission id of this receiver's address, which travels only
+  // inside the authenticated handshake, gets a communicator; the id is used up by this hello.
+  if (!shared_->ConsumeAdmissionId(hello.unique_id)) {
     const uint64_t n = ++shared_->hellos_refused;
     if (n <= 10 || (n & (n - 1)) == 0) {
-      KV_LOG_WARN << "nccl receiver: refused a writer that does not present the advertised id ("
-                  << n << " refused so far)";
+      KV_LOG_WARN << "nccl receiver: refused a writer that does not present an unused admission id "
+                  << "of this receiver (" << n << " refused so far)";
     }
     return refuse(FailedPrecondition(
-        "nccl: the hello does not present this receiver's id (it comes only from the peer's "
-        "address in the authenticated handshake)"));
+        "nccl: the hello does not present an unused admission id of this receiver (each "
+        "comes from one authenticated handshake and admits one connection)"));
   }
   if (shared_->host_id == hello.host_id && shared_->pci_bus_id == hello.pci_bus_id) {
     return refuse(FailedPrecondition(
         "nccl: writer and receiver are on the same GPU (" + shared_->pci_bus_id +
         "); NCCL needs its two ranks on different GPUs (use cuda_ipc on one GPU)"));
   }
+  // The communicator's bootstrap id is made now, for this connection alone, and travels only in
+  // the hello ack on this admitted connection.
   std::string id;
   {
-    std::lock_guard<std::mutex> lock(shared_->id_mu);
-    if (!shared_->advertised_used) {
-      shared_->advertised_used = true;
-      id = shared_->advertised_id;
-    }
-  }
-  if (id.empty()) {
     ncclUniqueId fresh;
     ncclResult_t r = ncclGetUniqueId(&fresh);
     if (r != ncclSuccess) return refuse(NcclStatus(r, nullptr, "ncclGetUniqueId"));

@@ -57,15 +57,7 @@ class NcclTransport : public Transport {
     if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
       return Errno("getsockname");
     }
-    ncclUniqueId id;
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) return NcclStatus(r, nullptr, "ncclGetUniqueId");
-    shared_->advertised_id.assign(reinterpret_cast<const char*>(&id), sizeof(id));
-    Address a;
-    a.host = shared_->options.advertise_host;
-    a.port = ntohs(sa.sin_port);
-    a.unique_id = shared_->advertised_id;
-    address_ = EncodeAddress(a);
+    port_ = ntohs(sa.sin_port);
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) return Errno("eventfd");
     accept_thread_ = std::thread([this] { AcceptLoop(); });
@@ -82,8 +74,21 @@ class NcclTransport : public Transport {
     c.notification_mac = true;  // carried by the write header
     return c;
   }
-  std::string LocalAddress() const override { return address_; }
-  // Writers whose hello presented the advertised id (and got a communicator), and those refused.
+  // A fresh admission id per call (nccl_transport.h); "" if the kernel gives no random bytes.
+  std::string LocalAddress() const override {
+    auto id = shared_->IssueAdmissionId();
+    if (!id.ok()) {
+      KV_LOG_ERROR << id.status().ToString();
+      return "";
+    }
+    Address a;
+    a.host = shared_->options.advertise_host;
+    a.port = port_;
+    a.unique_id = std::move(id).value();
+    return EncodeAddress(a);
+  }
+  // Writers whose hello presented an unused admission id (and got a communicator), and those
+  // refused.
   TransportCounters counters() const override {
     TransportCounters c;
     c.connections_admitted = shared_->hellos_admitted.load();
@@ -219,7 +224,7 @@ class NcclTransport : public Transport {
   }
 
   std::shared_ptr<NcclTransportState> shared_;
-  std::string address_;
+  uint16_t port_ = 0;
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   std::list<std::unique_ptr<NcclReceiver>> receivers_;  // accept thread only (and the destructor)

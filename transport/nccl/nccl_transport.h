@@ -3,11 +3,14 @@
 // as "nccl" only when CUDA and NCCL are built in.
 //
 // How it maps onto transport.h (two-sided underneath, one-sided to the caller):
-//  - LocalAddress(): "nccl:tcp:<host>:<port>:<hex ncclUniqueId>": this transport's control socket
-//    (TCP; <host> from NcclOptions::advertise_host, default 127.0.0.1) and a unique id made by
-//    ncclGetUniqueId. The handshake carries LocalAddress() over gRPC, so the first writer joins
-//    the communicator whose id came over gRPC; a later writer of the same receiver gets a fresh
-//    id in the control socket's hello ack (an NCCL unique id serves one communicator).
+//  - LocalAddress(): "nccl:tcp:<host>:<port>:<hex admission id>": this transport's control
+//    socket (TCP; <host> from NcclOptions::advertise_host, default 127.0.0.1) and a random
+//    128-byte admission id, a fresh one per call (so per handshake: the handshake carries
+//    LocalAddress() over the authenticated control plane). A writer's hello must present an id
+//    issued and not yet used: the hello uses it up (a replayed address is refused,
+//    kFailedPrecondition, counted in counters().connections_refused); ids never presented expire
+//    after 10 minutes (at most 256 wait at a time). The NCCL unique id of the communicator is
+//    made per admitted connection and travels only in the hello ack on that connection.
 //  - Register(kCuda region on this transport's device): RemoteKey = registration id, length,
 //    device PCI id and host identity. kHost: kNotSupported.
 //  - Connect(): TCP to the peer's control socket, hello / hello ack, then both ends

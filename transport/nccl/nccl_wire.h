@@ -33,7 +33,9 @@ namespace kvstream::transport::nccl {
 inline constexpr uint32_t kFrameMagic = 0x434E564Bu;  // "KVNC"
 // 2: both ends make a warm-up send / receive right after communicator init (WarmUp, nccl_comm.h).
 // 3: a write header carries its notification's MAC (Notification::mac).
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: the hello presents a one-shot admission id (not an NCCL unique id); the hello ack always
+//    carries a unique id made for that connection.
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr size_t kUniqueIdBytes = 128;          // NCCL_UNIQUE_ID_BYTES
 inline constexpr uint64_t kMaxPayload = 64ull << 20;   // refuse larger frames
 inline constexpr uint64_t kMaxRuns = 4u << 20;
@@ -49,11 +51,11 @@ static_assert(sizeof(FrameHead) == 16);
 
 // ---- address and key ----------------------------------------------------------------------
 
-// LocalAddress(): "nccl:tcp:<host>:<port>:<hex unique id>".
+// LocalAddress(): "nccl:tcp:<host>:<port>:<hex admission id>" (nccl_transport.h).
 struct Address {
   std::string host;
   uint16_t port = 0;
-  std::string unique_id;  // kUniqueIdBytes raw bytes
+  std::string unique_id;  // the admission id, kUniqueIdBytes raw bytes
 };
 std::string EncodeAddress(const Address& a);
 Result<Address> DecodeAddress(const std::string& text);  // kInvalidArgument when malformed
@@ -77,7 +79,7 @@ struct Hello {
   uint64_t chunk_bytes = 0;   // the writer's staging chunk
   char pci_bus_id[32] = {};
   char host_id[48] = {};
-  char unique_id[kUniqueIdBytes] = {};  // the one the writer read from LocalAddress()
+  char unique_id[kUniqueIdBytes] = {};  // the admission id the writer read from LocalAddress()
   uint32_t warm_up = 1;       // 1: both ends make the warm-up exchange after communicator init
   uint32_t reserved = 0;
 };

@@ -175,6 +175,23 @@ TEST_F(NcclTransportTest, SameGpuConnectFailsAtOnce) {
       << ep3.status().ToString();
   EXPECT_EQ(rxt.value()->counters().connections_refused, 1u);
   EXPECT_EQ(rxt.value()->counters().connections_admitted, 0u);
+  // The admission id is one-shot: ep2's hello used `peer`'s up, so presenting the same address
+  // again (a replay by whoever saw that handshake) is refused before the same-GPU check; a
+  // fresh address (the next handshake's) is admitted to that check again.
+  auto replay = t.value()->Connect(peer);
+  ASSERT_FALSE(replay.ok());
+  EXPECT_EQ(replay.status().code(), StatusCode::kFailedPrecondition) << replay.status().ToString();
+  EXPECT_NE(replay.status().message().find("unused admission id"), std::string::npos)
+      << replay.status().ToString();
+  EXPECT_EQ(rxt.value()->counters().connections_refused, 2u);
+  PeerDescriptor next = peer;
+  next.address = rxt.value()->LocalAddress();
+  EXPECT_NE(next.address, peer.address) << "each LocalAddress() carries a fresh id";
+  auto ep4 = t.value()->Connect(next);
+  ASSERT_FALSE(ep4.ok());
+  EXPECT_NE(ep4.status().message().find("different GPUs"), std::string::npos)
+      << ep4.status().ToString();
+  EXPECT_EQ(rxt.value()->counters().connections_refused, 2u);
   remote.value().reset();
   cudaFree(dev);
 }
