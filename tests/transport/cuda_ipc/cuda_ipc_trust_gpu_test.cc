@@ -200,17 +200,18 @@ TEST_F(CudaIpcTrustTest, LoopsLeaveNoDescriptorsMappingsOrMemory) {
     }
     reg.value().reset();
   };
-  // The first round lets the driver open what it keeps for the process.
+  // The first round lets the driver open what it keeps for the process; the receiver's
+  // listener closes a writer's connection when it sees it close (give it time to).
   ASSERT_NO_FATAL_FAILURE(round(0));
   CUDA_OK(cudaDeviceSynchronize());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   size_t free0 = 0, total = 0;
   CUDA_OK(cudaMemGetInfo(&free0, &total));
   const int fds0 = OpenFds();
   for (int i = 1; i <= 25; ++i) ASSERT_NO_FATAL_FAILURE(round(i));
-  // The receiver's listener closes a writer's connection when it sees it close.
   const Deadline d = DeadlineAfterMs(3000);
-  while (OpenFds() != fds0 && !Expired(d)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(OpenFds(), fds0) << "descriptors leaked over 25 rounds";
+  while (OpenFds() > fds0 && !Expired(d)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_LE(OpenFds(), fds0) << "descriptors leaked over 25 rounds (" << fds0 << " before)";
   size_t free1 = 0;
   CUDA_OK(cudaMemGetInfo(&free1, &total));
   // 25 rounds of an 8 MiB pool, mapped twice each: any leak shows as >= 200 MiB.
