@@ -5,7 +5,7 @@
 // descriptor, mapping or device memory outlives its registration or endpoint. (The descriptor
 // passing itself, and that a connection without the token or of another uid never gets one:
 // control_socket_test MemoryGoesOnlyAsADescriptorToTheTokenHolder, on the CPU. Data landing
-// byte-exact in another process through this path: transport_gpu_test.)
+// byte-exact in another process through this path: transport_conformance_gpu_test.)
 //
 // Without a usable GPU the binary prints why and exits 77 (CTest: skipped).
 #include <cuda_runtime_api.h>
