@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "transport/options.h"
+
 namespace kvstream::daemon {
 namespace {
 
@@ -172,6 +174,17 @@ const Field* FindField(std::string name) {
   for (const Field& f : Fields())
     if (name == f.name) return &f;
   return nullptr;
+}
+
+// A key without a field of its own: a transport option (transport/options.h) when
+// SetTransportOption takes it (kNotFound: no such key either).
+Status SetTransportKey(DaemonConfig* cfg, std::string key, const std::string& value) {
+  for (char& c : key)
+    if (c == '-') c = '_';
+  transport::TransportOptions scratch;
+  KV_RETURN_IF_ERROR(transport::SetTransportOption(scratch, key, value));
+  cfg->transport_options.emplace_back(key, value);
+  return OkStatus();
 }
 
 bool IsBoolWord(const std::string& v) {
@@ -359,6 +372,7 @@ std::string DaemonConfig::ToJson() const {
   json j;
   for (const Field& f : Fields())
     std::visit([&](auto member) { j[f.name] = this->*member; }, f.member);
+  for (const auto& [k, v] : transport_options) j[k] = v;
   // Values come from flags and files as given: bytes that are not UTF-8 print as U+FFFD rather
   // than throw (the daemons log this at start).
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -374,6 +388,12 @@ std::string DaemonUsage(const std::string& role) {
   for (const Field& f : Fields())
     os << "  --" << f.name << std::string(22 - std::min<size_t>(21, strlen(f.name)), ' ') << f.help
        << " [" << defaults[f.name].dump() << "]\n";
+  os << "Transport keys (transport/options.h; in the JSON file or as flags, --key=value):\n";
+  for (const transport::TransportOptionKey& k : transport::TransportOptionKeys()) {
+    if (FindField(k.name)) continue;  // a key of the table above
+    os << "  --" << k.name << std::string(22 - std::min<size_t>(21, strlen(k.name)), ' ') << k.help
+       << "\n";
+  }
   return os.str();
 }
 
@@ -413,14 +433,29 @@ Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string&
       return InvalidArgument("config file " + config_path + " is not a JSON object");
     for (auto& [k, v] : j.items()) {
       const Field* f = FindField(k);
-      if (!f) return InvalidArgument("config file " + config_path + ": unknown key '" + k + "'");
-      KV_RETURN_IF_ERROR(SetFromJson(&cfg, *f, v).WithContext(config_path));
+      if (f) {
+        KV_RETURN_IF_ERROR(SetFromJson(&cfg, *f, v).WithContext(config_path));
+        continue;
+      }
+      if (!v.is_string() && !v.is_boolean() && !v.is_number())
+        return InvalidArgument("config file " + config_path + ": key '" + k + "': unsupported value " + v.dump());
+      const std::string text = v.is_string() ? v.get<std::string>()
+                               : v.is_boolean() ? (v.get<bool>() ? "true" : "false")
+                                                : v.dump();
+      Status s = SetTransportKey(&cfg, k, text);
+      if (s.code() == StatusCode::kNotFound)
+        return InvalidArgument("config file " + config_path + ": unknown key '" + k + "'");
+      KV_RETURN_IF_ERROR(s.WithContext(config_path));
     }
   }
   for (auto& [k, v] : flags) {
-    const Field* f = FindField(k);
-    if (!f) return InvalidArgument("unknown flag --" + k + " (see --help)");
-    KV_RETURN_IF_ERROR(SetFromString(&cfg, *f, v));
+    if (const Field* f = FindField(k)) {
+      KV_RETURN_IF_ERROR(SetFromString(&cfg, *f, v));
+      continue;
+    }
+    Status s = SetTransportKey(&cfg, k, v);
+    if (s.code() == StatusCode::kNotFound) return InvalidArgument("unknown flag --" + k + " (see --help)");
+    KV_RETURN_IF_ERROR(s);
   }
   KV_RETURN_IF_ERROR(Validate(cfg, role));
   return cfg;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -102,6 +103,10 @@ struct DaemonConfig {
   // notification. A layer whose wait the transport had to release (writer died, load deadline)
   // fails the request like a layer that never landed.
   bool gpu_landed_wait = false;
+  // The transport keys without a field here (transport/options.h: ucx_copy_lanes, staged_*,
+  // cuda_ipc_*, nccl_*, ...), in the order given: checked by transport::SetTransportOption when
+  // parsed, applied by CreateTransportFromConfig.
+  std::vector<std::pair<std::string, std::string>> transport_options;
   // prefill: keep the KV of up to this many pool blocks of finished prompts, keyed by the whole
   // token sequence; a repeated prompt is written from them without a forward (0 = off).
   int prompt_cache_blocks = 0;

@@ -153,7 +153,11 @@ Result<std::unique_ptr<transport::Transport>> CreateTransportFromConfig(const Da
   to.pacing.itl_device_bw_bytes_per_s = cfg.itl_device_bw_bytes_per_s;
   to.pacing.itl_hbm_bytes_per_byte = cfg.itl_hbm_bytes_per_byte;
   to.device = cfg.backend == "cuda" ? cfg.device : -1;
-  to.cuda_ipc_gpu_landed_wait = cfg.gpu_landed_wait;
+  to.cuda_ipc.gpu_landed_wait = cfg.gpu_landed_wait;
+  // The transport keys the configuration has no field for (checked when it was parsed).
+  for (const auto& [key, value] : cfg.transport_options) {
+    KV_RETURN_IF_ERROR(transport::SetTransportOption(to, key, value));
+  }
   // The rate the writes will be held to, in the log (and refused here, with the key named,
   // when the ITL budget has none).
   KV_ASSIGN_OR_RETURN(transport::PacingOptions pacing, transport::ResolvePacing(to));

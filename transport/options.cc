@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 
 namespace kvstream::transport {
 namespace {
@@ -77,7 +78,24 @@ Setter Flag(const char* name, std::function<bool&(TransportOptions&)> field) {
   };
 }
 
+template <class E>
+Setter Choice(const char* name, std::vector<std::pair<std::string_view, E>> words,
+              std::function<E&(TransportOptions&)> field) {
+  std::string want;
+  for (const auto& [w, e] : words) want += (want.empty() ? "" : "|") + std::string(w);
+  return [=](TransportOptions& o, std::string_view v) {
+    for (const auto& [w, e] : words) {
+      if (v == w) {
+        field(o) = e;
+        return OkStatus();
+      }
+    }
+    return Bad(name, v, want);
+  };
+}
+
 constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 
 const std::vector<Key>& Keys() {
   static const std::vector<Key> keys = {
@@ -101,12 +119,9 @@ const std::vector<Key>& Keys() {
        Integer<int>("ucx_copy_lanes", 0, 32, [](TransportOptions& o, int n) { o.ucx.copy_lanes = n; })},
       {{"staged_zero_copy",
         "ucx_staged: auto | off (off = UCX puts into the peer's slots also on one host)"},
-       [](TransportOptions& o, std::string_view v) {
-         if (v == "auto") o.staged.zero_copy = staged::ZeroCopy::kAuto;
-         else if (v == "off") o.staged.zero_copy = staged::ZeroCopy::kOff;
-         else return Bad("staged_zero_copy", v, "auto|off");
-         return OkStatus();
-       }},
+       Choice<staged::ZeroCopy>("staged_zero_copy",
+                                {{"auto", staged::ZeroCopy::kAuto}, {"off", staged::ZeroCopy::kOff}},
+                                [](TransportOptions& o) -> staged::ZeroCopy& { return o.staged.zero_copy; })},
       {{"staged_chunk_mib", "ucx_staged: largest chunk (one staging slot), MiB"},
        Integer<uint64_t>("staged_chunk_mib", 1, 256,
                          [](TransportOptions& o, uint64_t n) { o.staged.chunk_bytes = n << 20; })},
@@ -137,7 +152,38 @@ const std::vector<Key>& Keys() {
        NonNegative("itl_hbm_bytes_per_byte",
                    [](TransportOptions& o) -> double& { return o.pacing.itl_hbm_bytes_per_byte; })},
       {{"gpu_landed_wait", "decode, cuda_ipc: compute stream waits for each layer's copy on the GPU"},
-       Flag("gpu_landed_wait", [](TransportOptions& o) -> bool& { return o.cuda_ipc_gpu_landed_wait; })},
+       Flag("gpu_landed_wait", [](TransportOptions& o) -> bool& { return o.cuda_ipc.gpu_landed_wait; })},
+      {{"cuda_ipc_copy_mode", "cuda_ipc: auto | memcpy | kernel (copy engine per run, scatter kernel)"},
+       Choice<cuda_ipc::CopyMode>("cuda_ipc_copy_mode",
+                                  {{"auto", cuda_ipc::CopyMode::kAuto},
+                                   {"memcpy", cuda_ipc::CopyMode::kMemcpy},
+                                   {"kernel", cuda_ipc::CopyMode::kKernel}},
+                                  [](TransportOptions& o) -> cuda_ipc::CopyMode& { return o.cuda_ipc.copy_mode; })},
+      {{"cuda_ipc_connect_timeout_ms", "cuda_ipc: bound on connecting to a peer's control socket, ms"},
+       Integer<int64_t>("cuda_ipc_connect_timeout_ms", 1, kI64Max,
+                        [](TransportOptions& o, int64_t n) { o.cuda_ipc.connect_timeout_ms = n; })},
+      {{"nccl_copy_mode", "nccl: auto | direct | pack (one send per run, or gathered into chunks)"},
+       Choice<nccl::CopyMode>("nccl_copy_mode",
+                              {{"auto", nccl::CopyMode::kAuto},
+                               {"direct", nccl::CopyMode::kDirect},
+                               {"pack", nccl::CopyMode::kPack}},
+                              [](TransportOptions& o) -> nccl::CopyMode& { return o.nccl.copy_mode; })},
+      {{"nccl_chunk_mib", "nccl: staging chunk of pack mode, MiB"},
+       Integer<uint64_t>("nccl_chunk_mib", 1, 1024,
+                         [](TransportOptions& o, uint64_t n) { o.nccl.chunk_bytes = n << 20; })},
+      {{"nccl_advertise_host",
+        "nccl: host in this transport's address, where writers reach its control socket "
+        "(127.0.0.1 = this host only)"},
+       [](TransportOptions& o, std::string_view v) {
+         if (v.empty()) return Bad("nccl_advertise_host", v, "a host name or address");
+         o.nccl.advertise_host = std::string(v);
+         return OkStatus();
+       }},
+      {{"nccl_connect_timeout_ms", "nccl: bound on connect + communicator init + warm-up, ms"},
+       Integer<int64_t>("nccl_connect_timeout_ms", 1, kI64Max,
+                        [](TransportOptions& o, int64_t n) { o.nccl.connect_timeout_ms = n; })},
+      {{"nccl_trace", "nccl: one stderr line per write with the time of each step (true|false)"},
+       Flag("nccl_trace", [](TransportOptions& o) -> bool& { return o.nccl.trace; })},
   };
   return keys;
 }

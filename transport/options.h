@@ -1,8 +1,9 @@
 // Transport options: one struct per backend inside TransportOptions, set in one place.
-// SetTransportOption() parses one "key=value" (the daemons' flags and config file and the CLI
-// all go through it; TransportOptionKeys() lists the keys with their help text). No backend
-// reads the environment, except UCX itself, which still reads its own UCX_* variables (UCX_TLS,
-// UCX_NET_DEVICES) where the options leave them empty.
+// SetTransportOption() parses one "key=value" (TransportOptionKeys() lists the keys with their
+// help text); the daemons' flags and config file reach it for every transport key they have no
+// field of their own for (daemon/daemon_config.h). No backend reads the environment, except UCX
+// itself, which still reads its own UCX_* variables (UCX_TLS, UCX_NET_DEVICES) where the options
+// leave them empty.
 #pragma once
 
 #include <cstddef>
@@ -91,14 +92,69 @@ struct StagedOptions {
 
 }  // namespace staged
 
+namespace cuda_ipc {
+
+enum class CopyMode {
+  kAuto,    // cudaMemcpyAsync per run for few runs, the scatter kernel for many
+  kMemcpy,  // always cudaMemcpyAsync per run
+  kKernel,  // always the scatter kernel
+};
+
+// The CUDA IPC transport (transport/cuda_ipc/cuda_ipc_transport.h).
+struct CudaIpcOptions {
+  int device = -1;                   // device of local registrations and copy streams; -1 = current
+  CopyMode copy_mode = CopyMode::kAuto;
+  size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
+  // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
+  // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
+  // 4088 units with CUDA >= 12.1 (kernels/scatter_copy.h). false: the packed-run path (<= 336
+  // runs per launch), which writes the block form does not fit take anyway, for every kernel
+  // write (tests cover that path through it).
+  bool block_table = true;
+  size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
+  // Receiver: ask writers for early notifications (transport.h kNotificationLandedOnEvent): a
+  // notified write's notification leaves as soon as its copy is enqueued, naming the sequence
+  // number the writer's copy stream writes into this receiver's landed flag after the copy;
+  // the consumer makes its GPU stream wait for it with StreamWaitLanded instead of waiting on
+  // the host for completion, and checks ConfirmLanded once that work is done. The address then
+  // ends in "#lf". Without the driver's stream memory operations the receiver stays late (logged).
+  bool gpu_landed_wait = false;
+  int64_t connect_timeout_ms = 5000;
+  int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
+};
+
+}  // namespace cuda_ipc
+
+namespace nccl {
+
+enum class CopyMode {
+  kAuto,    // ChooseMode: direct for few / long runs, pack for many scattered ones
+  kDirect,  // always one ncclSend/ncclRecv per coalesced run
+  kPack,    // always gather -> one send per chunk -> scatter
+};
+
+// The NCCL transport (transport/nccl/nccl_transport.h).
+struct NcclOptions {
+  int device = -1;                        // device of registrations and streams; -1 = current
+  CopyMode copy_mode = CopyMode::kAuto;
+  uint64_t chunk_bytes = 64ull << 20;     // staging chunk (two per endpoint and per connection)
+  std::string advertise_host = "127.0.0.1";  // host put into LocalAddress(); 127.0.0.1 binds lo
+  int64_t connect_timeout_ms = 60000;     // TCP connect + hello + communicator init + warm-up
+  int64_t close_timeout_ms = 5000;        // ~Endpoint: how long posted writes may still finish
+  // One stderr line per completed write on each side, with the time of each step (header sent,
+  // NCCL launch returned / done, landed, acked), to see where a write's time goes.
+  bool trace = false;
+};
+
+}  // namespace nccl
+
 struct TransportOptions {
   std::string backend = "ucx";  // see AvailableBackends()
   int device = -1;              // CUDA device of registered memory, for GPU backends
   UcxOptions ucx;               // ucx, and the inner transport of ucx_staged
   staged::StagedOptions staged; // ucx_staged (its device and ucx come from the two above)
-  // cuda_ipc receiver: ask writers for early notifications (kNotificationLandedOnEvent) whose
-  // landing the consumer waits for on a GPU stream (StreamWaitLanded, ConfirmLanded).
-  bool cuda_ipc_gpu_landed_wait = false;
+  cuda_ipc::CudaIpcOptions cuda_ipc;  // cuda_ipc (its device comes from `device`)
+  nccl::NcclOptions nccl;             // nccl (its device comes from `device`)
   // CreateTransport wraps the backend so that every endpoint it connects draws on one budget.
   PacingOptions pacing;
 };

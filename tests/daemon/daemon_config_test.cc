@@ -50,6 +50,40 @@ TEST(DaemonConfig, FileThenFlagsWin) {
   std::remove(path.c_str());
 }
 
+// Transport keys without a field of their own (transport/options.h) reach the transport's one
+// parser from the file and from flags, in that order, and are listed by --help.
+TEST(DaemonConfig, TransportKeysGoToTheTransportsParser) {
+  std::string path = ::testing::TempDir() + "/kvstream_cfg_transport_test.json";
+  {
+    std::ofstream f(path);
+    f << R"({"nccl_chunk_mib": 16, "nccl_trace": true, "staged_zero_copy": "off"})";
+  }
+  auto c = Parse({"--config", path, "--nccl-advertise-host=10.0.0.7", "--ucx_copy_lanes", "2"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"nccl_chunk_mib", "16"}, {"nccl_trace", "true"}, {"staged_zero_copy", "off"},
+      {"nccl_advertise_host", "10.0.0.7"}, {"ucx_copy_lanes", "2"}};
+  EXPECT_EQ(c->transport_options, want);
+  EXPECT_NE(c->ToJson().find("\"nccl_advertise_host\":\"10.0.0.7\""), std::string::npos);
+  // A bad value is refused naming the key; a key nobody has is still unknown.
+  auto bad = Parse({"--nccl_copy_mode=fastest"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("nccl_copy_mode"), std::string::npos) << bad.status().ToString();
+  auto unknown = Parse({"--nccl_no_such_key=1"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown flag"), std::string::npos);
+  {
+    std::ofstream f(path);
+    f << R"({"cuda_ipc_copy_mode": 3})";
+  }
+  EXPECT_EQ(Parse({"--config", path}).status().code(), StatusCode::kInvalidArgument);
+  std::remove(path.c_str());
+  const std::string usage = DaemonUsage("prefill");
+  for (const char* key : {"--nccl_advertise_host", "--cuda_ipc_copy_mode", "--staged_chunk_mib"}) {
+    EXPECT_NE(usage.find(key), std::string::npos) << key;
+  }
+}
+
 TEST(DaemonConfig, PoolGpuFraction) {
   auto c = Parse({"--backend=cuda", "--pool_gpu_fraction=0.25"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -37,6 +37,20 @@ TEST(DaemonPacing, ItlTargetPacesOnlyThePrefill) {
   EXPECT_EQ(prefill.status().code(), StatusCode::kInvalidArgument);
 }
 
+// Transport keys without a daemon field (DaemonConfig::transport_options) reach the transport's
+// options: a value the parser refuses fails CreateTransportFromConfig naming the key.
+TEST(DaemonPacing, TransportKeysWithoutAFieldAreApplied) {
+  DaemonConfig cfg;
+  cfg.transport = "fake";
+  cfg.transport_options = {{"ucx_copy_lanes", "2"}};
+  EXPECT_TRUE(CreateTransportFromConfig(cfg, "prefill").ok());
+  cfg.transport_options.push_back({"pace_chunk_bytes", "lots"});
+  auto t = CreateTransportFromConfig(cfg, "prefill");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("pace_chunk_bytes"), std::string::npos) << t.status().ToString();
+}
+
 TEST(DaemonPacing, TransportFromConfigIsPaced) {
   DaemonConfig cfg;
   cfg.transport = "fake";

@@ -31,7 +31,30 @@ TEST(TransportOptions, KeysSetTheirBackendsFields) {
   EXPECT_EQ(o.staged.adaptive_chunk_fill, 0u);
   EXPECT_DOUBLE_EQ(o.pacing.bytes_per_s, 1e9);
   EXPECT_DOUBLE_EQ(o.pacing.itl_target_ms, 12.5);
-  EXPECT_TRUE(o.cuda_ipc_gpu_landed_wait);
+  EXPECT_TRUE(o.cuda_ipc.gpu_landed_wait);
+}
+
+// The GPU backends' typed options (cuda_ipc, nccl) come from the same parser.
+TEST(TransportOptions, GpuBackendKeysSetTheirTypedOptions) {
+  TransportOptions o;
+  ASSERT_TRUE(SetTransportOption(o, "cuda_ipc_copy_mode", "kernel").ok());
+  ASSERT_TRUE(SetTransportOption(o, "cuda_ipc_connect_timeout_ms", "2500").ok());
+  ASSERT_TRUE(SetTransportOption(o, "nccl_copy_mode", "pack").ok());
+  ASSERT_TRUE(SetTransportOption(o, "nccl-chunk-mib", "16").ok());
+  ASSERT_TRUE(SetTransportOption(o, "nccl_advertise_host", "10.0.0.7").ok());
+  ASSERT_TRUE(SetTransportOption(o, "nccl_connect_timeout_ms", "30000").ok());
+  ASSERT_TRUE(SetTransportOption(o, "nccl_trace", "on").ok());
+  EXPECT_EQ(o.cuda_ipc.copy_mode, cuda_ipc::CopyMode::kKernel);
+  EXPECT_EQ(o.cuda_ipc.connect_timeout_ms, 2500);
+  EXPECT_EQ(o.nccl.copy_mode, nccl::CopyMode::kPack);
+  EXPECT_EQ(o.nccl.chunk_bytes, 16u << 20);
+  EXPECT_EQ(o.nccl.advertise_host, "10.0.0.7");
+  EXPECT_EQ(o.nccl.connect_timeout_ms, 30000);
+  EXPECT_TRUE(o.nccl.trace);
+  // The rest keep the backends' defaults.
+  const TransportOptions defaults;
+  EXPECT_EQ(o.cuda_ipc.block_table, defaults.cuda_ipc.block_table);
+  EXPECT_EQ(o.nccl.close_timeout_ms, defaults.nccl.close_timeout_ms);
 }
 
 TEST(TransportOptions, BadValuesAreRefusedNamingTheKeyAndChangeNothing) {
@@ -42,7 +65,13 @@ TEST(TransportOptions, BadValuesAreRefusedNamingTheKeyAndChangeNothing) {
                             {"staged_zero_copy", "maybe"},
                             {"pace_bytes_per_s", "-5"},
                             {"itl_target_ms", "nan"},
-                            {"gpu_landed_wait", "perhaps"}}) {
+                            {"gpu_landed_wait", "perhaps"},
+                            {"cuda_ipc_copy_mode", "fast"},
+                            {"cuda_ipc_connect_timeout_ms", "0"},
+                            {"nccl_copy_mode", "auto,pack"},
+                            {"nccl_chunk_mib", "0"},
+                            {"nccl_advertise_host", ""},
+                            {"nccl_trace", "2"}}) {
     Status s = SetTransportOption(o, key, value);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << key << "=" << value;
     EXPECT_NE(s.message().find(key), std::string::npos) << s.ToString();
@@ -52,7 +81,11 @@ TEST(TransportOptions, BadValuesAreRefusedNamingTheKeyAndChangeNothing) {
   EXPECT_EQ(o.staged.chunk_bytes, defaults.staged.chunk_bytes);
   EXPECT_EQ(o.staged.zero_copy, defaults.staged.zero_copy);
   EXPECT_EQ(o.pacing.bytes_per_s, 0);
-  EXPECT_FALSE(o.cuda_ipc_gpu_landed_wait);
+  EXPECT_FALSE(o.cuda_ipc.gpu_landed_wait);
+  EXPECT_EQ(o.cuda_ipc.copy_mode, defaults.cuda_ipc.copy_mode);
+  EXPECT_EQ(o.nccl.copy_mode, defaults.nccl.copy_mode);
+  EXPECT_EQ(o.nccl.chunk_bytes, defaults.nccl.chunk_bytes);
+  EXPECT_EQ(o.nccl.advertise_host, defaults.nccl.advertise_host);
   EXPECT_EQ(SetTransportOption(o, "model", "tiny").code(), StatusCode::kNotFound);
 }
 

@@ -144,9 +144,8 @@ Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& 
 }
 
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options) {
-  CudaIpcOptions o;
+  CudaIpcOptions o = options.cuda_ipc;
   o.device = options.device;
-  o.gpu_landed_wait = options.cuda_ipc_gpu_landed_wait;
   return CreateCudaIpcTransport(o);
 }
 

@@ -62,42 +62,16 @@
 #include <memory>
 
 #include "common/status.h"
+#include "transport/options.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport::cuda_ipc {
 
-enum class CopyMode {
-  kAuto,    // cudaMemcpyAsync per run for few runs, the scatter kernel for many
-  kMemcpy,  // always cudaMemcpyAsync per run
-  kKernel,  // always the scatter kernel
-};
-
-struct CudaIpcOptions {
-  int device = -1;                   // device of local registrations and copy streams; -1 = current
-  CopyMode copy_mode = CopyMode::kAuto;
-  size_t kernel_min_runs = 4;        // kAuto: the kernel from this many coalesced runs on
-  // Writes whose ops are all multiples of one power-of-two unit (a paged pool's blocks) go to
-  // the block-table kernel: a unit-index list in the launch parameters, one launch for up to
-  // 4088 units with CUDA >= 12.1 (kernels/scatter_copy.h). false: the packed-run path (<= 336
-  // runs per launch), which writes the block form does not fit take anyway, for every kernel
-  // write (tests cover that path through it).
-  bool block_table = true;
-  size_t table_entries = 64 * 1024;  // per-endpoint pinned run-table ring (24 B each)
-  // Receiver: ask writers for early notifications (transport.h kNotificationLandedOnEvent): a
-  // notified write's notification leaves as soon as its copy is enqueued, naming the sequence
-  // number the writer's copy stream writes into this receiver's landed flag after the copy;
-  // the consumer makes its GPU stream wait for it with StreamWaitLanded instead of waiting on
-  // the host for completion, and checks ConfirmLanded once that work is done. The address then
-  // ends in "#lf". Without the driver's stream memory operations the receiver stays late (logged).
-  bool gpu_landed_wait = false;
-  int64_t connect_timeout_ms = 5000;
-  int64_t close_timeout_ms = 10000;  // ~Endpoint's bound on draining its copy stream
-};
+// CudaIpcOptions, CopyMode: transport/options.h.
 
 // kUnavailable when no CUDA device is usable (message says why).
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const CudaIpcOptions& options);
-// For the registry: device and gpu_landed_wait from `options`, the rest CudaIpcOptions'
-// defaults.
+// For the registry: options.cuda_ipc on options.device.
 Result<std::unique_ptr<Transport>> CreateCudaIpcTransport(const TransportOptions& options);
 
 // Host-side cost of Write(), for benchmarks: summed over every cuda_ipc endpoint of the process

@@ -263,7 +263,7 @@ Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& option
 }
 
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
-  NcclOptions o;
+  NcclOptions o = options.nccl;
   o.device = options.device;
   return CreateNcclTransport(o);
 }

@@ -51,32 +51,17 @@
 #include <string>
 
 #include "common/status.h"
+#include "transport/options.h"
 #include "transport/transport.h"
 
 namespace kvstream::transport::nccl {
 
-enum class CopyMode {
-  kAuto,    // ChooseMode: direct for few / long runs, pack for many scattered ones
-  kDirect,  // always one ncclSend/ncclRecv per coalesced run
-  kPack,    // always gather -> one send per chunk -> scatter
-};
-
-struct NcclOptions {
-  int device = -1;                        // device of registrations and streams; -1 = current
-  CopyMode copy_mode = CopyMode::kAuto;
-  uint64_t chunk_bytes = 64ull << 20;     // staging chunk (two per endpoint and per connection)
-  std::string advertise_host = "127.0.0.1";  // host put into LocalAddress(); 127.0.0.1 binds lo
-  int64_t connect_timeout_ms = 60000;     // TCP connect + hello + communicator init + warm-up
-  int64_t close_timeout_ms = 5000;        // ~Endpoint: how long posted writes may still finish
-  // One stderr line per completed write on each side, with the time of each step (header sent,
-  // NCCL launch returned / done, landed, acked), to see where a write's time goes.
-  bool trace = false;
-};
+// NcclOptions, CopyMode: transport/options.h.
 
 // kUnavailable when no CUDA device is usable (message says why). Sets NCCL_NVLS_ENABLE=0 in the
 // process environment unless it is set already (this transport makes point-to-point calls only).
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const NcclOptions& options);
-// For the registry: device from `options`, the rest NcclOptions' defaults.
+// For the registry: options.nccl on options.device.
 Result<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options);
 
 // "NCCL <major>.<minor>.<patch>" of the library loaded at run time.
