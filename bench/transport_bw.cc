@@ -415,7 +415,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::memset((*src)->region().addr, 7, max_size);
-  PeerDescriptor pd{Unhex(addr), {RemoteRegion{base, len, Unhex(key)}}};
+  PeerDescriptor pd{Unhex(addr), {RemoteRegion{base, len, Unhex(key)}}, ""};
   auto ep = (*t)->Connect(pd);
   if (!ep.ok()) {
     std::fprintf(stderr, "%s\n", ep.status().ToString().c_str());

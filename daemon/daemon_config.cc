@@ -187,6 +187,14 @@ Status SetTransportKey(DaemonConfig* cfg, std::string key, const std::string& va
   return OkStatus();
 }
 
+bool IsBooleanTransportKey(std::string key) {
+  for (char& c : key)
+    if (c == '-') c = '_';
+  for (const transport::TransportOptionKey& k : transport::TransportOptionKeys())
+    if (key == k.name) return k.boolean;
+  return false;
+}
+
 bool IsBoolWord(const std::string& v) {
   for (const char* w : {"true", "1", "on", "yes", "false", "0", "off", "no"})
     if (v == w) return true;
@@ -413,7 +421,8 @@ Result<DaemonConfig> ParseDaemonConfig(int argc, char** argv, const std::string&
     } else {
       key = a;
       const Field* f = FindField(key);
-      const bool is_bool = f && std::holds_alternative<bool DaemonConfig::*>(f->member);
+      const bool is_bool = f ? std::holds_alternative<bool DaemonConfig::*>(f->member)
+                             : IsBooleanTransportKey(key);
       // A boolean flag alone ("--insecure") means true; "--pipelining false" still works.
       if (is_bool && (i + 1 >= argc || !IsBoolWord(argv[i + 1]))) {
         value = "true";

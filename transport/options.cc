@@ -113,7 +113,7 @@ const std::vector<Key>& Keys() {
          return OkStatus();
        }},
       {{"ucx_same_host_copy",
-        "ucx: copy into a same-host peer's memory directly (true|false; false = UCX puts)"},
+        "ucx: copy into a same-host peer's memory directly (true|false; false = UCX puts)", true},
        Flag("ucx_same_host_copy", [](TransportOptions& o) -> bool& { return o.ucx.same_host_copy; })},
       {{"ucx_copy_lanes", "ucx: threads per same-host write (0 = half the cores, up to 8)"},
        Integer<int>("ucx_copy_lanes", 0, 32, [](TransportOptions& o, int n) { o.ucx.copy_lanes = n; })},
@@ -151,7 +151,8 @@ const std::vector<Key>& Keys() {
       {{"itl_hbm_bytes_per_byte", "prefill: decode HBM bytes per landed byte (2 same GPU, 1 peer/host)"},
        NonNegative("itl_hbm_bytes_per_byte",
                    [](TransportOptions& o) -> double& { return o.pacing.itl_hbm_bytes_per_byte; })},
-      {{"gpu_landed_wait", "decode, cuda_ipc: compute stream waits for each layer's copy on the GPU"},
+      {{"gpu_landed_wait", "decode, cuda_ipc: compute stream waits for each layer's copy on the GPU",
+        true},
        Flag("gpu_landed_wait", [](TransportOptions& o) -> bool& { return o.cuda_ipc.gpu_landed_wait; })},
       {{"cuda_ipc_copy_mode", "cuda_ipc: auto | memcpy | kernel (copy engine per run, scatter kernel)"},
        Choice<cuda_ipc::CopyMode>("cuda_ipc_copy_mode",
@@ -182,7 +183,8 @@ const std::vector<Key>& Keys() {
       {{"nccl_connect_timeout_ms", "nccl: bound on connect + communicator init + warm-up, ms"},
        Integer<int64_t>("nccl_connect_timeout_ms", 1, kI64Max,
                         [](TransportOptions& o, int64_t n) { o.nccl.connect_timeout_ms = n; })},
-      {{"nccl_trace", "nccl: one stderr line per write with the time of each step (true|false)"},
+      {{"nccl_trace", "nccl: one stderr line per write with the time of each step (true|false)",
+        true},
        Flag("nccl_trace", [](TransportOptions& o) -> bool& { return o.nccl.trace; })},
   };
   return keys;

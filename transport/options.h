@@ -162,6 +162,7 @@ struct TransportOptions {
 struct TransportOptionKey {
   const char* name;
   const char* help;
+  bool boolean = false;  // true|false: a flag alone on a command line means true
 };
 // The keys SetTransportOption accepts, in the order a usage text lists them.
 const std::vector<TransportOptionKey>& TransportOptionKeys();

@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
   auto ra = (*a)->Register({ma.data(), ma.size()});
   auto rb = (*b)->Register({mb.data(), mb.size()});
   if (!ra.ok() || !rb.ok()) return 1;
-  PeerDescriptor da{(*a)->LocalAddress(), {{uint64_t(uintptr_t(ma.data())), ma.size(), (*ra)->RemoteKey()}}};
-  PeerDescriptor db{(*b)->LocalAddress(), {{uint64_t(uintptr_t(mb.data())), mb.size(), (*rb)->RemoteKey()}}};
+  PeerDescriptor da{(*a)->LocalAddress(), {{uint64_t(uintptr_t(ma.data())), ma.size(), (*ra)->RemoteKey()}}, ""};
+  PeerDescriptor db{(*b)->LocalAddress(), {{uint64_t(uintptr_t(mb.data())), mb.size(), (*rb)->RemoteKey()}}, ""};
   auto ab = (*a)->Connect(db);
   auto ba = (*b)->Connect(da);
   if (!ab.ok() || !ba.ok()) {

@@ -84,6 +84,26 @@ TEST(DaemonConfig, TransportKeysGoToTheTransportsParser) {
   }
 }
 
+// A boolean transport key alone on the command line means true, as a boolean field does; it used
+// to take the next flag as its value ("--nccl_trace --pool_blocks=8" refused, "--nccl_trace
+// --listen" swallowing "--listen").
+TEST(DaemonConfig, BooleanTransportKeyAloneMeansTrue) {
+  auto c = Parse({"--nccl_trace", "--pool_blocks=8", "--ucx-same-host-copy", "--listen",
+                  "127.0.0.1:7000", "--ucx_same_host_copy", "false", "--model", "tiny"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->pool_blocks, 8);
+  EXPECT_EQ(c->model, "tiny");
+  EXPECT_EQ(c->listen, "127.0.0.1:7000");
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"nccl_trace", "true"}, {"ucx_same_host_copy", "true"}, {"ucx_same_host_copy", "false"}};
+  EXPECT_EQ(c->transport_options, want);
+  auto last = Parse({"--model", "tiny", "--nccl_trace"});
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ(last->transport_options.back().second, "true");
+  // A key that takes a value still needs one.
+  EXPECT_FALSE(Parse({"--nccl_chunk_mib"}).ok());
+}
+
 TEST(DaemonConfig, PoolGpuFraction) {
   auto c = Parse({"--backend=cuda", "--pool_gpu_fraction=0.25"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();

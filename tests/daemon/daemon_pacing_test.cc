@@ -66,7 +66,8 @@ TEST(DaemonPacing, TransportFromConfigIsPaced) {
   auto remote = std::move((*reader)->Register({dst.data(), dst.size()})).value();
   transport::PeerDescriptor peer{(*reader)->LocalAddress(),
                                  {{reinterpret_cast<uint64_t>(dst.data()), dst.size(),
-                                   remote->RemoteKey()}}};
+                                   remote->RemoteKey()}},
+                                 /*host=*/""};
   auto ep = std::move((*writer)->Connect(peer)).value();
   transport::WriteRequest r;
   r.local = local.get();

@@ -23,7 +23,8 @@ class FakeFaults : public ::testing::Test {
     remote_ = std::move(reader_->Register(MemoryRegion{dst_.data(), dst_.size()})).value();
     PeerDescriptor peer{reader_->LocalAddress(),
                         {RemoteRegion{reinterpret_cast<uint64_t>(dst_.data()), dst_.size(),
-                                      remote_->RemoteKey()}}};
+                                      remote_->RemoteKey()}},
+                        /*host=*/""};
     ep_ = std::move(writer_->Connect(peer)).value();
   }
   WriteRequest Req(uint64_t off, uint64_t len, int layer) {

@@ -534,7 +534,8 @@ TEST(PacedFaults, AFailedChunkFailsTheWriteAndStopsIt) {
   auto remote = std::move(reader->Register(MemoryRegion{dst.data(), dst.size()})).value();
   PeerDescriptor peer{reader->LocalAddress(),
                       {RemoteRegion{reinterpret_cast<uint64_t>(dst.data()), dst.size(),
-                                    remote->RemoteKey()}}};
+                                    remote->RemoteKey()}},
+                      /*host=*/""};
   // 8 chunks of 1 MiB, one every 125 ms: the failure of chunk 3 is seen long before chunk 4 is
   // due, unless the process stalls.
   auto ep = std::move(PaceEndpoint(std::move(writer->Connect(peer)).value(), peer,
@@ -581,7 +582,8 @@ TEST(PacingOptions, CreateTransportPacesWhenAsked) {
   auto remote = std::move((*r)->Register(MemoryRegion{dst.data(), dst.size()})).value();
   PeerDescriptor peer{(*r)->LocalAddress(),
                       {RemoteRegion{reinterpret_cast<uint64_t>(dst.data()), dst.size(),
-                                    remote->RemoteKey()}}};
+                                    remote->RemoteKey()}},
+                      /*host=*/""};
   auto ep = std::move((*w)->Connect(peer)).value();
   WriteRequest req;
   req.local = local.get();
