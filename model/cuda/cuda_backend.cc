@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda_vmm.h"
 #include "common/log.h"
 #include "kernels/kv_write.h"
 #include "kernels/layer_ops.h"
@@ -42,10 +43,16 @@ cudaDataType_t CudaType(DType t) {
   return CUDA_R_32F;
 }
 
+// The KV pool: shareable device memory (common/cuda_vmm.h) where the driver can make it, so that
+// cuda_ipc hands it to a peer only as a descriptor; cudaMalloc otherwise (cuda_ipc then refuses
+// it as a write target; the other backends take it).
 class DevicePoolMemory final : public PoolMemory {
  public:
+  DevicePoolMemory(std::unique_ptr<cuda_vmm::ShareableDeviceMemory> vmm, size_t n)
+      : vmm_(std::move(vmm)), ptr_(vmm_->data()), size_(n), device_(vmm_->device()) {}
   DevicePoolMemory(void* p, size_t n, int device) : ptr_(p), size_(n), device_(device) {}
   ~DevicePoolMemory() override {
+    if (vmm_) return;  // vmm_'s destructor unmaps it
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(device_);
@@ -58,6 +65,7 @@ class DevicePoolMemory final : public PoolMemory {
   int device() const override { return device_; }
 
  private:
+  std::unique_ptr<cuda_vmm::ShareableDeviceMemory> vmm_;
   void* ptr_;
   size_t size_;
   int device_;
@@ -157,15 +165,21 @@ class CudaBackend final : public ModelBackend {
 Result<std::unique_ptr<PoolMemory>> AllocateDevicePoolMemoryImpl(size_t bytes, int device) {
   if (bytes == 0) return InvalidArgument("device pool of 0 bytes");
   KV_CUDA(cudaSetDevice(device));
-  void* p = nullptr;
-  KV_CUDA(cudaMalloc(&p, bytes));
-  cudaError_t e = cudaMemset(p, 0, bytes);
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) {
-    cudaFree(p);
-    return CudaStatus(e, "zero-filling the KV pool");
+  std::unique_ptr<DevicePoolMemory> pool;
+  if (Status ok = cuda_vmm::Supported(device); ok.ok()) {
+    KV_ASSIGN_OR_RETURN(auto vmm, cuda_vmm::ShareableDeviceMemory::Allocate(device, bytes));
+    pool = std::make_unique<DevicePoolMemory>(std::move(vmm), bytes);
+  } else {
+    KV_LOG_WARN << "KV pool on device " << device << " made with cudaMalloc (" << ok.ToString()
+                << "): the cuda_ipc transport cannot share it";
+    void* p = nullptr;
+    KV_CUDA(cudaMalloc(&p, bytes));
+    pool = std::make_unique<DevicePoolMemory>(p, bytes, device);
   }
-  return std::unique_ptr<PoolMemory>(new DevicePoolMemory(p, bytes, device));
+  cudaError_t e = cudaMemset(pool->data(), 0, bytes);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return CudaStatus(e, "zero-filling the KV pool");
+  return std::unique_ptr<PoolMemory>(std::move(pool));
 }
 
 Status CudaBackend::LoadWeights(const WeightSource& src) {

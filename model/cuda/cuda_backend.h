@@ -39,7 +39,8 @@ namespace kvstream::model {
 Result<std::unique_ptr<ModelBackend>> CreateCudaBackend(const ModelSpec& spec,
                                                         const BackendOptions& options);
 
-// `bytes` of zero-filled device memory on `device` (cudaMalloc), freed by the destructor.
+// `bytes` of zero-filled device memory on `device`, freed by the destructor: shareable as a
+// descriptor (common/cuda_vmm.h) where the driver allows, else cudaMalloc'd (logged).
 Result<std::unique_ptr<PoolMemory>> AllocateDevicePoolMemory(size_t bytes, int device);
 
 }  // namespace kvstream::model

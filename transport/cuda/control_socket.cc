@@ -24,10 +24,12 @@ namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'I', 'P', 'C', 'N', '0', '1'};
 // 3: frames carry the notification's MAC; the hello, the token of the listener's address.
-constexpr uint32_t kVersion = 3;
+// 4: memory requests, answered with the memory's descriptor (cuda_ipc's keys hold no handle).
+constexpr uint32_t kVersion = 4;
 constexpr char kTokenKey[] = "?token=";
 constexpr char kGrantMagic[8] = {'K', 'V', 'I', 'P', 'C', 'G', '0', '1'};
 constexpr uint32_t kMaxGrantKeyBytes = 4096;
+constexpr char kMemoryMagic[8] = {'K', 'V', 'I', 'P', 'C', 'M', '0', '1'};
 
 struct Hello {
   char magic[8];
@@ -52,8 +54,15 @@ struct GrantHeader {
   uint32_t first_seq;
   uint32_t key_bytes;
 };
+struct MemoryHeader {
+  char magic[8];
+  uint32_t granted;
+  int32_t code;  // StatusCode of a refusal
+  uint32_t info_bytes;
+  uint32_t reserved;
+};
 static_assert(sizeof(Hello) == 32 && sizeof(Frame) == 32 && sizeof(EarlyTail) == 8 &&
-              sizeof(GrantHeader) == 24);
+              sizeof(GrantHeader) == 24 && sizeof(MemoryHeader) == 24);
 
 Frame ToFrame(const Notification& n, int32_t flags) {
   Frame f{n.request_id, n.layer, flags, {}};
@@ -127,8 +136,9 @@ bool AddressWantsLandedFlags(const std::string& address) {
 
 Result<std::unique_ptr<NotificationListener>> NotificationListener::Start(
     const std::string& prefix, Callback on_notification, FlagRequestCallback on_flag_request,
-    ClosedCallback on_closed) {
+    ClosedCallback on_closed, MemoryRequestCallback on_memory_request) {
   std::unique_ptr<NotificationListener> l(new NotificationListener());
+  l->on_memory_request_ = std::move(on_memory_request);
   l->callback_ = std::move(on_notification);
   l->on_flag_request_ = std::move(on_flag_request);
   l->on_closed_ = std::move(on_closed);
@@ -266,6 +276,14 @@ void NotificationListener::Run() {
       while (c.hello_done && !bad && c.buf.size() - pos >= sizeof(Frame)) {
         Frame f;
         std::memcpy(&f, c.buf.data() + pos, sizeof(f));
+        if (f.flags == kFrameFlagRequest && f.layer == kMemoryRequestLayer) {
+          pos += sizeof(f);
+          if (!AnswerMemoryRequest(fd, c.id, c.pid, f.request_id)) {
+            bad = true;
+            break;
+          }
+          continue;
+        }
         if (f.flags == kFrameFlagRequest) {
           pos += sizeof(f);
           GrantHeader g{};
@@ -325,6 +343,40 @@ void NotificationListener::Run() {
   for (auto& [fd, c] : conns) ::close(fd);
 }
 
+bool NotificationListener::AnswerMemoryRequest(int fd, uint32_t conn, uint32_t pid, uint64_t id) {
+  MemoryHeader h{};
+  std::memcpy(h.magic, kMemoryMagic, sizeof(kMemoryMagic));
+  std::string info;
+  std::vector<int> fds;
+  Result<MemoryGrant> r = on_memory_request_
+                              ? on_memory_request_(conn, id)
+                              : Result<MemoryGrant>(NotSupported("this listener grants no memory"));
+  if (r.ok() && r.value().fd >= 0) {
+    h.granted = 1;
+    info = r.value().info;
+    fds.push_back(r.value().fd);
+    ++memory_granted_;
+  } else {
+    const Status st = r.ok() ? Internal("memory grant without a descriptor") : r.status();
+    if (r.ok() && r.value().fd >= 0) ::close(r.value().fd);
+    h.code = static_cast<int32_t>(st.code());
+    info = st.message();
+    const uint64_t n = ++memory_refused_;
+    if (n <= 10 || (n & (n - 1)) == 0) {
+      KV_LOG_WARN << "cuda_ipc listener: refused writer pid " << pid << " memory " << id << ": "
+                  << st.ToString() << " (" << n << " refused so far)";
+    }
+  }
+  if (info.size() > kMaxGrantKeyBytes) info.resize(kMaxGrantKeyBytes);
+  h.info_bytes = static_cast<uint32_t>(info.size());
+  std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
+  msg += info;
+  // A fresh socket's buffer takes this small message at once; anything less is a broken peer.
+  const bool sent = core::SendWithFds(fd, msg.data(), msg.size(), fds);
+  for (int f : fds) ::close(f);
+  return sent;
+}
+
 void NotificationListener::Refused(const std::string& what) {
   const uint64_t n = ++refused_;
   if (n <= 10 || (n & (n - 1)) == 0) {
@@ -381,6 +433,30 @@ Status NotificationChannel::SendBatch(const Notification* n, size_t count) {
   return OkStatus();
 }
 
+Status NotificationChannel::ReadAnswer(void* out, size_t n, Deadline deadline, std::vector<int>* fds,
+                                       const char* what) {
+  char* p = static_cast<char*>(out);
+  while (n > 0) {
+    const core::WaitResult w = core::WaitReadable(fd_, deadline, 1000);
+    if (w == core::WaitResult::kDeadline) {
+      return Timeout(std::string("cuda_ipc: no answer to the ") + what);
+    }
+    if (w == core::WaitResult::kError) return Errno("poll");
+    if (w == core::WaitResult::kNotYet) continue;
+    bool truncated = false;
+    ssize_t r = core::RecvWithFds(fd_, p, n, MSG_DONTWAIT, fds, &truncated);
+    if (r == 0) return RemoteDisconnect(std::string("cuda_ipc: receiver closed during the ") + what);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      return RemoteDisconnect(std::string("cuda_ipc: ") + what + ": " + std::strerror(errno));
+    }
+    if (truncated) return Internal(std::string("cuda_ipc: ") + what + ": too many descriptors");
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return OkStatus();
+}
+
 Result<FlagGrant> NotificationChannel::RequestLandedFlag(Deadline deadline) {
   {
     Frame f{0, 0, kFrameFlagRequest, {}};
@@ -389,37 +465,60 @@ Result<FlagGrant> NotificationChannel::RequestLandedFlag(Deadline deadline) {
       return RemoteDisconnect(std::string("cuda_ipc: landed-flag request: ") + std::strerror(errno));
     }
   }
-  auto read_exact = [&](void* out, size_t n) -> Status {
-    char* p = static_cast<char*>(out);
-    while (n > 0) {
-      const core::WaitResult w = core::WaitReadable(fd_, deadline, 1000);
-      if (w == core::WaitResult::kDeadline) {
-        return Timeout("cuda_ipc: no answer to the landed-flag request");
-      }
-      if (w == core::WaitResult::kError) return Errno("poll");
-      if (w == core::WaitResult::kNotYet) continue;
-      ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
-      if (r == 0) return RemoteDisconnect("cuda_ipc: receiver closed during the landed-flag request");
-      if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-        return RemoteDisconnect(std::string("cuda_ipc: landed-flag answer: ") + std::strerror(errno));
-      }
-      p += r;
-      n -= static_cast<size_t>(r);
-    }
-    return OkStatus();
-  };
+  std::vector<int> fds;  // none expected
+  struct CloseFds {
+    std::vector<int>* v;
+    ~CloseFds() { for (int f : *v) ::close(f); }
+  } close_fds{&fds};
   GrantHeader g;
-  KV_RETURN_IF_ERROR(read_exact(&g, sizeof(g)));
+  KV_RETURN_IF_ERROR(ReadAnswer(&g, sizeof(g), deadline, &fds, "landed-flag request"));
   if (std::memcmp(g.magic, kGrantMagic, sizeof(kGrantMagic)) != 0 || g.key_bytes > kMaxGrantKeyBytes) {
     return Internal("cuda_ipc: malformed landed-flag answer");
   }
   FlagGrant grant;
   grant.key.resize(g.key_bytes);
-  if (g.key_bytes > 0) KV_RETURN_IF_ERROR(read_exact(grant.key.data(), g.key_bytes));
+  if (g.key_bytes > 0) {
+    KV_RETURN_IF_ERROR(ReadAnswer(grant.key.data(), g.key_bytes, deadline, &fds, "landed-flag request"));
+  }
   if (g.granted == 0) return NotSupported("cuda_ipc: the receiver has no landed flag for this writer");
   grant.slot = g.slot;
   grant.first_seq = g.first_seq;
+  return grant;
+}
+
+Result<MemoryGrant> NotificationChannel::RequestMemory(uint64_t id, Deadline deadline) {
+  {
+    Frame f{id, kMemoryRequestLayer, kFrameFlagRequest, {}};
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (!core::SendAll(fd_, &f, sizeof(f))) {
+      return RemoteDisconnect(std::string("cuda_ipc: memory request: ") + std::strerror(errno));
+    }
+  }
+  std::vector<int> fds;
+  struct CloseFds {
+    std::vector<int>* v;
+    ~CloseFds() { for (int f : *v) ::close(f); }
+  } close_fds{&fds};
+  MemoryHeader h;
+  KV_RETURN_IF_ERROR(ReadAnswer(&h, sizeof(h), deadline, &fds, "memory request"));
+  if (std::memcmp(h.magic, kMemoryMagic, sizeof(kMemoryMagic)) != 0 || h.info_bytes > kMaxGrantKeyBytes) {
+    return Internal("cuda_ipc: malformed answer to a memory request");
+  }
+  MemoryGrant grant;
+  grant.info.resize(h.info_bytes);
+  if (h.info_bytes > 0) {
+    KV_RETURN_IF_ERROR(ReadAnswer(grant.info.data(), h.info_bytes, deadline, &fds, "memory request"));
+  }
+  if (h.granted == 0) {
+    const StatusCode code = h.code == 0 ? StatusCode::kInternal : static_cast<StatusCode>(h.code);
+    return Status(code, "cuda_ipc: the receiver refused memory " + std::to_string(id) + ": " + grant.info);
+  }
+  if (fds.size() != 1) {
+    return Internal("cuda_ipc: a memory grant came with " + std::to_string(fds.size()) +
+                    " descriptors, expected 1");
+  }
+  grant.fd = fds.back();
+  fds.clear();
   return grant;
 }
 

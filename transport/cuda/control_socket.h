@@ -5,10 +5,10 @@
 // (transport/core/private_socket.h: 0600 in a 0700 directory, the peer's uid checked with
 // SO_PEERCRED on both sides; never an abstract socket) and a random 128-bit token that a writer
 // learns only from the address (so from the authenticated handshake) and presents in its hello.
-// Wire (version 3): the writer sends a Hello {magic "KVIPCN01", u32 version, u32 pid, u8 token[16]} then
+// Wire (version 4): the writer sends a Hello {magic "KVIPCN01", u32 version, u32 pid, u8 token[16]} then
 // 32-byte frames {u64 request_id, i32 layer, i32 flags, u8 mac[16]} (host byte order: same host
 // only; mac is Notification::mac, delivered unchanged); the receiver sends nothing except the
-// one answer to a landed-flag request (below).
+// answers to the writer's memory requests and landed-flag request (below).
 //
 // Guarantees:
 //  - NotificationListener calls `on_notification` on its one thread, in the order the frames
@@ -52,6 +52,21 @@ inline constexpr int32_t kLandedConnMask = 0x0FFFFFFF;
 inline constexpr char kLandedFlagsSuffix[] = "#lf";
 bool AddressWantsLandedFlags(const std::string& address);
 
+// Memory grants (cuda_ipc's registered memory, handed over as descriptors; issue 15):
+//  - The writer asks, after the hello and before any notification, with the frame
+//    {id, kMemoryRequestLayer, kFrameFlagRequest} for the registration `id` its peer's key names.
+//  - The listener answers with a grant header {magic "KVIPCM01", u32 granted, i32 status code,
+//    u32 info_bytes, u32 0} and info_bytes of info (granted: the backend's description of the
+//    memory; refused: why), in one message that carries the memory's descriptor (SCM_RIGHTS)
+//    when granted. Only a connection that passed the hello (this uid by SO_PEERCRED, the
+//    address's token) is ever answered: no other process can obtain a descriptor.
+inline constexpr int32_t kMemoryRequestLayer = 1;  // layer 0 with kFrameFlagRequest: a flag
+
+struct MemoryGrant {
+  std::string info;  // backend-defined
+  int fd = -1;       // owned by whoever holds the grant (the listener closes it once sent)
+};
+
 struct FlagGrant {
   uint32_t slot = 0;       // index of the writer's 32-bit flag in the receiver's array
   uint32_t first_seq = 1;  // the writer's first early write carries this sequence number
@@ -67,16 +82,23 @@ class NotificationListener {
   // A connection that was granted a flag closed (EOF, error, bad frame or Drop). Listener
   // thread, after every frame that connection delivered.
   using ClosedCallback = std::function<void(uint32_t conn)>;
+  // A connection asks for the memory registered as `id`. An error: the writer is told so (its
+  // message) and gets no descriptor. Listener thread; must not block.
+  using MemoryRequestCallback = std::function<Result<MemoryGrant>(uint32_t conn, uint64_t id)>;
   // Listens on "unix:<$TMPDIR or /tmp>/<prefix>-XXXXXX/sock?token=<hex>".
   static Result<std::unique_ptr<NotificationListener>> Start(
       const std::string& prefix, Callback on_notification,
-      FlagRequestCallback on_flag_request = nullptr, ClosedCallback on_closed = nullptr);
+      FlagRequestCallback on_flag_request = nullptr, ClosedCallback on_closed = nullptr,
+      MemoryRequestCallback on_memory_request = nullptr);
   ~NotificationListener();
   NotificationListener(const NotificationListener&) = delete;
   NotificationListener& operator=(const NotificationListener&) = delete;
   const std::string& address() const { return address_; }
   // Connections closed before delivering anything: another uid, a bad hello, no token.
   uint64_t refused() const { return refused_.load(); }
+  // Memory requests answered with a descriptor, and refused.
+  uint64_t memory_granted() const { return memory_granted_.load(); }
+  uint64_t memory_refused() const { return memory_refused_.load(); }
   // Closes connection `conn` soon (the writer sees EOF); on_closed follows on the listener
   // thread if it was granted a flag. Non-blocking, any thread; unknown ids are ignored.
   void Drop(uint32_t conn);
@@ -85,12 +107,17 @@ class NotificationListener {
   NotificationListener() = default;
   void Run();
   void Refused(const std::string& what);  // listener thread
+  // Answers connection `conn`'s request for memory `id` on `fd`; false if the answer could not
+  // be sent (the connection is then closed). Listener thread.
+  bool AnswerMemoryRequest(int fd, uint32_t conn, uint32_t pid, uint64_t id);
 
   std::string address_;
   std::unique_ptr<core::PrivateListener> socket_;
   core::Token token_{};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> memory_granted_{0}, memory_refused_{0};
   Callback callback_;
+  MemoryRequestCallback on_memory_request_;
   FlagRequestCallback on_flag_request_;
   ClosedCallback on_closed_;
   int listen_fd_ = -1;
@@ -116,6 +143,10 @@ class NotificationChannel {
   // Asks the receiver for a landed flag (see above); call once, before any Send. kNotSupported
   // when the receiver has none for this writer, kRemoteDisconnect / kTimeout otherwise.
   Result<FlagGrant> RequestLandedFlag(Deadline deadline);
+  // Asks the receiver for the memory registered as `id` (see above); call before any Send.
+  // The grant's fd is the caller's. The receiver's refusal comes back with its status code and
+  // message; kRemoteDisconnect / kTimeout when it does not answer.
+  Result<MemoryGrant> RequestMemory(uint64_t id, Deadline deadline);
   // An early frame for `n` (its flags are ignored) carrying `seq`.
   Status SendEarly(const Notification& n, uint32_t seq);
   // True once the peer closed or the socket failed. Waits at most timeout_us for that.
@@ -124,6 +155,9 @@ class NotificationChannel {
 
  private:
   NotificationChannel() = default;
+  // Reads exactly `n` bytes of an answer before `deadline`, collecting any descriptors that
+  // come with them into `fds` (the caller closes them).
+  Status ReadAnswer(void* out, size_t n, Deadline deadline, std::vector<int>* fds, const char* what);
   int fd_ = -1;
   std::mutex send_mu_;
 };

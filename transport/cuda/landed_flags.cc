@@ -54,7 +54,7 @@ Result<std::unique_ptr<LandedFlagTable>> LandedFlagTable::Create(
   t->events_ = events;
   t->ops_ = ops;
   t->drop_ = std::move(drop);
-  KV_ASSIGN_OR_RETURN(t->array_, DeviceBuffer::Allocate(device, kSlots * sizeof(uint32_t)));
+  KV_ASSIGN_OR_RETURN(t->array_, cuda_vmm::ShareableDeviceMemory::Allocate(device, kSlots * sizeof(uint32_t)));
   KV_ASSIGN_OR_RETURN(t->readback_, PinnedBuffer::Allocate(sizeof(uint32_t)));
   DeviceGuard guard(device);
   KV_RETURN_IF_ERROR(guard.status());

@@ -4,7 +4,8 @@
 //
 //  - The receiver allocates an array of kSlots 32-bit flags (LandedFlagTable) and grants each
 //    writer connection that asks one slot and a first sequence number (control_socket.h).
-//  - The writer maps the array once (CUDA IPC) and, after each early-notified write's copy, its
+//  - The writer maps the array once (its descriptor, granted over the control socket: the array
+//    is shareable memory, common/cuda_vmm.h) and, after each early-notified write's copy, its
 //    copy stream writes the write's sequence number into its slot (cuStreamWriteValue32,
 //    default flags: the copy's writes are visible before the flag) and notifies at once with
 //    that number. Its copy stream is in order, so a slot's value only grows.
@@ -35,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda_vmm.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "transport/cuda/control_socket.h"
@@ -133,7 +135,8 @@ class LandedFlagTable {
   EventPool* events_ = nullptr;
   const StreamMemOps* ops_ = nullptr;
   std::function<void(uint32_t)> drop_;
-  std::unique_ptr<DeviceBuffer> array_;
+  // Shareable (common/cuda_vmm.h): a writer maps it from the descriptor the listener grants.
+  std::unique_ptr<cuda_vmm::ShareableDeviceMemory> array_;
   std::unique_ptr<PinnedBuffer> readback_;
   cudaStream_t release_stream_ = nullptr;
   std::string key_;

@@ -55,7 +55,10 @@ Status IpcReceiver::Listen() {
           },
           [this](uint32_t conn) {
             if (flags_ != nullptr) flags_->OnClosed(conn);
-          }));
+          },
+          // Registered memory goes out only as its descriptor, only on a connection that passed
+          // the hello (this uid, the address's token).
+          [grants = state_->grants](uint32_t, uint64_t id) { return grants->Grant(id); }));
   return OkStatus();
 }
 
@@ -64,7 +67,7 @@ Status IpcReceiver::MakeLandedFlags() {
                                   state_->device, &state_->events,
                                   [l = listener_.get()](uint32_t conn) { l->Drop(conn); }));
   MemoryRegion r{flags_->array(), flags_->array_bytes(), MemoryKind::kCuda, state_->device};
-  KV_ASSIGN_OR_RETURN(flags_reg_, RegisterIpcRegion(r));
+  KV_ASSIGN_OR_RETURN(flags_reg_, RegisterIpcRegion(r, state_->grants));
   flags_->SetArrayKey(flags_reg_->RemoteKey());
   return OkStatus();
 }

@@ -47,31 +47,36 @@ class CudaIpcTransport : public Transport {
   std::string LocalAddress() const override { return receiver_->address(); }
 
   Result<std::unique_ptr<Registration>> Register(const MemoryRegion& region) override {
-    return RegisterIpcRegion(region);
+    return RegisterIpcRegion(region, shared_->grants);
   }
 
   Result<std::unique_ptr<Endpoint>> Connect(const PeerDescriptor& peer) override {
     auto writer = std::make_shared<IpcWriter>();
     writer->shared = shared_;
+    std::vector<KeyWire> keys;
     for (size_t i = 0; i < peer.regions.size(); ++i) {
       auto parsed = ParseKey(peer.regions[i].key);
       if (!parsed.ok()) return parsed.status().WithContext("region " + std::to_string(i));
-      const KeyWire& k = parsed.value();
-      if (core::HostIdentity() != k.host_id) {
+      if (core::HostIdentity() != parsed.value().host_id) {
         return NotSupported("cuda_ipc: region " + std::to_string(i) +
                             " belongs to another host; cuda_ipc works on one host only");
       }
-      if (peer.regions[i].length > k.length) {
+      if (peer.regions[i].length > parsed.value().length) {
         return InvalidArgument("cuda_ipc: region " + std::to_string(i) + " claims " +
                                std::to_string(peer.regions[i].length) + " bytes, its key " +
-                               std::to_string(k.length));
+                               std::to_string(parsed.value().length));
       }
-      KV_ASSIGN_OR_RETURN(std::shared_ptr<PeerMapping> m, shared_->OpenMapping(k));
-      writer->targets.push_back({m, reinterpret_cast<uint64_t>(m->base) + k.offset, k.length});
+      keys.push_back(parsed.value());
     }
-    KV_ASSIGN_OR_RETURN(auto ch, cuda::NotificationChannel::Connect(
-                                     peer.address,
-                                     DeadlineAfterMs(shared_->options.connect_timeout_ms)));
+    const Deadline deadline = DeadlineAfterMs(shared_->options.connect_timeout_ms);
+    // The control socket first: the memory comes over it, as descriptors, from the receiver
+    // the kernel names (this uid) to the holder of the address's token.
+    KV_ASSIGN_OR_RETURN(auto ch, cuda::NotificationChannel::Connect(peer.address, deadline));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto region = MapPeerRegion(*shared_, *ch, keys[i], deadline, &writer->mapped);
+      if (!region.ok()) return region.status().WithContext("region " + std::to_string(i));
+      writer->targets.push_back({region.value().mapping, region.value().addr, region.value().length});
+    }
     writer->channel_fd = ch->fd();
     writer->channel = std::move(ch);
     KV_ASSIGN_OR_RETURN(writer->stream, cuda::Stream::CreateLowestPriority(shared_->device));
@@ -113,9 +118,10 @@ class CudaIpcTransport : public Transport {
       return InvalidArgument("cuda_ipc: landed flag slot " + std::to_string(g.slot) +
                              " lies outside the receiver's array");
     }
-    KV_ASSIGN_OR_RETURN(writer.flag_mapping, shared_->OpenMapping(k));
-    writer.flag_addr = reinterpret_cast<uint64_t>(writer.flag_mapping->base) + k.offset +
-                     uint64_t(g.slot) * sizeof(uint32_t);
+    KV_ASSIGN_OR_RETURN(MappedRegion r,
+                        MapPeerRegion(*shared_, *writer.channel, k, deadline, &writer.mapped));
+    writer.flag_mapping = r.mapping;
+    writer.flag_addr = r.addr + uint64_t(g.slot) * sizeof(uint32_t);
     writer.next_seq = g.first_seq;
     return OkStatus();
   }

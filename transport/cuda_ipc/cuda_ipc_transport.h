@@ -2,17 +2,27 @@
 // GPUs that can reach each other as peers). Registered only when CUDA is built in.
 //
 // How it maps onto transport.h:
-//  - Register(kCuda region): the RemoteKey carries cudaIpcGetMemHandle of the allocation that
-//    holds the region plus the region's offset and length inside it (and the host's boot id,
-//    pid and device PCI id, to refuse keys from another host). kHost regions: kNotSupported.
+//  - Register(kCuda region): shareable device memory (common/cuda_vmm.h: cuMemCreate with POSIX
+//    descriptor handles; the model's KV pools are) is exported once as a descriptor, kept by
+//    the registration under a random 64-bit grant id. The RemoteKey carries that id, the
+//    region's offset and length inside its allocation, the device's PCI id and the host's boot
+//    id; no handle. Other device memory (cudaMalloc'd) registers for local use (a write's
+//    source) with grant id 0; a writer given such a key refuses it at Connect
+//    (kFailedPrecondition, naming why): no legacy CUDA IPC handle is made or accepted. kHost
+//    regions: kNotSupported.
 //  - LocalAddress(): "unix:<dir>/sock?token=<hex>", the control socket this transport listens
 //    on (transport/cuda/control_socket.h: a 0600 filesystem socket in a 0700 directory, this
-//    uid only, the token required in the writer's hello); notifications arrive there and are
-//    handed to the NotificationSink, their MACs unchanged.
-//  - Connect(): opens each peer allocation once (cudaIpcOpenMemHandle with lazy peer access;
-//    handles are shared between endpoints of one transport and closed with the last one),
-//    connects the control socket and creates the endpoint's copy stream at the LOWEST stream
-//    priority, so transfers never preempt compute.
+//    uid only (SO_PEERCRED), the token required in the writer's hello); notifications arrive
+//    there and are handed to the NotificationSink, their MACs unchanged; registered memory
+//    leaves only there, as its descriptor (SCM_RIGHTS), on a connection that passed the hello.
+//  - Connect(): connects the control socket, then asks for each region's memory by its grant
+//    id: the receiver answers with the allocation's descriptor and the registration's place in
+//    it (a grant id it does not hold, e.g. a forged key or one of a registration since
+//    destroyed, is refused: kNotFound; a key whose offset or length differ from the
+//    registration's: kInvalidArgument). The writer maps each allocation once per endpoint
+//    (cuMemImportFromShareableHandle, cuMemMap, cuMemSetAccess for its device), closes the
+//    descriptor, and creates the endpoint's copy stream at the LOWEST stream priority, so
+//    transfers never preempt compute.
 //  - Write(): validates every op, coalesces runs that are contiguous on both sides, optionally
 //    makes the copy stream wait on `after_stream`, then copies with cudaMemcpyAsync per run (few
 //    runs: the copy engines), or, for many scattered runs, with a scatter-copy kernel whose table
@@ -28,7 +38,8 @@
 //    only the op and its handle, and wakes the completion thread only when it is parked.
 //  - Early notifications (the receiver was made with gpu_landed_wait; its address ends in "#lf";
 //    landed_flags.h): the receiver grants each writer connection a 32-bit flag in a device
-//    array of its own; the writer maps it once, its copy stream writes the write's sequence
+//    array of its own (shareable memory, granted as a descriptor like a region); the writer
+//    maps it once, its copy stream writes the write's sequence
 //    number into it after each notified write's copy (cuStreamWriteValue32), and it sends the
 //    notification at once, flagged kNotificationLandedOnEvent (transport.h) with landed_seq.
 //    The receiver's StreamWaitLanded makes a stream wait for the flag (cuStreamWaitValue32);
@@ -39,10 +50,11 @@
 //  - Peer death: EOF on the control socket -> endpoint status, pending and later writes
 //    kRemoteDisconnect (detected within about 20 ms).
 //  - ~Endpoint: stops the completion thread, waits (bounded, close_timeout_ms) for its copy
-//    stream to drain, fails unfinished handles with kCanceled and closes the IPC mappings, so
+//    stream to drain, fails unfinished handles with kCanceled and unmaps the peer's memory, so
 //    nothing more can land. Handles may outlive their endpoint (they then report the result).
-//  - Destroying a Registration does not revoke a mapping a peer already opened (CUDA IPC has no
-//    revocation); the memory stays valid while its allocation lives.
+//  - Destroying a Registration closes its descriptor and refuses later requests for it; a
+//    mapping a writer already made stays valid while that writer's endpoint lives (the driver
+//    has no revocation); the physical memory lives until the last mapping goes.
 #pragma once
 
 #include <cstddef>

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "transport/core/private_socket.h"
 
 namespace kvstream::transport::cuda_ipc {
 
@@ -20,40 +21,54 @@ using cuda::DeviceGuard;
 using cuda::PlanScatter;
 using cuda::ScatterShape;
 
-PeerMapping::~PeerMapping() {
-  if (!opened) return;
-  DeviceGuard guard(device);
-  cudaError_t err = cudaIpcCloseMemHandle(base);
-  if (err != cudaSuccess) {
-    KV_LOG_WARN << CudaStatus(err, "cudaIpcCloseMemHandle").ToString();
+Result<MappedRegion> MapPeerRegion(IpcTransportState& state, cuda::NotificationChannel& channel,
+                                   const KeyWire& key, Deadline deadline,
+                                   std::map<uint64_t, std::shared_ptr<PeerMapping>>* mapped) {
+  if (key.grant_id == 0) {
+    return FailedPrecondition(
+        "cuda_ipc: the peer registered memory that cannot be shared as a descriptor (not made "
+        "with cuMemCreate and POSIX descriptor handles, e.g. cudaMalloc'd): cuda_ipc writes only "
+        "into shareable memory (common/cuda_vmm.h; the model's KV pools are)");
   }
-}
-
-Result<std::shared_ptr<PeerMapping>> IpcTransportState::OpenMapping(const KeyWire& k) {
-  std::string id(reinterpret_cast<const char*>(&k.pid), sizeof(k.pid));
-  id.append(reinterpret_cast<const char*>(&k.handle), sizeof(k.handle));
-  std::lock_guard<std::mutex> lock(map_mu);
-  if (auto m = mappings[id].lock()) return m;
-  auto m = std::make_shared<PeerMapping>();
-  m->device = device;
-  if (k.pid == static_cast<uint64_t>(::getpid())) {
-    // cudaIpcOpenMemHandle refuses handles of its own process; the pointer is valid here.
-    m->base = reinterpret_cast<void*>(k.alloc_base);
-  } else {
-    DeviceGuard guard(device);
-    KV_RETURN_IF_ERROR(guard.status());
-    cudaError_t err = cudaIpcOpenMemHandle(&m->base, k.handle, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      return Unavailable(std::string("cuda_ipc: cudaIpcOpenMemHandle of the peer's allocation "
-                                     "(device ") + k.pci_bus_id + ", pid " +
-                         std::to_string(k.pid) + ") from device " + std::to_string(device) +
-                         ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  KV_ASSIGN_OR_RETURN(cuda::MemoryGrant grant, channel.RequestMemory(key.grant_id, deadline));
+  struct CloseFd {
+    int fd;
+    ~CloseFd() {
+      if (fd >= 0) ::close(fd);
     }
-    m->opened = true;
+  } close_fd{grant.fd};
+  KV_ASSIGN_OR_RETURN(GrantInfo g, ParseGrantInfo(grant.info));
+  if (g.offset != key.offset || g.length != key.length) {
+    return InvalidArgument("cuda_ipc: the key's region (offset " + std::to_string(key.offset) +
+                           ", " + std::to_string(key.length) + " bytes) is not the one the "
+                           "receiver registered under its grant id");
   }
-  mappings[id] = m;
-  return m;
+  MappedRegion out;
+  out.length = g.length;
+  std::shared_ptr<PeerMapping>& m = (*mapped)[g.alloc_id];
+  if (m == nullptr) {
+    auto pm = std::make_shared<PeerMapping>();
+    auto imported = cuda_vmm::ImportedMapping::Import(grant.fd, g.alloc_size, state.device);
+    if (imported.ok()) {
+      pm->imported = std::move(imported).value();
+      pm->base = pm->imported->base();
+    } else {
+      // The same process: its own pointer is valid here (if the driver would not map the
+      // allocation a second time). The kernel names the peer, never a message.
+      auto peer = core::SameUserPeer(channel.fd());
+      if (!peer.ok() || peer.value().pid != ::getpid()) {
+        mapped->erase(g.alloc_id);
+        return imported.status().WithContext("cuda_ipc: mapping the peer's memory");
+      }
+      KV_LOG_INFO << "cuda_ipc: peer in this process, writing through its own pointer ("
+                  << imported.status().ToString() << ")";
+      pm->base = reinterpret_cast<void*>(g.alloc_id);
+    }
+    m = std::move(pm);
+  }
+  out.mapping = m;
+  out.addr = reinterpret_cast<uint64_t>(m->base) + g.offset;
+  return out;
 }
 
 namespace {

@@ -16,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda_vmm.h"
 #include "common/status.h"
+#include "common/time.h"
 #include "transport/cuda/control_socket.h"
 #include "transport/cuda/copy_plan.h"
 #include "transport/cuda/cuda_util.h"
@@ -27,13 +29,12 @@
 
 namespace kvstream::transport::cuda_ipc {
 
-// An opened peer allocation (or, for a peer in this very process, its own pointer). Closed
-// with the last endpoint that uses it.
+// A peer allocation mapped here from the descriptor the peer granted (or, for a peer in this
+// very process whose descriptor the driver would not map again, its own pointer). Unmapped
+// with the last target that uses it.
 struct PeerMapping {
-  int device = -1;
+  std::unique_ptr<cuda_vmm::ImportedMapping> imported;  // null: the in-process pointer
   void* base = nullptr;
-  bool opened = false;  // true: cudaIpcOpenMemHandle'd, close on destruction
-  ~PeerMapping();
 };
 
 // What every endpoint and the receiver of one cuda_ipc transport share.
@@ -44,15 +45,25 @@ struct IpcTransportState {
   cuda::ParamKernelConfig kernel;  // the scatter kernels' launch shape (their default)
   cuda::EventPool events;
 
-  std::mutex map_mu;
-  std::map<std::string, std::weak_ptr<PeerMapping>> mappings;  // by pid + handle bytes
+  // Receiver: the registrations whose descriptors the control socket may grant.
+  std::shared_ptr<GrantTable> grants = std::make_shared<GrantTable>();
 
   std::mutex sink_mu;
   NotificationSink sink;
-
-  // The mapping of k's allocation, opened once and shared while any endpoint holds it.
-  Result<std::shared_ptr<PeerMapping>> OpenMapping(const KeyWire& k);
 };
+
+// Writer: maps the peer memory `key` names, asking the receiver behind `channel` for its
+// descriptor; allocations already mapped for this endpoint (`mapped`, by the receiver's
+// alloc_id) are reused. Returns the region's start here and its length (the receiver's word,
+// which the key must match: a key that differs is refused).
+struct MappedRegion {
+  std::shared_ptr<PeerMapping> mapping;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+Result<MappedRegion> MapPeerRegion(IpcTransportState& state, cuda::NotificationChannel& channel,
+                                   const KeyWire& key, Deadline deadline,
+                                   std::map<uint64_t, std::shared_ptr<PeerMapping>>* mapped);
 
 // A peer region as this process addresses it.
 struct IpcTarget {
@@ -85,6 +96,9 @@ class IpcWriter : public std::enable_shared_from_this<IpcWriter> {
   std::shared_ptr<cuda::NotificationChannel> channel;
   int channel_fd = -1;
   std::vector<IpcTarget> targets;
+  // The peer's allocations this endpoint mapped (by the receiver's alloc_id); targets and the
+  // flag share them.
+  std::map<uint64_t, std::shared_ptr<PeerMapping>> mapped;
   std::unique_ptr<cuda::PinnedBuffer> table;
   size_t table_capacity = 0;
   int wake_fd = -1;

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "transport/core/envelope.h"
 #include "transport/core/private_socket.h"
+#include "transport/core/socket_io.h"
 
 namespace kvstream::transport::ucx {
 namespace {
@@ -44,26 +45,7 @@ void SetTimeouts(int fd) {
 }
 
 bool SendMessage(int fd, const std::string& m, const std::vector<int>& fds = {}) {
-  iovec iov{const_cast<char*>(m.data()), m.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control;
-  if (!fds.empty()) {
-    control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  ssize_t n;
-  do {
-    n = sendmsg(fd, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  return n == static_cast<ssize_t>(m.size());
+  return core::SendWithFds(fd, m.data(), m.size(), fds);
 }
 
 void CloseAll(std::vector<int>* fds) {
@@ -75,29 +57,9 @@ void CloseAll(std::vector<int>* fds) {
 // caller, close-on-exec). False on EOF, timeout, truncation or error; nothing is leaked.
 bool ReceiveMessage(int fd, std::string* m, std::vector<int>* fds) {
   m->assign(kMaxMessage, '\0');
-  iovec iov{m->data(), m->size()};
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * kMaxFds));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  ssize_t n;
-  do {
-    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n > 0) {
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int f;
-        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds->push_back(f);
-      }
-    }
-  }
-  if (n <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+  bool truncated = false;
+  const ssize_t n = core::RecvWithFds(fd, m->data(), m->size(), 0, fds, &truncated);
+  if (n <= 0 || truncated || fds->size() > kMaxFds) {
     CloseAll(fds);
     return false;
   }

@@ -321,13 +321,14 @@ TEST_P(TransportConformance, RefusesBadInput) {
   auto t = MakeTransport(P(), wd);
   ASSERT_OK(t.status());
   Transport& tx = *t.value();
-  void* dev = nullptr;
-  CUDA_OK(cudaMalloc(&dev, 1 << 20));
+  // Device memory as the suite allocates it (shareable: cuda_ipc writes only into such).
+  void* dev = AllocateMemory(Memory::kDevice, wd, 1 << 20);
+  ASSERT_NE(dev, nullptr);
   // The receiver's 1 MiB: the second half of `dev` (and no more) on one GPU, its own on another.
   void* rdev = nullptr;
   if (rd != wd) {
-    CUDA_OK(cudaSetDevice(rd));
-    CUDA_OK(cudaMalloc(&rdev, 1 << 20));
+    rdev = AllocateMemory(Memory::kDevice, rd, 1 << 20);
+    ASSERT_NE(rdev, nullptr);
     CUDA_OK(cudaSetDevice(wd));
   }
   char* remote_base = rd != wd ? static_cast<char*>(rdev) : static_cast<char*>(dev) + (1 << 19);
@@ -392,8 +393,8 @@ TEST_P(TransportConformance, RefusesBadInput) {
   local.value().reset();
   remote.value().reset();
   foreign.reset();
-  cudaFree(dev);
-  if (rdev != nullptr) cudaFree(rdev);
+  FreeMemory(Memory::kDevice, dev);
+  if (rdev != nullptr) FreeMemory(Memory::kDevice, rdev);
 #endif
 }
 

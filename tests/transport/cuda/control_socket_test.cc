@@ -2,6 +2,8 @@
 // socket and the scatter-copy run splitting.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -134,6 +136,91 @@ TEST(NotificationSocket, OnlyTheTokenHolderOfThisUserGetsIn) {
   l.value().reset();
   EXPECT_NE(::stat(path.c_str(), &ss), 0) << "the socket outlived its listener";
   EXPECT_NE(::stat(dir.c_str(), &ds), 0) << "the socket's directory outlived its listener";
+}
+
+int OpenFds() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) >= 0 ? 1 : 0;
+  return n;
+}
+
+// Memory leaves the listener only as a descriptor (SCM_RIGHTS), only to a connection that
+// passed the hello (this uid, the address's token), only for an id the backend grants; every
+// descriptor is closed on every path (issue 15: cuda_ipc's cuMem descriptors travel this way).
+TEST(NotificationSocket, MemoryGoesOnlyAsADescriptorToTheTokenHolder) {
+  const int fds_before = OpenFds();
+  {
+    const int memfd = ::memfd_create("kvstream-test-grant", MFD_CLOEXEC);
+    ASSERT_GE(memfd, 0);
+    ASSERT_EQ(::pwrite(memfd, "payload", 7, 0), 7);
+    std::atomic<int> asked{0};
+    auto l = NotificationListener::Start(
+        "kvstream-test", [](const Notification&) {}, nullptr, nullptr,
+        [&](uint32_t, uint64_t id) -> Result<MemoryGrant> {
+          asked++;
+          if (id != 42) return NotFound("no registration has that grant id");
+          MemoryGrant g;
+          g.info = "region info";
+          g.fd = ::fcntl(memfd, F_DUPFD_CLOEXEC, 0);
+          return g;
+        });
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    const std::string address = l.value()->address();
+
+    // The token holder gets the descriptor of a granted id, and a refusal naming why otherwise.
+    auto good = NotificationChannel::Connect(address, DeadlineAfterMs(1000));
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    for (int round = 0; round < 20; ++round) {
+      auto g = good.value()->RequestMemory(42, DeadlineAfterMs(2000));
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      EXPECT_EQ(g.value().info, "region info");
+      char buf[8] = {};
+      ASSERT_EQ(::pread(g.value().fd, buf, 7, 0), 7);
+      EXPECT_STREQ(buf, "payload") << "the descriptor is the granted memory";
+      ::close(g.value().fd);
+    }
+    auto forged = good.value()->RequestMemory(7, DeadlineAfterMs(2000));
+    ASSERT_FALSE(forged.ok());
+    EXPECT_EQ(forged.status().code(), StatusCode::kNotFound) << forged.status().ToString();
+    EXPECT_NE(forged.status().message().find("grant id"), std::string::npos);
+    // Notifications still flow on the same connection afterwards.
+    EXPECT_TRUE(good.value()->Send({1, 2, 0}).ok());
+    EXPECT_EQ(l.value()->memory_granted(), 20u);
+    EXPECT_EQ(l.value()->memory_refused(), 1u);
+
+    // A process with the path but not the token: closed at its hello, never asked about.
+    std::string wrong = address;
+    wrong[wrong.size() - 1] = wrong.back() == '0' ? '1' : '0';
+    auto thief = NotificationChannel::Connect(wrong, DeadlineAfterMs(1000));
+    ASSERT_TRUE(thief.ok()) << thief.status().ToString();
+    auto stolen = thief.value()->RequestMemory(42, DeadlineAfterMs(2000));
+    ASSERT_FALSE(stolen.ok());
+    EXPECT_EQ(stolen.status().code(), StatusCode::kRemoteDisconnect) << stolen.status().ToString();
+    EXPECT_EQ(asked.load(), 21) << "a connection without the token reached the grant callback";
+    EXPECT_EQ(l.value()->memory_granted(), 20u);
+
+    // Another uid (only where this test runs as root, which can become one): no descriptor.
+    if (::geteuid() == 0) {
+      pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+        auto c = NotificationChannel::Connect(address, DeadlineAfterMs(1000));
+        if (!c.ok()) ::_exit(0);  // refused (the 0700 directory)
+        ::_exit(c.value()->RequestMemory(42, DeadlineAfterMs(2000)).ok() ? 1 : 0);
+      }
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "another uid got a descriptor";
+    }
+    EXPECT_EQ(l.value()->memory_granted(), 20u);
+    thief.value().reset();
+    good.value().reset();
+    l.value().reset();
+    ::close(memfd);
+  }
+  EXPECT_TRUE(WaitFor([&] { return OpenFds() == fds_before; })) << OpenFds() << " descriptors open, "
+                                                                 << fds_before << " before";
 }
 
 TEST(NotificationSocket, ManyWritersOneListener) {

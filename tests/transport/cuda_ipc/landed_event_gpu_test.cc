@@ -148,8 +148,9 @@ int RunWaiter(const std::map<std::string, std::string>& a) {
   o.gpu_landed_wait = true;
   auto t = cuda_ipc::CreateCudaIpcTransport(o);
   if (!t.ok()) { Say("ERROR " + t.status().ToString()); return 1; }
-  void* pool = nullptr;
-  if (cudaMalloc(&pool, kPoolBytes) != cudaSuccess) return 2;
+  auto pool_mem = cuda_vmm::ShareableDeviceMemory::Allocate(0, kPoolBytes);  // shareable, as a KV pool
+  if (!pool_mem.ok()) { Say("ERROR " + pool_mem.status().ToString()); return 1; }
+  void* pool = pool_mem.value()->data();
   if (cudaMemset(pool, 0, kPoolBytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 2;
   auto reg = t.value()->Register({pool, kPoolBytes, MemoryKind::kCuda, 0});
   if (!reg.ok()) { Say("ERROR " + reg.status().ToString()); return 1; }

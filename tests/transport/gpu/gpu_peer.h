@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda_vmm.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "tests/transport/test_util.h"
@@ -241,13 +242,17 @@ inline int ServeAsReceiver(
   std::unique_ptr<transport::Transport> t = std::move(made).value();
   ReceiverPool pool{nullptr, regions, region_bytes};
   void* mem = nullptr;
+  // Device pools are shareable memory, as the model's KV pools (cuda_ipc writes only into such).
+  std::unique_ptr<cuda_vmm::ShareableDeviceMemory> dev_mem;
   if (host_memory) {
     mem = std::calloc(1, pool.bytes());
-  } else if (cudaMalloc(&mem, pool.bytes()) != cudaSuccess) {
-    mem = nullptr;
-  } else if (cudaMemset(mem, 0, pool.bytes()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
-    cudaFree(mem);
-    mem = nullptr;
+  } else if (auto m = cuda_vmm::ShareableDeviceMemory::Allocate(device, pool.bytes()); !m.ok()) {
+    PeerSay("ERROR " + m.status().ToString());
+    return 1;
+  } else if (cudaMemset(m.value()->data(), 0, pool.bytes()) == cudaSuccess &&
+             cudaDeviceSynchronize() == cudaSuccess) {
+    dev_mem = std::move(m).value();
+    mem = dev_mem->data();
   }
   if (mem == nullptr) {
     PeerSay("ERROR cannot allocate the receiver's pool of " + std::to_string(pool.bytes()) + " bytes");
@@ -292,7 +297,7 @@ inline int ServeAsReceiver(
   regs.clear();
   t.reset();
   if (host_memory) std::free(mem);
-  else cudaFree(mem);
+  dev_mem.reset();
   return rc;
 }
 

@@ -16,9 +16,12 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "common/cuda_vmm.h"
 #include "common/status.h"
 #include "common/time.h"
 #include "tests/transport/conformance/in_process_cases.h"
@@ -110,22 +113,51 @@ Result<std::unique_ptr<Transport>> MakeTransport(const Config& c, int device) {
   return CreateTransport(c.options);
 }
 
+// Device memory is shareable (common/cuda_vmm.h), a KV pool's kind: cuda_ipc writes only into
+// such memory. Its owners, by address.
+std::mutex g_shareable_mu;
+std::map<void*, std::unique_ptr<cuda_vmm::ShareableDeviceMemory>> g_shareable;
+
 void* AllocateMemory(Memory m, int device, size_t bytes) {
   if (m == Memory::kHost) return std::calloc(1, bytes);
   void* p = nullptr;
   if (cudaSetDevice(device) != cudaSuccess) return nullptr;
-  cudaError_t e = m == Memory::kDevice ? cudaMalloc(&p, bytes) : cudaMallocManaged(&p, bytes);
-  if (e != cudaSuccess) return nullptr;
-  if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
-    cudaFree(p);
+  std::unique_ptr<cuda_vmm::ShareableDeviceMemory> owner;
+  if (m == Memory::kDevice) {
+    auto s = cuda_vmm::ShareableDeviceMemory::Allocate(device, bytes);
+    if (!s.ok()) return nullptr;
+    owner = std::move(s).value();
+    p = owner->data();
+  } else if (cudaMallocManaged(&p, bytes) != cudaSuccess) {
     return nullptr;
+  }
+  if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    if (!owner) cudaFree(p);
+    return nullptr;
+  }
+  if (owner) {
+    std::lock_guard<std::mutex> lock(g_shareable_mu);
+    g_shareable[p] = std::move(owner);
   }
   return p;
 }
 
 void FreeMemory(Memory m, void* p) {
-  if (m == Memory::kHost) std::free(p);
-  else cudaFree(p);
+  if (m == Memory::kHost) {
+    std::free(p);
+  } else if (m == Memory::kDevice) {
+    std::unique_ptr<cuda_vmm::ShareableDeviceMemory> owner;
+    {
+      std::lock_guard<std::mutex> lock(g_shareable_mu);
+      auto it = g_shareable.find(p);
+      if (it != g_shareable.end()) {
+        owner = std::move(it->second);
+        g_shareable.erase(it);
+      }
+    }
+  } else {
+    cudaFree(p);
+  }
 }
 
 void CopyMemory(void* dst, const void* src, size_t n) {
