@@ -24,6 +24,7 @@
 #include "tests/fault_record.h"
 #include "transport/core/envelope.h"
 #include "transport/core/peer_process.h"
+#include "transport/ucx/ucx_same_host.h"
 #include "transport/ucx/ucx_transport.h"
 #include "transport/ucx/ucx_wire.h"
 
@@ -217,6 +218,61 @@ TEST_P(SameHostPeer, GateIsPrivateAndWantsTheToken) {
     EXPECT_EQ(ucx::MapPeerRegion(**ep, 0).status().code(), StatusCode::kNotSupported)
         << "a writer without the token mapped the peer's memory";
   }
+}
+
+// An address's gate token is good for one writer: a second writer given the same address (a
+// replay by whoever saw the handshake) gets no shortcut, and its writes still land through UCX.
+TEST_P(SameHostPeer, AnAddressGivesTheShortcutToOneWriter) {
+  auto receiver = test::StartPeer(GetParam(), kBytes, kBytes);
+  ASSERT_NE(receiver, nullptr);
+  const bool memfd = GetParam().find("alloc") != std::string::npos;
+  std::vector<uint8_t> src(kBytes);
+  for (int writer = 0; writer < 2; ++writer) {
+    test::FillPattern(src.data(), kBytes, 20 + writer);  // what the peer checks for request 20 + writer
+    auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    auto reg = (*t)->Register(MemoryRegion{src.data(), kBytes});
+    ASSERT_TRUE(reg.ok());
+    auto ep = test::ConnectAdmitted(**t, *receiver, receiver->descriptor);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    if (memfd) {
+      EXPECT_EQ(ucx::MapPeerRegion(**ep, 0).ok(), writer == 0)
+          << (writer == 0 ? "the first writer got no shortcut" : "a replayed address mapped the peer's memory");
+    }
+    WriteRequest r;
+    r.local = reg->get();
+    r.ops.push_back(CopyOp{0, 0, kBytes});
+    r.notify = true;
+    r.notification = Notification{uint64_t(20 + writer), 0, 0};
+    auto h = (*ep)->Write(r);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
+    std::string line;
+    ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
+    EXPECT_EQ(line, "NOTE " + std::to_string(20 + writer) + " 0 OK");
+  }
+}
+
+// The gate's tokens: each is taken once; issuing past kMaxWaitingTokens retires the oldest; a
+// token it never issued is refused.
+TEST(SameHostGate, TokensAreOneShotAndBounded) {
+  auto gate = ucx::SameHostGate::Create();
+  ASSERT_TRUE(gate.ok()) << gate.status().ToString();
+  const std::string path = (*gate)->path();
+  auto t1 = (*gate)->Issue();
+  ASSERT_TRUE(t1.ok());
+  EXPECT_TRUE(ucx::JoinGate(path, *t1).ok());
+  EXPECT_EQ(ucx::JoinGate(path, *t1).status().code(), StatusCode::kUnavailable) << "a token was taken twice";
+  ucx::GateToken forged = *t1;
+  forged[3] ^= 0x5a;
+  EXPECT_FALSE(ucx::JoinGate(path, forged).ok());
+  auto oldest = (*gate)->Issue();
+  ASSERT_TRUE(oldest.ok());
+  Result<ucx::GateToken> last = oldest;
+  for (size_t i = 0; i < ucx::SameHostGate::kMaxWaitingTokens; ++i) last = (*gate)->Issue();
+  ASSERT_TRUE(last.ok());
+  EXPECT_FALSE(ucx::JoinGate(path, *oldest).ok()) << "the oldest waiting token outlived the bound";
+  EXPECT_TRUE(ucx::JoinGate(path, *last).ok());
 }
 
 // A gate socket at `dir`/gate that nobody listens on (bound, then closed), its time set

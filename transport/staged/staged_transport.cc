@@ -84,9 +84,8 @@ class StagedTransport : public Transport {
     a.area.slot_stride = s.slot_stride;
     a.area.slots = uint32_t(s.options.recv_slots);
     a.area.mailboxes = kMailboxes;
-    a.inner_address = s.inner->LocalAddress();
     a.staging_key = s.staging_reg->RemoteKey();
-    address_ = EncodeAddress(a);
+    address_ = a;  // the inner address is made for each LocalAddress() (a new same-host token)
     return OkStatus();
   }
 
@@ -100,7 +99,11 @@ class StagedTransport : public Transport {
     c.notification_mac = true;
     return c;
   }
-  std::string LocalAddress() const override { return address_; }
+  std::string LocalAddress() const override {
+    StagedAddress a = address_;
+    a.inner_address = context_->inner->LocalAddress();
+    return EncodeAddress(a);
+  }
   // The writer's inner UCX connection is the one admitted (its ticket is the endpoint's); the
   // receiver answers over it, so no connection goes the other way.
   Status Admit(const std::string& ticket) override { return context_->inner->Admit(ticket); }
@@ -171,7 +174,7 @@ class StagedTransport : public Transport {
   }
 
   std::shared_ptr<StagedContext> context_;
-  std::string address_;
+  StagedAddress address_;  // without its inner address (LocalAddress adds one)
 };
 
 

@@ -71,9 +71,6 @@ bool ReceiveMessage(int fd, std::string* m, std::vector<int>* fds) {
 
 Result<std::unique_ptr<SameHostGate>> SameHostGate::Create() {
   std::unique_ptr<SameHostGate> g(new SameHostGate());
-  auto token = core::NewToken();
-  if (!token.ok()) return token.status().WithContext("ucx same-host gate");
-  g->token_ = token.value();
   KV_ASSIGN_OR_RETURN(g->listener_,
                       core::PrivateListener::Create("kvstream-ucx", "gate", SOCK_SEQPACKET));
   g->listen_fd_ = g->listener_->fd();
@@ -105,6 +102,29 @@ void SameHostGate::Remove(const void* key) {
   ranges_.erase(key);
 }
 
+Result<GateToken> SameHostGate::Issue() {
+  auto token = core::NewToken();
+  if (!token.ok()) return token.status().WithContext("ucx same-host gate");
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!issued_.empty() && (issued_.front().expires <= now || issued_.size() >= kMaxWaitingTokens))
+    issued_.pop_front();
+  issued_.push_back(Issued{token.value(), now + kTokenLifetime});
+  return token.value();
+}
+
+bool SameHostGate::TakeToken(const uint8_t* token) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = issued_.begin(); it != issued_.end(); ++it) {
+    if (!core::SameToken(token, it->token.data())) continue;
+    const bool fresh = it->expires > now;
+    issued_.erase(it);
+    return fresh;
+  }
+  return false;
+}
+
 void SameHostGate::Loop() {
   while (!stopping_.load()) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -132,8 +152,9 @@ void SameHostGate::Serve(int fd) {
   CloseAll(&stray);  // a hello carries no descriptor
   auto e = internal::OpenEnvelope(kGateTag, m, "same-host hello");
   if (!e.ok() || e->type != kHello || e->payload.size() != sizeof(GateToken) ||
-      !core::SameToken(reinterpret_cast<const uint8_t*>(e->payload.data()), token_.data())) {
-    KV_LOG_WARN << "ucx same-host gate: refused pid " << cred.pid << " (no valid token)";
+      !TakeToken(reinterpret_cast<const uint8_t*>(e->payload.data()))) {
+    KV_LOG_WARN << "ucx same-host gate: refused pid " << cred.pid
+                << " (no valid token: forged, used before or expired)";
     return;
   }
   std::vector<int> fds;

@@ -4,10 +4,13 @@
 //
 // The receiver listens on a filesystem Unix socket in a private directory (mode 0700, the
 // socket 0600; never an abstract socket, which has no permissions) and publishes its path and a
-// random 128-bit token in its transport address. A writer connects, the kernel tells each side
-// who the other is (SO_PEERCRED), and:
-//  - the receiver answers only a process of its own uid that presents the token (so only a
-//    writer that got the address through the handshake), with the ranges it registered (host
+// random 128-bit token in its transport address, a new token for each address it hands out
+// (each handshake). A writer connects, the kernel tells each side who the other is
+// (SO_PEERCRED), and:
+//  - the receiver answers only a process of its own uid that presents a token it issued and
+//    that nobody presented before (so only the writer that got the address through that
+//    handshake, once; a token never presented expires after 10 minutes, and at most 256 wait:
+//    issuing one more retires the oldest), with the ranges it registered (host
 //    memory only) and, for ranges backed by a memfd, the memfd itself (SCM_RIGHTS): the
 //    descriptor is the capability, nothing is opened by name;
 //  - the writer takes the receiver's pid from the kernel, never from a message, and holds a
@@ -21,7 +24,9 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -48,7 +53,10 @@ class SameHostGate {
   SameHostGate& operator=(const SameHostGate&) = delete;
 
   const std::string& path() const { return path_; }
-  const GateToken& token() const { return token_; }
+  // A new token for one writer: good for one hello within `kTokenLifetime`.
+  Result<GateToken> Issue();
+  static constexpr std::chrono::minutes kTokenLifetime{10};
+  static constexpr size_t kMaxWaitingTokens = 256;
   // Registered host memory a writer may be granted (`memfd` < 0: none; not owned: the caller
   // keeps it open until Remove(key) has returned).
   void Add(const void* key, uint64_t addr, uint64_t length, int memfd);
@@ -58,10 +66,11 @@ class SameHostGate {
   SameHostGate() = default;
   void Loop();
   void Serve(int fd);
+  // True when `token` was issued, unused and unexpired; it is used up either way.
+  bool TakeToken(const uint8_t* token);
 
   std::unique_ptr<core::PrivateListener> listener_;
   std::string path_;
-  GateToken token_{};
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> stopping_{false};
@@ -72,6 +81,11 @@ class SameHostGate {
   };
   std::mutex mu_;
   std::map<const void*, Range> ranges_;
+  struct Issued {
+    GateToken token;
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::deque<Issued> issued_;  // oldest first
 };
 
 // Writer side: what a receiver proved and granted.

@@ -208,13 +208,12 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
       const std::string& path = w->gate_->path();
       std::memcpy(w->identity_.gate_path, path.c_str(),
                   std::min(path.size() + 1, sizeof(w->identity_.gate_path)));
-      std::memcpy(w->identity_.gate_token, w->gate_->token().data(), sizeof(w->identity_.gate_token));
     } else {
       KV_LOG_WARN << "ucx: no same-host shortcut for writers to this process: "
                   << gate.status().ToString();
     }
   }
-  w->address_ = EncodeAddress(w->identity_, listen);
+  w->listen_ = listen;
 
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -240,6 +239,19 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
   if (options.copy_lanes >= 1) w->max_copy_lanes_ = std::min(options.copy_lanes, 32);
   w->thread_ = std::thread([raw = w.get()] { raw->Loop(); });
   return w;
+}
+
+std::string UcxWorker::address() const {
+  HostIdentity id = identity_;
+  if (gate_) {
+    auto token = gate_->Issue();
+    if (token.ok()) {
+      std::memcpy(id.gate_token, token->data(), sizeof(id.gate_token));
+    } else {  // no token, no shortcut: a writer's hello is refused and it uses UCX puts
+      KV_LOG_WARN << "ucx: no same-host gate token for this address: " << token.status().ToString();
+    }
+  }
+  return EncodeAddress(id, listen_);
 }
 
 UcxWorker::~UcxWorker() {

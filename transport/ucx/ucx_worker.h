@@ -39,7 +39,9 @@ class UcxWorker {
 
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
-  const std::string& address() const { return address_; }
+  // This worker's transport address; with a same-host gate, each call carries a new gate token
+  // (good for one writer: ucx_same_host.h).
+  std::string address() const;
   // Where writers connect (ucx_admission.h admits them) and this worker's own client id, sent
   // in its connection requests.
   ucp_listener_h listener() const { return listener_; }
@@ -89,7 +91,7 @@ class UcxWorker {
   ucp_listener_h listener_ = nullptr;
   std::unique_ptr<Admission> admission_;
   uint64_t client_id_ = 0;
-  std::string address_;
+  WireSockAddr listen_{};
   bool cuda_memory_ = false;
   HostIdentity identity_;
   bool cma_allowed_ = false;
