@@ -64,6 +64,8 @@ void DecodeServer::FillStats(v1::StatsResponse* resp) {
     const kvcache::TieredCache::Stats ts = write_down_->stats();
     for (const auto& t : ts.tiers) daemon::FillKvTierStats(t.name, t.stats, resp->add_kv_tiers());
     resp->set_kv_tier_queued_blocks(ts.queued_writes);
+    resp->set_kv_tier_skipped_blocks(ts.skipped_blocks);
+    resp->set_kv_tier_held_blocks(ts.held_blocks);
   }
 }
 

@@ -256,22 +256,60 @@ int TieredCache::Fetch(const BlockKey& root, std::span<const int32_t> tokens, in
   return Fill(p.get(), from_tokens, lease, make_room);
 }
 
+TieredCache::Job TieredCache::Lacking(const BlockKey& root, std::span<const int32_t> tokens,
+                                      std::vector<size_t>* index) {
+  const int bs = pool_->layout().block_size;
+  const std::vector<BlockKey> keys = Keys(root, tokens);
+  Job job;
+  job.root = root;
+  uint64_t held = 0;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    bool lacks = false;
+    for (size_t i = staged_ ? 1 : 0; i < tiers_.size() && !lacks; ++i)
+      lacks = tiers_[i]->remote() || !tiers_[i]->Contains(keys[b]);
+    if (!lacks) {
+      ++held;
+      continue;
+    }
+    // Staged, a block gone from the staging tier ends the write-down (as in WriteJob).
+    if (staged_ && !tiers_.front()->Contains(keys[b])) break;
+    job.keys.push_back(keys[b]);
+    job.tokens.push_back(uint32_t(std::min<int>(bs, int(tokens.size()) - int(b) * bs)));
+    if (index) index->push_back(b);
+  }
+  job.left = job.keys.size();
+  if (held > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_blocks_ += held;
+  }
+  return job;
+}
+
 bool TieredCache::Enqueue(Job job) {
+  if (job.left == 0) return true;  // nothing a tier lacks
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return false;  // the job's lease returns its references here
-  if (queued_blocks_ + job.blocks > uint64_t(pool_->num_blocks()) / 2) {
-    if (skipped_blocks_ % 1000 < job.blocks || skipped_blocks_ == 0) {
-      KV_LOG_WARN << "KV tiers: write-down of " << job.blocks << " blocks skipped: "
+  if (queued_blocks_ + job.left > uint64_t(pool_->num_blocks()) / 2) {
+    if (skipped_blocks_ % 1000 < job.left || skipped_blocks_ == 0) {
+      KV_LOG_WARN << "KV tiers: write-down of " << job.left << " blocks skipped: "
                   << queued_blocks_ << " blocks already queued (half the pool); "
                   << skipped_blocks_ << " skipped before";
     }
-    skipped_blocks_ += job.blocks;
+    skipped_blocks_ += job.left;
     return false;
   }
-  queued_blocks_ += job.blocks;
+  queued_blocks_ += job.left;
   queue_.push_back(std::move(job));
   cv_.notify_all();
   return true;
+}
+
+void TieredCache::Retire(Job& job, size_t n, bool held) {
+  std::lock_guard<std::mutex> lock(mu_);
+  n = std::min(n, job.left);
+  job.left -= n;
+  queued_blocks_ -= n;
+  if (held) held_blocks_ += n;
 }
 
 void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
@@ -279,17 +317,19 @@ void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> token
   const int bs = pool_->layout().block_size;
   if (!enabled() || staged_ || tokens.empty()) return;
   if (static_cast<int64_t>(ids.size()) * bs < static_cast<int64_t>(tokens.size())) return;
-  std::vector<int32_t> mine(ids.begin(), ids.begin() + model::BlocksForTokens(int(tokens.size()), bs));
+  std::vector<size_t> index;
+  Job job = Lacking(root, tokens, &index);
+  if (job.left == 0) return;
+  std::vector<int32_t> mine;
+  for (size_t b : index) mine.push_back(ids[b]);
   if (!pool_->allocator().Ref(mine).ok()) return;
-  const size_t blocks = mine.size();
-  Enqueue(Job{root, std::vector<int32_t>(tokens.begin(), tokens.end()),
-              model::BlockLease(&pool_->allocator(), std::move(mine)), blocks});
+  job.lease = model::BlockLease(&pool_->allocator(), std::move(mine));
+  Enqueue(std::move(job));
 }
 
 void TieredCache::WriteStaged(const BlockKey& root, std::span<const int32_t> tokens) {
   if (!staged_ || tiers_.size() < 2 || tokens.empty()) return;
-  const size_t blocks = size_t(model::BlocksForTokens(int(tokens.size()), pool_->layout().block_size));
-  Enqueue(Job{root, std::vector<int32_t>(tokens.begin(), tokens.end()), model::BlockLease(), blocks});
+  Enqueue(Lacking(root, tokens, nullptr));
 }
 
 int TieredCache::Stage(Pending* p, int from_tokens) {
@@ -353,41 +393,52 @@ std::unique_ptr<PoolPrefetch> TieredCache::FillFrom(PoolTier* below, Pending* p,
   return prefetch;
 }
 
-void TieredCache::WriteJob(const Job& job) {
-  const std::vector<BlockKey> keys = Keys(job.root, job.tokens);
-  const int bs = pool_->layout().block_size;
+void TieredCache::WriteJob(Job& job) {
   const int nl = pool_->layout().num_layers;
   const size_t block_bytes = pool_->layout().block_bytes();
+  const size_t first_below = staged_ ? 1 : 0;
+  // A remote tier: one batched query for the job's blocks (a hint: held ones are not copied).
+  std::vector<std::vector<bool>> remote_has(tiers_.size());
+  for (size_t i = first_below; i < tiers_.size(); ++i)
+    if (tiers_[i]->remote()) remote_has[i] = tiers_[i]->Present(job.keys);
   // Staged: each block is copied out of the staging tier first (a chain ends at the first gone).
   std::vector<std::byte> buf(staged_ ? block_bytes * size_t(nl) : 0);
-  for (size_t b = 0; b < keys.size(); ++b) {
+  std::vector<KvTier*> lacking;
+  for (size_t j = 0; j < job.keys.size(); ++j) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
+    const BlockKey& key = job.keys[j];
+    lacking.clear();
+    for (size_t i = first_below; i < tiers_.size(); ++i) {
+      KvTier* t = tiers_[i].get();
+      const bool has =
+          t->remote() ? j < remote_has[i].size() && remote_has[i][j] : t->Contains(key);
+      if (!has) lacking.push_back(t);
+    }
+    if (lacking.empty()) {  // written since it was queued, or held by the remote tier
+      Retire(job, 1, /*held=*/true);
+      continue;
+    }
     std::vector<std::span<const std::byte>> layers;
     if (staged_) {
-      bool below = false;  // a slower tier lacks it
-      for (size_t i = 1; i < tiers_.size(); ++i) below |= tiers_[i]->remote() || !tiers_[i]->Contains(keys[b]);
-      if (!below) continue;
       std::vector<std::span<std::byte>> out;
       for (int l = 0; l < nl; ++l) out.emplace_back(buf.data() + size_t(l) * block_bytes, block_bytes);
-      if (!tiers_.front()->Get(keys[b], out).ok()) return;
+      if (!tiers_.front()->Get(key, out).ok()) return;
       layers.assign(out.begin(), out.end());
     } else {
-      for (int l = 0; l < nl; ++l) layers.emplace_back(pool_->block_ptr(l, job.lease.ids()[b]), block_bytes);
+      for (int l = 0; l < nl; ++l)
+        layers.emplace_back(pool_->block_ptr(l, job.lease.ids()[j]), block_bytes);
     }
-    const int held = std::min<int>(bs, int(job.tokens.size()) - int(b) * bs);
-    BlockHeader h{job.root, keys[b], model_hash_, pool_->layout(), uint32_t(held)};
-    for (auto& t : tiers_) {
-      if (staged_ && t == tiers_.front()) continue;
-      // A remote tier checks presence itself, batched, before it writes.
-      if (!t->remote() && t->Contains(keys[b])) continue;
+    const BlockHeader h{job.root, key, model_hash_, pool_->layout(), job.tokens[j]};
+    for (KvTier* t : lacking) {
       Status s = t->Put(h, layers);
       if (!s.ok()) {
         KV_LOG_DEBUG << "KV tier " << t->name() << ": block not written: " << s.ToString();
       }
     }
+    Retire(job, 1, /*held=*/false);
   }
 }
 
@@ -401,10 +452,9 @@ void TieredCache::Worker() {
     busy_ = true;
     lock.unlock();
     WriteJob(job);
-    const size_t blocks = job.blocks;
+    Retire(job, job.left, /*held=*/false);  // what a stop or a block gone left unwritten
     job.lease.Reset();  // the copies are done: the pool blocks may go
     lock.lock();
-    queued_blocks_ -= blocks;
     busy_ = false;
     cv_.notify_all();
   }
@@ -421,7 +471,7 @@ void TieredCache::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     dropped.swap(queue_);
-    for (const Job& j : dropped) queued_blocks_ -= j.blocks;
+    for (const Job& j : dropped) queued_blocks_ -= j.left;
     cv_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
@@ -443,6 +493,7 @@ TieredCache::Stats TieredCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   s.queued_writes = queued_blocks_;
   s.skipped_blocks = skipped_blocks_;
+  s.held_blocks = held_blocks_;
   return s;
 }
 

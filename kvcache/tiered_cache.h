@@ -7,6 +7,12 @@
 //    they are neither freed nor reused before a background thread has copied them out. The
 //    queue holds at most half the pool's blocks: past that a write-down is skipped (counted),
 //    so slow tiers never starve requests of pool blocks.
+//  - A block every local tier holds (their indexes, asked at once) is neither queued nor
+//    counted nor leased: only blocks some tier may lack are. A remote tier, whose presence
+//    costs a round trip, is asked by the writer thread, once per queued write-down (one
+//    batched query); the blocks it and every local tier hold are not copied again. The gauge
+//    (Stats::queued_writes) counts the blocks queued and not yet written or found held;
+//    Stats::held_blocks those found held (not written again).
 //  - A fetch extends a cached prefix block by block with blocks found in the tiers (fastest
 //    first; a remote tier is asked once, batched, for the whole rest of the prompt). Prepare
 //    finds them, pins the ones in local tiers (never evicted until the fetch ends) and starts
@@ -129,6 +135,7 @@ class TieredCache {
     uint64_t late_blocks = 0;        // slow reads not done when the policy stopped waiting
     uint64_t queued_writes = 0;      // blocks waiting for the write-down (gauge)
     uint64_t skipped_blocks = 0;     // blocks not written down: the queue was full
+    uint64_t held_blocks = 0;        // blocks of write-downs every tier held: not written again
   };
   Stats stats() const;
 
@@ -136,15 +143,22 @@ class TieredCache {
   struct Reads;
   struct Job {
     BlockKey root;
-    std::vector<int32_t> tokens;
-    model::BlockLease lease;  // empty when staged: the blocks are read from tiers_[0]
-    size_t blocks = 0;
+    std::vector<BlockKey> keys;     // the blocks some tier may lack, in prompt order
+    std::vector<uint32_t> tokens;   // the tokens each of them holds
+    model::BlockLease lease;        // keys[i]'s KV in ids()[i]; empty when staged (tiers_[0])
+    size_t left = 0;                // keys not yet written or found held (in queued_blocks_)
   };
+  // The job of writing down the prompt's blocks that some tier below the pool (the staging
+  // tier aside) may lack: local tiers are asked by index; a remote tier may always lack. Staged,
+  // it ends at the first such block the staging tier lacks. `index` gets each one's block index.
+  Job Lacking(const BlockKey& root, std::span<const int32_t> tokens, std::vector<size_t>* index);
   bool Enqueue(Job job);  // false when the queue is full or stopping (counted)
+  // `n` of the running job's blocks are done (written, found held when `held`, or dropped).
+  void Retire(Job& job, size_t n, bool held);
   // Blocks [from_tokens / block_size, end) of `p` held and pinned in tiers_[0]: the tokens covered.
   int Stage(Pending* p, int from_tokens);
   void Worker();
-  void WriteJob(const Job& job);
+  void WriteJob(Job& job);
   std::vector<BlockKey> Keys(const BlockKey& root, std::span<const int32_t> tokens) const;
   // The fastest tier holding each of keys[first...] (null from the first no tier holds on).
   std::vector<KvTier*> Locate(std::span<const BlockKey> keys, size_t first);
@@ -164,6 +178,7 @@ class TieredCache {
   bool stopping_ = false;
   uint64_t queued_blocks_ = 0;
   uint64_t skipped_blocks_ = 0;
+  uint64_t held_blocks_ = 0;
   std::atomic<uint64_t> fetched_tokens_{0}, fetch_us_{0}, recomputed_tokens_{0}, late_blocks_{0};
   std::thread worker_;
   std::unique_ptr<IoPool> io_;  // after tiers_: its threads end before the tiers go

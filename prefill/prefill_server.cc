@@ -425,6 +425,10 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_kv_tier_queued_blocks(ts.queued_writes);
   resp->set_kv_tier_recomputed_tokens(ts.recomputed_tokens);
   resp->set_kv_tier_late_blocks(ts.late_blocks);
+  // The pinned tier's own write-downs skipped (too much in flight) count with the queue's.
+  resp->set_kv_tier_skipped_blocks(ts.skipped_blocks +
+                                   (pool_tier_ ? pool_tier_->stats().skipped_blocks : 0));
+  resp->set_kv_tier_held_blocks(ts.held_blocks);
 }
 
 void PrefillServer::EnableMetrics(daemon::MetricsRegistry* registry) {

@@ -9,9 +9,11 @@
 #include <csignal>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -357,6 +359,113 @@ TEST(TieredCache, WriteDownBeyondHalfThePoolIsSkipped) {
     EXPECT_EQ(tc.stats().tiers[0].stats.written_blocks, 3u);
   }
   EXPECT_EQ(pool->allocator().free_count(), 8);
+}
+
+// A local tier whose Puts wait while it is closed: the writer thread held inside a write.
+class GatedTier final : public KvTier {
+ public:
+  explicit GatedTier(int blocks) : inner_(Host(blocks)) {}
+  std::string_view name() const override { return "gated"; }
+  bool Contains(const BlockKey& k) override { return inner_->Contains(k); }
+  Status Get(const BlockKey& k, std::span<const std::span<std::byte>> layers) override {
+    return inner_->Get(k, layers);
+  }
+  Status Put(const BlockHeader& h, std::span<const std::span<const std::byte>> layers) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++entered_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    return inner_->Put(h, layers);
+  }
+  void Erase(const BlockKey& k) override { inner_->Erase(k); }
+  void EraseAll() override { inner_->EraseAll(); }
+  TierStats stats() const override { return inner_->stats(); }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Waits until `n` Puts in all have started.
+  bool WaitEntered(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return entered_ >= n; });
+  }
+
+ private:
+  std::unique_ptr<HostTier> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int entered_ = 0;
+};
+
+// A block every tier holds is not queued again (issue 16: a multi-turn run's write-down queue
+// counted each turn's whole conversation): the second write-down of a prompt queues nothing,
+// takes no pool block and writes nothing; a longer prompt on the same prefix queues only its
+// new blocks, and the gauge counts those alone while they wait.
+TEST(TieredCache, BlocksEveryTierHoldsAreNotQueuedAgain) {
+  auto pool = model::CreateHostPool(Layout(), 32).value();
+  const BlockKey root = RootKey(1, Layout(), "");
+  std::vector<std::unique_ptr<KvTier>> tiers;
+  tiers.push_back(Host(16));
+  tiers.push_back(std::make_unique<GatedTier>(16));
+  KvTier* host = tiers[0].get();
+  GatedTier* gated = static_cast<GatedTier*>(tiers[1].get());
+  {
+    TieredCache tc(pool.get(), 1, std::move(tiers));
+    model::BlockLease src(&pool->allocator(), {});
+    ASSERT_TRUE(src.GrowToTokens(20, 4).ok());  // 5 blocks
+    V tokens(14);                                // 3 full blocks of 4 and 2 tokens
+    std::iota(tokens.begin(), tokens.end(), 100);
+    tc.WriteDown(root, tokens, src.ids());
+    tc.Flush();
+    ASSERT_EQ(host->stats().written_blocks, 4u);
+    ASSERT_EQ(gated->stats().written_blocks, 4u);
+    const uint64_t host_bytes = host->stats().bytes_written;
+    const uint64_t gated_bytes = gated->stats().bytes_written;
+    EXPECT_EQ(tc.stats().held_blocks, 0u);
+
+    // The same prompt again, the writer held inside another write meanwhile: nothing queued,
+    // no pool block referenced.
+    gated->Close();
+    V other = {7, 7, 7, 7};
+    tc.WriteDown(root, other, std::vector<int32_t>{src.ids()[4]});
+    ASSERT_TRUE(gated->WaitEntered(5));
+    EXPECT_EQ(tc.stats().queued_writes, 1u);
+    tc.WriteDown(root, tokens, src.ids());
+    EXPECT_EQ(tc.stats().queued_writes, 1u) << "blocks every tier holds were queued";
+    EXPECT_EQ(tc.stats().held_blocks, 4u);
+    for (int b = 0; b < 4; ++b) EXPECT_EQ(pool->allocator().refcount(src.ids()[b]), 1) << b;
+    gated->Open();
+    tc.Flush();
+    EXPECT_EQ(tc.stats().queued_writes, 0u);
+
+    // The next turn: the first 12 tokens and 8 new ones (5 full blocks): the 3 held blocks are
+    // not queued, the 2 new ones are, and the gauge counts them while they wait.
+    V longer(tokens.begin(), tokens.begin() + 12);
+    for (int i = 0; i < 8; ++i) longer.push_back(900 + i);
+    gated->Close();
+    tc.WriteDown(root, longer, src.ids());
+    ASSERT_TRUE(gated->WaitEntered(6));
+    EXPECT_EQ(tc.stats().queued_writes, 2u);
+    EXPECT_EQ(tc.stats().held_blocks, 7u);
+    gated->Open();
+    tc.Flush();
+    EXPECT_EQ(tc.stats().queued_writes, 0u);
+    EXPECT_EQ(host->stats().written_blocks, 4u + 1 + 2);
+    EXPECT_EQ(gated->stats().written_blocks, 4u + 1 + 2);
+    // Nothing of the first prompt was written twice.
+    const uint64_t per_block = host_bytes / 4;
+    EXPECT_EQ(host->stats().bytes_written, host_bytes + 3 * per_block);
+    EXPECT_EQ(gated->stats().bytes_written, gated_bytes + 3 * per_block);
+    EXPECT_EQ(tc.stats().skipped_blocks, 0u);
+  }
+  EXPECT_EQ(pool->allocator().free_count(), 32);
 }
 
 }  // namespace

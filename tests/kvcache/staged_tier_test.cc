@@ -4,10 +4,12 @@
 // write-down reaches the disk only through the staging tier, after the pool tier's copy out;
 // blocks read from disk are staged (pinned) and fetched by the pool tier byte for byte; the
 // threshold and best_effort apply to the staging tier; a damaged disk entry ends the prefix
-// (a miss, counted); every pool block returned.
+// (a miss, counted); blocks the disk and the store hold are not queued or written again;
+// every pool block returned.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +93,35 @@ class FakePoolTier final : public PoolTier {
   std::unique_ptr<HostTier> host_;
 };
 
+// The store's role (a remote tier: Present is its one batched query, Put queues): blocks in
+// memory, its Puts and queries counted.
+class FakeStore final : public KvTier {
+ public:
+  FakeStore() : inner_(Host(16)) {}
+  std::string_view name() const override { return "store"; }
+  bool remote() const override { return true; }
+  bool slow() const override { return true; }
+  bool Contains(const BlockKey& k) override { return inner_->Contains(k); }
+  std::vector<bool> Present(std::span<const BlockKey> keys) override {
+    ++presents;
+    return KvTier::Present(keys);
+  }
+  Status Get(const BlockKey& k, std::span<const std::span<std::byte>> layers) override {
+    return inner_->Get(k, layers);
+  }
+  Status Put(const BlockHeader& h, std::span<const std::span<const std::byte>> layers) override {
+    ++puts;
+    return inner_->Put(h, layers);
+  }
+  void Erase(const BlockKey& k) override { inner_->Erase(k); }
+  void EraseAll() override { inner_->EraseAll(); }
+  TierStats stats() const override { return inner_->stats(); }
+  std::atomic<int> puts{0}, presents{0};
+
+ private:
+  std::unique_ptr<HostTier> inner_;
+};
+
 // A pool, a prompt of 14 tokens (3 full blocks of 4, and 2) computed in `src_`, the fake pinned
 // tier and a disk tier below it.
 class StagedTierTest : public ::testing::Test {
@@ -111,7 +142,7 @@ class StagedTierTest : public ::testing::Test {
           pool_->block_ptr(l, id)[i] = static_cast<std::byte>(id * 13 + l * 5 + i);
     below_ = std::make_unique<FakePoolTier>(pool_.get(), 8);
   }
-  void Make(FetchPolicy policy) {
+  void Make(FetchPolicy policy, bool store = false) {
     DiskTier::Options o;
     o.dir = dir_.string();
     o.identity = {root_, Layout()};
@@ -124,6 +155,10 @@ class StagedTierTest : public ::testing::Test {
     std::vector<std::unique_ptr<KvTier>> tiers;
     tiers.push_back(std::make_unique<BorrowedTier>(below_->staging()));
     tiers.push_back(std::move(disk).value());
+    if (store) {
+      tiers.push_back(std::make_unique<FakeStore>());
+      store_ = static_cast<FakeStore*>(tiers.back().get());
+    }
     tc_ = std::make_unique<TieredCache>(pool_.get(), 1, std::move(tiers), policy, 2, /*staged=*/true);
   }
   void WriteDown() {
@@ -158,6 +193,7 @@ class StagedTierTest : public ::testing::Test {
   model::BlockLease src_;
   std::unique_ptr<FakePoolTier> below_;
   DiskTier* disk_ = nullptr;
+  FakeStore* store_ = nullptr;
   std::unique_ptr<TieredCache> tc_;
 };
 
@@ -221,6 +257,52 @@ TEST_F(StagedTierTest, BestEffortUsesTheStagingTierNowAndStagesDiskReadsForLater
   for (int i = 0; i < 200 && !(below_->host().Contains(keys[2]) && below_->host().Contains(keys[3])); ++i)
     usleep(5000);
   EXPECT_EQ(Fetch(), 14);
+}
+
+// Issue 16: on the GPU path every prompt's write-down queued all its blocks again, those the
+// disk (or the store) held included, so the queue's gauge stayed high and new blocks waited
+// behind held ones. A second write-down of the same prompt queues nothing (the gauge stays 0)
+// and writes nothing again.
+TEST_F(StagedTierTest, ASecondWriteDownOfBlocksTheDiskHoldsQueuesNothing) {
+  Make({});
+  WriteDown();
+  ASSERT_EQ(disk_->stats().written_blocks, 4u);
+  const uint64_t bytes = disk_->stats().bytes_written;
+  EXPECT_EQ(tc_->stats().held_blocks, 0u);
+  below_->WriteDown(root_, tokens_, src_.ids(), [this] { tc_->WriteStaged(root_, tokens_); });
+  EXPECT_EQ(tc_->stats().queued_writes, 0u) << "blocks the disk holds were queued";
+  EXPECT_EQ(tc_->stats().held_blocks, 4u);
+  tc_->Flush();
+  EXPECT_EQ(disk_->stats().written_blocks, 4u);
+  EXPECT_EQ(disk_->stats().bytes_written, bytes);
+  EXPECT_EQ(tc_->stats().skipped_blocks, 0u);
+}
+
+// With the store below: its presence is asked once per write-down (batched) by the writer, and
+// the blocks it holds are not copied out of the staging tier nor queued for it again; a longer
+// prompt on the same prefix sends only its new blocks.
+TEST_F(StagedTierTest, BlocksTheStoreHoldsAreNotCopiedToItAgain) {
+  Make({}, /*store=*/true);
+  WriteDown();
+  ASSERT_EQ(store_->puts, 4);
+  ASSERT_EQ(disk_->stats().written_blocks, 4u);
+  WriteDown();
+  EXPECT_EQ(store_->puts, 4) << "blocks the store holds were written to it again";
+  EXPECT_EQ(store_->presents, 2);  // one batched query per write-down
+  EXPECT_EQ(tc_->stats().held_blocks, 4u);
+  EXPECT_EQ(tc_->stats().queued_writes, 0u);
+  EXPECT_EQ(disk_->stats().written_blocks, 4u);
+  // The next turn: the 3 full blocks and 6 new tokens (a 4th full block and a partial 5th).
+  V longer(tokens_.begin(), tokens_.begin() + 12);
+  for (int i = 0; i < 6; ++i) longer.push_back(900 + i);
+  model::BlockLease more(&pool_->allocator(), {});
+  ASSERT_TRUE(more.GrowToTokens(18, 4).ok());
+  below_->WriteDown(root_, longer, more.ids(), [&] { tc_->WriteStaged(root_, longer); });
+  tc_->Flush();
+  EXPECT_EQ(store_->puts, 6);
+  EXPECT_EQ(disk_->stats().written_blocks, 6u);
+  EXPECT_EQ(tc_->stats().held_blocks, 7u);
+  EXPECT_EQ(tc_->stats().queued_writes, 0u);
 }
 
 }  // namespace
