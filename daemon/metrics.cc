@@ -256,28 +256,6 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
                 {}, double(c.prompt_cache_evictions()));
     out.Counter(p + "prompt_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache",
                 {}, double(c.prompt_cache_hit_tokens()));
-    for (const auto& t : s.kv_tiers()) {
-      const MetricLabels tier = {{"tier", t.name()}};
-      out.Counter(p + "kv_tier_blocks_read_total", "KV blocks read back up into the pool from a tier",
-                  tier, double(t.hit_blocks()));
-      out.Counter(p + "kv_tier_misses_total", "Reads of a block the tier did not hold", tier,
-                  double(t.miss_blocks()));
-      out.Counter(p + "kv_tier_read_failures_total",
-                  "Tier reads refused: damaged, truncated, bad HMAC, I/O error", tier,
-                  double(t.read_failures()));
-      out.Counter(p + "kv_tier_read_bytes_total", "Bytes read from a KV tier", tier,
-                  double(t.bytes_read()));
-      out.Counter(p + "kv_tier_written_bytes_total", "Bytes written to a KV tier", tier,
-                  double(t.bytes_written()));
-      out.Counter(p + "kv_tier_write_failures_total", "Tier writes that stored nothing", tier,
-                  double(t.write_failures()));
-      out.Counter(p + "kv_tier_evicted_blocks_total", "Blocks evicted from a tier (LRU or age)",
-                  tier, double(t.evicted_blocks()));
-      out.Gauge(p + "kv_tier_entries", "Blocks a KV tier holds", tier, double(t.entries()));
-      out.Gauge(p + "kv_tier_used_bytes", "Bytes a KV tier holds", tier, double(t.bytes_used()));
-      out.Gauge(p + "kv_tier_capacity_bytes", "A KV tier's size bound", tier,
-                double(t.capacity_bytes()));
-    }
     if (s.kv_tiers_size() > 0) {
       out.Counter(p + "kv_tier_fetched_tokens_total",
                   "Prompt tokens whose KV came up from a tier below the pool", {},
@@ -285,8 +263,6 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
       out.Counter(p + "kv_tier_fetch_seconds_total",
                   "Time prefill calls waited for reads from the KV tiers", {},
                   double(s.kv_tier_fetch_us()) * 1e-6);
-      out.Gauge(p + "kv_tier_queued_blocks", "Blocks waiting to be written down to the tiers", {},
-                double(s.kv_tier_queued_blocks()));
       out.Counter(p + "kv_tier_recomputed_tokens_total",
                   "Prompt tokens found in a tier but computed (threshold, policy, late or failed read)",
                   {}, double(s.kv_tier_recomputed_tokens()));
@@ -294,6 +270,58 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
                   "Disk or store reads not done when the tier policy stopped waiting", {},
                   double(s.kv_tier_late_blocks()));
     }
+  }
+  // Both roles: the tiers below the pool (the decode's: the store its finished conversations
+  // are written down to) and their write-down.
+  for (const auto& t : s.kv_tiers()) {
+    const MetricLabels tier = {{"tier", t.name()}};
+    out.Counter(p + "kv_tier_blocks_read_total", "KV blocks read back up into the pool from a tier",
+                tier, double(t.hit_blocks()));
+    out.Counter(p + "kv_tier_misses_total", "Reads of a block the tier did not hold", tier,
+                double(t.miss_blocks()));
+    out.Counter(p + "kv_tier_read_failures_total",
+                "Tier reads refused: damaged, truncated, bad HMAC, I/O error", tier,
+                double(t.read_failures()));
+    out.Counter(p + "kv_tier_read_bytes_total", "Bytes read from a KV tier", tier,
+                double(t.bytes_read()));
+    out.Counter(p + "kv_tier_written_bytes_total", "Bytes written to a KV tier", tier,
+                double(t.bytes_written()));
+    out.Counter(p + "kv_tier_written_blocks_total", "Blocks written to a KV tier", tier,
+                double(t.written_blocks()));
+    out.Counter(p + "kv_tier_write_failures_total", "Tier writes that stored nothing", tier,
+                double(t.write_failures()));
+    out.Counter(p + "kv_tier_evicted_blocks_total", "Blocks evicted from a tier (LRU or age)",
+                tier, double(t.evicted_blocks()));
+    out.Gauge(p + "kv_tier_entries", "Blocks a KV tier holds", tier, double(t.entries()));
+    out.Gauge(p + "kv_tier_used_bytes", "Bytes a KV tier holds", tier, double(t.bytes_used()));
+    out.Gauge(p + "kv_tier_capacity_bytes", "A KV tier's size bound", tier,
+              double(t.capacity_bytes()));
+  }
+  if (s.kv_tiers_size() > 0) {
+    out.Gauge(p + "kv_tier_queued_blocks", "Blocks waiting to be written down to the tiers", {},
+              double(s.kv_tier_queued_blocks()));
+    out.Counter(p + "kv_tier_skipped_blocks_total",
+                "Blocks not written down to the tiers: the write-down queue was full", {},
+                double(s.kv_tier_skipped_blocks()));
+    out.Counter(p + "kv_tier_held_blocks_total",
+                "Blocks of write-downs that every tier held already (not written again)", {},
+                double(s.kv_tier_held_blocks()));
+  }
+  if (s.has_prefill_routes()) {
+    const v1::PrefillRouteStats& r = s.prefill_routes();
+    const std::string routes_help =
+        "Requests given a prefill among several, by how: prefix (the prefill ranked for the "
+        "prompt's prefix), load (no route key: least loaded), round_robin (none ready)";
+    out.Counter(p + "prefill_routes_total", routes_help, {{"by", "prefix"}}, double(r.by_prefix()));
+    out.Counter(p + "prefill_routes_total", routes_help, {{"by", "load"}}, double(r.by_load()));
+    out.Counter(p + "prefill_routes_total", routes_help, {{"by", "round_robin"}},
+                double(r.round_robin()));
+    const std::string moves_help =
+        "Requests routed by prefix to another prefill than the first-ranked one, by its state";
+    out.Counter(p + "prefill_route_moves_total", moves_help, {{"reason", "down"}},
+                double(r.moved_down()));
+    out.Counter(p + "prefill_route_moves_total", moves_help, {{"reason", "overloaded"}},
+                double(r.moved_busy()));
   }
 }
 

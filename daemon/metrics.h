@@ -95,7 +95,9 @@ class MetricsRegistry {
 
 // The figures of a Stats response as metrics: the role's request counters by outcome, tokens,
 // KV bytes, recomputes, stale signals, handshakes, prompt cache, scheduler time; gauges of the
-// pool, requests in flight, quarantined blocks, `peers_connected`; kvstream_daemon_info.
+// pool, requests in flight, quarantined blocks, `peers_connected`; kvstream_daemon_info; the KV
+// tiers and their write-down where the response has tiers (either role); the decode's prefill
+// routing where it has several prefills (`prefill_routes`).
 void WriteStatsMetrics(const kvstream::v1::StatsResponse& stats, int peers_connected,
                        MetricsWriter& out);
 

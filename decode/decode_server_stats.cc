@@ -67,6 +67,15 @@ void DecodeServer::FillStats(v1::StatsResponse* resp) {
     resp->set_kv_tier_skipped_blocks(ts.skipped_blocks);
     resp->set_kv_tier_held_blocks(ts.held_blocks);
   }
+  if (connectors_.size() > 1) {  // a choice of prefill per request
+    const RouteStats r = router_.stats();
+    auto* routes = resp->mutable_prefill_routes();
+    routes->set_by_prefix(r.by_prefix);
+    routes->set_by_load(r.by_load);
+    routes->set_round_robin(r.round_robin);
+    routes->set_moved_down(r.moved_down);
+    routes->set_moved_busy(r.moved_busy);
+  }
 }
 
 void DecodeServer::EnableMetrics(daemon::MetricsRegistry* registry) {

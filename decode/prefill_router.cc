@@ -74,12 +74,35 @@ size_t PrefillRouter::Pick(std::optional<uint64_t> key, std::span<const PrefillS
     if (!states[i].ready) continue;
     if (best == n || states[i].loads_in_flight < states[best].loads_in_flight) best = i;
   }
-  if (best == n) return rotate % n;  // none ready: round robin (the load retries the handshake)
-  if (!key || peer_hash_.size() != n) return best;
-  const int limit = states[best].loads_in_flight + slack_;
-  for (size_t i : Rank(*key))
-    if (states[i].ready && states[i].loads_in_flight < limit) return i;
+  if (best == n) {  // none ready: round robin (the load retries the handshake)
+    round_robin_.fetch_add(1, std::memory_order_relaxed);
+    return rotate % n;
+  }
+  if (key && peer_hash_.size() == n) {
+    const int limit = states[best].loads_in_flight + slack_;
+    const std::vector<size_t> rank = Rank(*key);
+    for (size_t i : rank) {
+      if (!states[i].ready || states[i].loads_in_flight >= limit) continue;
+      by_prefix_.fetch_add(1, std::memory_order_relaxed);
+      if (i != rank.front()) {
+        std::atomic<uint64_t>& moved = states[rank.front()].ready ? moved_busy_ : moved_down_;
+        moved.fetch_add(1, std::memory_order_relaxed);
+      }
+      return i;
+    }
+  }
+  by_load_.fetch_add(1, std::memory_order_relaxed);
   return best;
+}
+
+RouteStats PrefillRouter::stats() const {
+  RouteStats s;
+  s.by_prefix = by_prefix_.load(std::memory_order_relaxed);
+  s.moved_down = moved_down_.load(std::memory_order_relaxed);
+  s.moved_busy = moved_busy_.load(std::memory_order_relaxed);
+  s.by_load = by_load_.load(std::memory_order_relaxed);
+  s.round_robin = round_robin_.load(std::memory_order_relaxed);
+  return s;
 }
 
 }  // namespace kvstream::decode

@@ -14,8 +14,12 @@
 //  - A prefill going down (or becoming overloaded) moves only the keys it ranked first, each to
 //    its next in rank; one coming back takes back exactly those.
 //  - A prefix with no full block has no key: least loaded. No prefill ready: rotate % n.
+//  - Every choice among several prefills is counted (stats(), thread-safe): by prefix (and of
+//    those, moved off the first-ranked prefill because it was not ready or overloaded), by
+//    load, round robin.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -37,6 +41,15 @@ struct PrefillState {
   int loads_in_flight = 0;
 };
 
+// Choices of Pick among several prefills, since the router was made.
+struct RouteStats {
+  uint64_t by_prefix = 0;    // to the first ready, not overloaded prefill in the key's rank
+  uint64_t moved_down = 0;   // of by_prefix: the first-ranked prefill was not ready
+  uint64_t moved_busy = 0;   // of by_prefix: the first-ranked prefill was overloaded
+  uint64_t by_load = 0;      // no key: the least loaded ready prefill
+  uint64_t round_robin = 0;  // no prefill ready
+};
+
 class PrefillRouter {
  public:
   // `addresses`: the prefills, as --peer lists them (at least one). `root`: the key chain's root
@@ -54,6 +67,7 @@ class PrefillRouter {
               uint64_t rotate) const;
   // The prefills' indices in rendezvous order for `key`, best first.
   std::vector<size_t> Rank(uint64_t key) const;
+  RouteStats stats() const;
 
  private:
   RoutePolicy policy_;
@@ -62,6 +76,8 @@ class PrefillRouter {
   int block_size_;
   int route_blocks_;
   int slack_;
+  mutable std::atomic<uint64_t> by_prefix_{0}, moved_down_{0}, moved_busy_{0}, by_load_{0},
+      round_robin_{0};
 };
 
 }  // namespace kvstream::decode

@@ -1,5 +1,6 @@
-// daemon/metrics: the histogram's buckets, the text exposition, the Stats mapping, the start-up
-// rule for the metrics address and the endpoint's basic auth (in this process, over loopback).
+// daemon/metrics: the histogram's buckets, the text exposition, the Stats mapping (the KV tiers
+// of both roles, the decode's prefill routing), the start-up rule for the metrics address and
+// the endpoint's basic auth (in this process, over loopback).
 #include "daemon/metrics.h"
 
 #include <gtest/gtest.h>
@@ -95,6 +96,60 @@ TEST(Metrics, StatsBecomeCountersAndGauges) {
                              "kvstream_pool_blocks{state=\"free\"} 4",
                              "kvstream_pool_blocks{state=\"used\"} 6"})
     EXPECT_NE(text.find(sample), std::string::npos) << sample << "\n" << text;
+}
+
+// The decode's store tier (its finished conversations' write-down) and its prefill routing
+// (several prefills) as metrics; a decode without them exports neither.
+TEST(Metrics, DecodeStoreTierAndPrefillRoutesBecomeCounters) {
+  v1::StatsResponse s;
+  s.set_role("decode");
+  MetricsRegistry bare;
+  bare.AddReader([&s](MetricsWriter& w) { WriteStatsMetrics(s, 1, w); });
+  const std::string none = bare.Text();
+  EXPECT_EQ(none.find("kv_tier"), std::string::npos) << none;
+  EXPECT_EQ(none.find("prefill_route"), std::string::npos) << none;
+
+  v1::KvTierStats* store = s.add_kv_tiers();
+  store->set_name("store");
+  store->set_written_blocks(3);
+  store->set_bytes_written(3000);
+  store->set_write_failures(1);
+  s.set_kv_tier_queued_blocks(2);
+  s.set_kv_tier_skipped_blocks(4);
+  s.set_kv_tier_held_blocks(5);
+  v1::PrefillRouteStats* routes = s.mutable_prefill_routes();
+  routes->set_by_prefix(7);
+  routes->set_by_load(6);
+  routes->set_round_robin(1);
+  routes->set_moved_down(2);
+  routes->set_moved_busy(3);
+  MetricsRegistry r;
+  r.AddReader([&s](MetricsWriter& w) { WriteStatsMetrics(s, 2, w); });
+  const std::string text = r.Text();
+  for (const char* sample : {"kvstream_decode_kv_tier_written_blocks_total{tier=\"store\"} 3",
+                             "kvstream_decode_kv_tier_written_bytes_total{tier=\"store\"} 3000",
+                             "kvstream_decode_kv_tier_write_failures_total{tier=\"store\"} 1",
+                             "kvstream_decode_kv_tier_queued_blocks 2",
+                             "kvstream_decode_kv_tier_skipped_blocks_total 4",
+                             "kvstream_decode_kv_tier_held_blocks_total 5",
+                             "kvstream_decode_prefill_routes_total{by=\"prefix\"} 7",
+                             "kvstream_decode_prefill_routes_total{by=\"load\"} 6",
+                             "kvstream_decode_prefill_routes_total{by=\"round_robin\"} 1",
+                             "kvstream_decode_prefill_route_moves_total{reason=\"down\"} 2",
+                             "kvstream_decode_prefill_route_moves_total{reason=\"overloaded\"} 3"})
+    EXPECT_NE(text.find(sample), std::string::npos) << sample << "\n" << text;
+  // The prefill's read-path figures stay the prefill's.
+  EXPECT_EQ(text.find("kv_tier_fetched_tokens"), std::string::npos);
+
+  s.set_role("prefill");
+  s.clear_prefill_routes();
+  const std::string prefill = r.Text();
+  for (const char* sample : {"kvstream_prefill_kv_tier_written_blocks_total{tier=\"store\"} 3",
+                             "kvstream_prefill_kv_tier_skipped_blocks_total 4",
+                             "kvstream_prefill_kv_tier_held_blocks_total 5",
+                             "kvstream_prefill_kv_tier_fetched_tokens_total 0"})
+    EXPECT_NE(prefill.find(sample), std::string::npos) << sample << "\n" << prefill;
+  EXPECT_EQ(prefill.find("prefill_route"), std::string::npos);
 }
 
 TEST(Metrics, NonLoopbackMetricsNeedAuthOrInsecure) {

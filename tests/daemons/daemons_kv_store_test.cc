@@ -2,10 +2,12 @@
 // real redis-server (unix socket, requirepass) through --kv_store_*. A prefill that starts with
 // nothing local gets the prefix another prefill computed, with the colocated model's tokens; a
 // redis-server killed mid-run turns reads into misses (computed, same tokens, by the deadline)
-// and a restarted one serves again.
+// and a restarted one serves again. The decode's write-down of a finished conversation, written
+// once, and its counters on /metrics.
 #include <chrono>
 
 #include "tests/daemons/kv_tiers_fixture.h"
+#include "tests/daemons/metrics_probe.h"
 #include "tests/kvcache/redis_server.h"
 
 namespace kvstream::testing {
@@ -186,6 +188,97 @@ TEST_F(KvStoreDecodeTest, ADecodeWithAnotherSecretPlantsNothing) {
   EXPECT_LE(cached, 32);
   EXPECT_LE(store.hit_blocks(), 2u);
   EXPECT_GE(store.read_failures(), 2u);
+}
+
+// The decode writes a conversation down once: the same conversation again (the same prompt,
+// the same greedy answer) finds every block in the store (one batched query) and writes none
+// (issue 16: write-downs queued blocks a tier held). The store tier's counters, on both
+// daemons' /metrics, are those of Stats and of the requests made.
+TEST_F(KvStoreDecodeTest, AConversationIsWrittenDownOnceAndItsCountersAreScraped) {
+  RedisServer redis;
+  DaemonPair pair = PairWithDecodeStore(redis, std::string(32, 's'));
+  for (auto* flags : {&pair.prefill, &pair.decode}) {
+    const std::string file = dir_.path() + (flags == &pair.prefill ? "/p.mport" : "/d.mport");
+    flags->push_back("--metrics=127.0.0.1:0");
+    flags->push_back("--metrics_port_file=" + file);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const int pmetrics = ReadMetricsPort(dir_.path() + "/p.mport", DeadlineAfterMs(5000));
+  const int dmetrics = ReadMetricsPort(dir_.path() + "/d.mport", DeadlineAfterMs(5000));
+  ASSERT_GT(pmetrics, 0);
+  ASSERT_GT(dmetrics, 0);
+  auto dstub = DecodeStub(decode_address());
+  // The decode's Stats once its write-down queue is empty and `done` holds.
+  auto settled = [&](auto done) {
+    const Deadline deadline = DeadlineAfterMs(10000);
+    Result<v1::StatsResponse> st = Timeout("no Stats");
+    while (Clock::now() < deadline) {
+      st = CallStats(*dstub);
+      if (st.ok() && st->kv_tiers_size() == 1 && st->kv_tier_queued_blocks() == 0 && done(*st))
+        return st;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    ADD_FAILURE() << "the decode's write-down did not settle";
+    return st;
+  };
+  const auto prompt = MakePrompt(40, 512, 97);
+  const auto want = Colocated(kTiny, prompt, 30);
+  auto r = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.tokens, want);
+  // Every block in the store: the prefill's 2 full and 1 partial, the decode's 3rd and 4th.
+  const Deadline deadline = DeadlineAfterMs(10000);
+  while (Clock::now() < deadline && redis.Cli({"DBSIZE"}) != "5")
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(redis.Cli({"DBSIZE"}), "5");
+  auto first =
+      settled([](const v1::StatsResponse& s) { return s.kv_tiers(0).written_blocks() >= 2; });
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const uint64_t written = first->kv_tiers(0).written_blocks();
+  const uint64_t bytes = first->kv_tiers(0).bytes_written();
+  const uint64_t held = first->kv_tier_held_blocks();
+  EXPECT_LE(written + held, 4u);
+
+  // The same conversation again: the decode's 4 blocks are all held; nothing is written.
+  r = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.tokens, want);
+  auto second =
+      settled([&](const v1::StatsResponse& s) { return s.kv_tier_held_blocks() >= held + 4; });
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->kv_tier_held_blocks(), held + 4);
+  EXPECT_EQ(second->kv_tiers(0).written_blocks(), written);
+  EXPECT_EQ(second->kv_tiers(0).bytes_written(), bytes);
+  EXPECT_EQ(second->kv_tier_skipped_blocks(), 0u);
+  EXPECT_EQ(redis.Cli({"DBSIZE"}), "5");
+
+  const std::string d = Scrape(dmetrics);
+  ASSERT_FALSE(d.empty());
+  const std::string store = "{tier=\"store\"}";
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_kv_tier_written_blocks_total" + store),
+            double(written)) << d;
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_kv_tier_written_bytes_total" + store), double(bytes));
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_kv_tier_write_failures_total" + store), 0);
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_kv_tier_held_blocks_total"), double(held + 4));
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_kv_tier_queued_blocks"), 0);
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_kv_tier_skipped_blocks_total"), 0);
+  // The prefill: its 3 blocks written once, then found held (the second call read them all).
+  auto pst = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(pst.ok()) << pst.status().ToString();
+  const std::string p = Scrape(pmetrics);
+  EXPECT_EQ(pst->kv_tier_held_blocks(), 3u);
+  EXPECT_EQ(SampleValue(p, "kvstream_prefill_kv_tier_held_blocks_total"), 3) << p;
+  EXPECT_EQ(SampleValue(p, "kvstream_prefill_kv_tier_written_blocks_total" + store),
+            double(Tier(*pst, "store")->written_blocks()));
+  EXPECT_EQ(SampleValue(p, "kvstream_prefill_kv_tier_blocks_read_total" + store), 3);
+  // The new series pass promtool as the others do.
+  for (const std::string* text : {&d, &p}) {
+    int rc = 0;
+    const std::string out = PromtoolCheck(*text, dir_.path(), &rc);
+    if (rc == -2) break;  // promtool not installed (daemons_metrics_test says so)
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(out, "") << out;
+  }
 }
 
 }  // namespace

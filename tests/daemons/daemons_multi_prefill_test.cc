@@ -1,6 +1,7 @@
 // One decode daemon with two prefill daemons (--peer a,b): loads are spread over both, a killed
 // prefill is skipped (its in-flight loads recomputed), and one that comes back on its port takes
-// loads again. Real processes, real gRPC and UCX on loopback, tiny model on the CPU.
+// loads again; the decode counts how it routed (Stats, /metrics). Real processes, real gRPC and
+// UCX on loopback, tiny model on the CPU.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/daemons/metrics_probe.h"
 
 namespace kvstream::testing {
 namespace {
@@ -117,7 +119,12 @@ TEST_F(MultiPrefillTest, TurnsOfAConversationLandOnOnePrefillThatHoldsTheirPrefi
   a = StartPrefillOn("prefill_a", port_a, cache);
   b = StartPrefillOn("prefill_b", port_b, cache);
   ASSERT_TRUE(a && b);
-  ASSERT_NO_FATAL_FAILURE(StartDecode(port_a, port_b, {}));
+  ASSERT_NO_FATAL_FAILURE(StartDecode(
+      port_a, port_b,
+      {"--metrics=127.0.0.1:0", "--metrics_port_file=" + dir_.path() + "/d.mport"}));
+  const int metrics = ReadMetricsPort(dir_.path() + "/d.mport", DeadlineAfterMs(5000));
+  ASSERT_GT(metrics, 0);
+  int requests = 0;  // Generate calls, each routed once
   const std::string addr[2] = {"127.0.0.1:" + std::to_string(port_a),
                                "127.0.0.1:" + std::to_string(port_b)};
   uint64_t served[2] = {0, 0}, hit_tokens[2] = {0, 0};
@@ -126,6 +133,7 @@ TEST_F(MultiPrefillTest, TurnsOfAConversationLandOnOnePrefillThatHoldsTheirPrefi
   auto turn = [&](const std::vector<int32_t>& prompt, std::vector<int32_t>* answer, int* where,
                   int* cached) {
     auto r = CallGenerate(*stub_, prompt, 5, v1::LOAD_MODE_PIPELINED, 30000);
+    ++requests;
     ASSERT_TRUE(r.status.ok()) << r.status.error_message();
     ASSERT_EQ(r.tokens, Colocated({"--model=tiny"}, prompt, 5));
     *answer = r.tokens;
@@ -209,6 +217,27 @@ TEST_F(MultiPrefillTest, TurnsOfAConversationLandOnOnePrefillThatHoldsTheirPrefi
   }
   EXPECT_GE(moved_to_a, per[1] - 1);
   EXPECT_TRUE(WaitForAllBlocksFree(decode_->address(), true, DeadlineAfterMs(10000)).ok());
+  // The decode counted its choices: every prompt has a route key (4 full blocks), so each went
+  // by prefix (or round robin while no prefill was ready yet); those of B's conversations that
+  // went to A because B was down count as moves; one at a time, none overloaded.
+  auto st = CallStats(*stub_);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_TRUE(st->has_prefill_routes());
+  const v1::PrefillRouteStats& routes = st->prefill_routes();
+  EXPECT_EQ(routes.by_prefix() + routes.round_robin(), uint64_t(requests));
+  EXPECT_EQ(routes.by_load(), 0u);
+  EXPECT_GE(routes.moved_down(), uint64_t(moved_to_a));
+  EXPECT_EQ(routes.moved_busy(), 0u);
+  const std::string d = Scrape(metrics);
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_prefill_routes_total{by=\"prefix\"}"),
+            double(routes.by_prefix())) << d;
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_prefill_routes_total{by=\"load\"}"), 0);
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_prefill_routes_total{by=\"round_robin\"}"),
+            double(routes.round_robin()));
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_prefill_route_moves_total{reason=\"down\"}"),
+            double(routes.moved_down()));
+  EXPECT_EQ(SampleValue(d, "kvstream_decode_prefill_route_moves_total{reason=\"overloaded\"}"), 0);
 }
 
 TEST_F(MultiPrefillTest, MalformedPeerListIsRefusedAtStart) {

@@ -1,6 +1,6 @@
 // decode/prefill_router.h: the rendezvous hash's spread and stickiness, the load-aware
 // fallback, prefills going down and coming back moving only their own keys, the route key
-// (the tiers' key chain of the first blocks).
+// (the tiers' key chain of the first blocks), the choices counted by how they were made.
 #include "decode/prefill_router.h"
 
 #include <gtest/gtest.h>
@@ -143,6 +143,34 @@ TEST(PrefillRouterTest, NoneReadyOrNoKeyFallsBackToLoadAndRoundRobin) {
   for (uint64_t rot = 0; rot < 6; ++rot) ++seen[ll.Pick(ll.RouteKey(std::vector<int32_t>(64, 1)), AllReady(n), rot)];
   EXPECT_EQ(seen.size(), 3u);
   EXPECT_EQ(router.Pick(99, std::vector<PrefillState>{{true, 0}}, 5), 0u);  // one prefill
+}
+
+TEST(PrefillRouterTest, CountsEveryChoiceByHowItWasMade) {
+  const int n = 3;
+  const PrefillRouter router = Router(n, RoutePolicy::kPrefix, /*slack=*/4);
+  const uint64_t key = 12345;
+  const auto rank = router.Rank(key);
+  EXPECT_EQ(router.Pick(key, AllReady(n), 0), rank[0]);  // by prefix, first in rank
+  auto states = AllReady(n);
+  states[rank[0]].ready = false;  // its prefill down: moved
+  EXPECT_EQ(router.Pick(key, states, 0), rank[1]);
+  states = AllReady(n);
+  states[rank[0]].loads_in_flight = 4;  // overloaded: moved
+  EXPECT_EQ(router.Pick(key, states, 0), rank[1]);
+  router.Pick(std::nullopt, AllReady(n), 0);                 // no key: by load
+  router.Pick(key, std::vector<PrefillState>(n, {false, 0}), 1);  // none ready
+  router.Pick(key, std::vector<PrefillState>{{true, 0}}, 0);  // one prefill: no choice
+  const RouteStats s = router.stats();
+  EXPECT_EQ(s.by_prefix, 3u);
+  EXPECT_EQ(s.moved_down, 1u);
+  EXPECT_EQ(s.moved_busy, 1u);
+  EXPECT_EQ(s.by_load, 1u);
+  EXPECT_EQ(s.round_robin, 1u);
+  // least_loaded never routes by prefix.
+  const PrefillRouter ll = Router(n, RoutePolicy::kLeastLoaded);
+  ll.Pick(ll.RouteKey(std::vector<int32_t>(64, 1)), AllReady(n), 0);
+  EXPECT_EQ(ll.stats().by_load, 1u);
+  EXPECT_EQ(ll.stats().by_prefix, 0u);
 }
 
 TEST(PrefillRouterTest, RouteKeyIsTheTiersKeyOfTheFirstBlocks) {
