@@ -28,7 +28,7 @@ for cfg in $CONFIGS; do
     off) flags=(--prompt_cache_blocks 0) ;;
     gpu) flags=(--prompt_cache_blocks "$GPU_BLOCKS") ;;
     host) flags=(--prompt_cache_blocks "$GPU_BLOCKS" --kv_host_tier_mb "$HOST_MB") ;;
-    disk) head -c 32 /dev/urandom > "$T/secret"; chmod 600 "$T/secret"
+    disk) head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/secret"; chmod 600 "$T/secret"
           flags=(--prompt_cache_blocks "$GPU_BLOCKS" --kv_host_tier_mb "$HOST_MB" --kv_disk_tier_dir "$T/disk"
                  --kv_disk_tier_mb "$DISK_MB" --kv_tier_secret_file "$T/secret") ;;
     *) echo "unknown config $cfg"; exit 2 ;;

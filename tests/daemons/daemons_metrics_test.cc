@@ -236,7 +236,7 @@ TEST_F(MetricsTest, BasicAuthIsRequiredAndNoSecretIsExported) {
   for (int port : {decode_metrics_, prefill_metrics_}) {
     const std::string text = Scrape(port, kMetricsAuth);
     ASSERT_FALSE(text.empty());
-    for (const std::string secret : {std::string(kPeerToken), std::string(kClientToken),
+    for (const std::string& secret : {std::string(kPeerToken), std::string(kClientToken),
                                      std::string("metrics-0123456789abcdef0123")})
       EXPECT_EQ(text.find(secret), std::string::npos) << "a secret in the scrape";
   }

@@ -395,6 +395,9 @@ TEST_P(StagedReclaimTest, KilledWritersSlotsGoToTheNextWriter) {
   d.regions.push_back({reinterpret_cast<uint64_t>(pool), kReclaimBytes, pool_reg.value()->RemoteKey()});
 
   for (int round = 0; round < 2; ++round) {  // twice: capacity must not shrink per lost writer
+    // A new address for each writer, as a daemon's handshake makes one: its same-host token is
+    // good for one writer (transport/ucx/ucx_same_host.h).
+    d.address = rx.value()->LocalAddress();
     PeerProcess w;
     ASSERT_TRUE(w.Start({"--helper=writer", "--backend=" + GetParam(), "--peer=" + EncodePeer(d)}));
     std::string line = w.ReadLine(DeadlineAfterMs(20000));
@@ -422,6 +425,7 @@ TEST_P(StagedReclaimTest, KilledWritersSlotsGoToTheNextWriter) {
     CUDA_OK(cudaDeviceSynchronize());
     auto reg = tx.value()->Register({src, kReclaimBytes, MemoryKind::kCuda, 0});
     ASSERT_OK(reg.status());
+    d.address = rx.value()->LocalAddress();
     auto ep = test::ConnectAdmitted(*tx.value(), *rx.value(), d);
     ASSERT_OK(ep.status());
     // The hello goes with the first write: the write lands once the peer granted slots.
