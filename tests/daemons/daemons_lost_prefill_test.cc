@@ -167,20 +167,20 @@ class LostPrefillTest : public DisaggTest {
 // (about 20 s here, the whole load timeout by default).
 TEST_F(LostPrefillTest, KilledUnderLoadEveryAffectedRequestFailsWithinASecond) {
   Clock::time_point lost_at;
-  auto all = RunUnderLoad({}, SIGKILL, 32, 8, &lost_at);
+  auto all = RunUnderLoad({}, SIGKILL, 64, 8, &lost_at);
   ASSERT_FALSE(HasFatalFailure());
   Print(all, lost_at);
   EXPECT_GE(CheckFailedWithin(all, lost_at, 1.0), 8 + 16);
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
   Record("prefill.sigkill_under_load_fail",
-         "prefill SIGKILLed with 32 requests in flight, 8 more sent after (on_load_failure=fail)",
+         "prefill SIGKILLed with 64 requests in flight, 8 more sent after (on_load_failure=fail)",
          all, lost_at, 1.0);
 }
 
 TEST_F(LostPrefillTest, KilledUnderLoadEveryRequestCompletesWithRecompute) {
   Clock::time_point lost_at;
-  auto all = RunUnderLoad({"--on_load_failure=recompute"}, SIGKILL, 32, 8, &lost_at);
+  auto all = RunUnderLoad({"--on_load_failure=recompute"}, SIGKILL, 64, 8, &lost_at);
   ASSERT_FALSE(HasFatalFailure());
   Print(all, lost_at);
   int recomputed = 0;
@@ -199,7 +199,7 @@ TEST_F(LostPrefillTest, KilledUnderLoadEveryRequestCompletesWithRecompute) {
   Status freed = WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000));
   EXPECT_TRUE(freed.ok()) << freed.ToString();
   Record("prefill.sigkill_under_load_recompute",
-         "prefill SIGKILLed with 32 requests in flight, 8 more sent after (on_load_failure=recompute)",
+         "prefill SIGKILLed with 64 requests in flight, 8 more sent after (on_load_failure=recompute)",
          all, lost_at, 5.0);
 }
 
