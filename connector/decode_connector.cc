@@ -168,6 +168,12 @@ std::string DecodeConnector::peer_device_id() const {
 }
 
 Status DecodeConnector::EnsureHandshake(Deadline deadline) {
+  // A channel whose connection failed (the prefill went away, perhaps to restart on the same
+  // address) fails every call at once until gRPC's backoff ends, and the session may be gone
+  // with the old process: treat it as the loss it is now, rather than when the watcher's
+  // reconnect window runs out, so that this load reconnects and handshakes at once.
+  if (handshake_epoch_.load() != 0 && channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE)
+    MarkPeerLost("connection to " + options_.prefill_address + " failed");
   if (handshake_epoch_.load() != 0) return OkStatus();
   const Clock::time_point asked = Clock::now();
   std::lock_guard<std::mutex> lock(handshake_mu_);

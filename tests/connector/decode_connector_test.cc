@@ -128,6 +128,39 @@ TEST_F(DecodeConnectorTest, LoadedKvMatchesLocalPrefillByteForByte) {
   EXPECT_EQ(decode_->stats().loads_ok, 1u);
 }
 
+// A prefill that restarts on the same address: a load sent while the decode's channel is still
+// in gRPC's reconnect backoff (the old connection refused, the new prefill already listening)
+// reconnects and handshakes at once and lands. Before, its Prefill call failed at once with
+// "failed to connect to all addresses" (seen in daemons_auth_test under CI).
+TEST_F(DecodeConnectorTest, LoadRightAfterAPrefillRestartReconnectsAndLands) {
+  auto first = Lease(20);
+  ASSERT_TRUE(decode_->StartLoad(10, Prompt(20), first->ids(), true, DeadlineAfterMs(10000), first).ok());
+  ASSERT_TRUE(decode_->WaitForLoad(10, DeadlineAfterMs(10000)).ok());
+  decode_->Finished(10);
+  // The prefill goes away; the channel's reconnects are refused (backoff ~100 ms, then ~160 ms).
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  daemon::DaemonConfig cfg;
+  cfg.model = "tiny";
+  cfg.threads = 1;
+  cfg.pool_blocks = kBlocks;
+  cfg.cancel_timeout_ms = 2000;
+  server_impl_ = std::make_unique<prefill::PrefillServer>(
+      cfg, prefill_model_.backend.get(), prefill_model_.pool.get(), prefill_connector_.get());
+  int port = 0;
+  auto server = daemon::StartGrpcServer("127.0.0.1:" + std::to_string(port_), {server_impl_.get()}, &port);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  server_ = std::move(server).value();
+  ASSERT_EQ(port, port_);
+  // Inside the channel's backoff: its next attempt is not due yet.
+  auto lease = Lease(20);
+  ASSERT_TRUE(decode_->StartLoad(11, Prompt(20), lease->ids(), true, DeadlineAfterMs(10000), lease).ok());
+  auto info = decode_->WaitForLoad(11, DeadlineAfterMs(10000));
+  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  decode_->Finished(11);
+}
+
 TEST_F(DecodeConnectorTest, FailedWriteFailsTheWaitAndReleasesBlocks) {
   prefill_transport_->FailNthWrite(1, DataLoss("injected write failure"));
   auto lease = Lease(20);
