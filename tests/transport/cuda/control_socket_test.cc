@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,6 +30,26 @@ bool WaitFor(Pred p, int ms = 5000) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
+}
+
+// The right path with a wrong token (its last hex digit changed).
+std::string WithWrongToken(std::string address) {
+  address.back() = address.back() == '0' ? '1' : '0';
+  return address;
+}
+
+// Runs `child` in a forked process as uid and gid 65534 (only root can become them) and returns
+// whether it exited 0 (`child` returns the exit code; 2: the process could not change its uid).
+bool ExitsZeroAsAnotherUid(const std::function<int()>& child) {
+  pid_t pid = ::fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+    ::_exit(child());
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 TEST(NotificationSocket, DeliversFramesInOrderAndSeesPeerClose) {
@@ -102,9 +123,7 @@ TEST(NotificationSocket, OnlyTheTokenHolderOfThisUserGetsIn) {
   EXPECT_EQ(ds.st_mode & 0777, 0700u);
 
   // The right path with a wrong token: connected, then closed without delivering anything.
-  std::string forged = address;
-  forged[forged.size() - 1] = forged.back() == '0' ? '1' : '0';
-  auto ch = NotificationChannel::Connect(forged, DeadlineAfterMs(1000));
+  auto ch = NotificationChannel::Connect(WithWrongToken(address), DeadlineAfterMs(1000));
   ASSERT_TRUE(ch.ok()) << ch.status().ToString();
   (void)ch.value()->Send({1, 2, 0});
   EXPECT_TRUE(ch.value()->PeerClosed(2000000));
@@ -112,18 +131,12 @@ TEST(NotificationSocket, OnlyTheTokenHolderOfThisUserGetsIn) {
 
   // Another uid (only where this test runs as root, which can become one).
   if (::geteuid() == 0) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+    EXPECT_TRUE(ExitsZeroAsAnotherUid([&] {
       auto c = NotificationChannel::Connect(address, DeadlineAfterMs(1000));
-      if (!c.ok()) ::_exit(0);  // refused (the 0700 directory)
+      if (!c.ok()) return 0;  // refused (the 0700 directory)
       (void)c.value()->Send({9, 9, 0});
-      ::_exit(c.value()->PeerClosed(2000000) ? 0 : 1);
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "another uid got in";
+      return c.value()->PeerClosed(2000000) ? 0 : 1;
+    })) << "another uid got in";
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(got.load(), 0);
@@ -189,9 +202,7 @@ TEST(NotificationSocket, MemoryGoesOnlyAsADescriptorToTheTokenHolder) {
     EXPECT_EQ(l.value()->memory_refused(), 1u);
 
     // A process with the path but not the token: closed at its hello, never asked about.
-    std::string wrong = address;
-    wrong[wrong.size() - 1] = wrong.back() == '0' ? '1' : '0';
-    auto thief = NotificationChannel::Connect(wrong, DeadlineAfterMs(1000));
+    auto thief = NotificationChannel::Connect(WithWrongToken(address), DeadlineAfterMs(1000));
     ASSERT_TRUE(thief.ok()) << thief.status().ToString();
     auto stolen = thief.value()->RequestMemory(42, DeadlineAfterMs(2000));
     ASSERT_FALSE(stolen.ok());
@@ -201,17 +212,11 @@ TEST(NotificationSocket, MemoryGoesOnlyAsADescriptorToTheTokenHolder) {
 
     // Another uid (only where this test runs as root, which can become one): no descriptor.
     if (::geteuid() == 0) {
-      pid_t pid = ::fork();
-      ASSERT_GE(pid, 0);
-      if (pid == 0) {
-        if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(2);
+      EXPECT_TRUE(ExitsZeroAsAnotherUid([&] {
         auto c = NotificationChannel::Connect(address, DeadlineAfterMs(1000));
-        if (!c.ok()) ::_exit(0);  // refused (the 0700 directory)
-        ::_exit(c.value()->RequestMemory(42, DeadlineAfterMs(2000)).ok() ? 1 : 0);
-      }
-      int status = 0;
-      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "another uid got a descriptor";
+        if (!c.ok()) return 0;  // refused (the 0700 directory)
+        return c.value()->RequestMemory(42, DeadlineAfterMs(2000)).ok() ? 1 : 0;
+      })) << "another uid got a descriptor";
     }
     EXPECT_EQ(l.value()->memory_granted(), 20u);
     thief.value().reset();
