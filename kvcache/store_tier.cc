@@ -173,7 +173,9 @@ Status StoreKvTier::Put(const BlockHeader& header,
 
 void StoreKvTier::EraseAll() {
   auto erased = store_->EraseAll();
-  if (!erased.ok()) KV_LOG_WARN << "kv store: erase-everything failed: " << erased.status().ToString();
+  if (!erased.ok()) {
+    KV_LOG_WARN << "kv store: erase-everything failed: " << erased.status().ToString();
+  }
 }
 
 TierStats StoreKvTier::stats() const {

@@ -213,7 +213,7 @@ TEST(RopeConfig, HashCoversEveryRopeFieldAndJsonRoundTrips) {
   EXPECT_TRUE(differs([](RopeScaling& r) { r.beta_slow = 2; }));
   EXPECT_TRUE(differs([](RopeScaling& r) { r.truncate = false; }));
   EXPECT_TRUE(differs([](RopeScaling& r) { r.attention_factor = 1.5; }));
-  for (const std::string extra :
+  for (const std::string& extra :
        {std::string(""), std::string(R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})"),
         std::string(R"("rope_scaling": {"rope_type": "dynamic", "factor": 2.0})"),
         std::string(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0,
