@@ -92,7 +92,8 @@ const std::vector<Field>& Fields() {
                "file with the cluster secret keying the HMAC of every KV block in the host, "
                "disk and shared tiers (>= 16 printable bytes; chmod 600)"),
       KV_FIELD(kv_host_tier_mb, kInt,
-               "prefill: MiB of host memory keeping KV blocks that left the pool (0 = off)"),
+               "prefill: MiB of host memory keeping KV blocks that left the pool (0 = off); a "
+               "decode with a GPU pool and kv_store_redis stages its write-down through it"),
       KV_FIELD(kv_disk_tier_dir, kStr,
                "prefill: directory keeping KV blocks as files (empty = off; needs "
                "kv_tier_secret_file)"),

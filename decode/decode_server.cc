@@ -8,6 +8,7 @@
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/grpc_status.h"
 #include "decode/generate_request.h"
+#include "decode/load_hooks.h"
 #include "tokenizer/text_stream.h"
 
 namespace kvstream::decode {
@@ -413,52 +414,17 @@ void DecodeServer::WriteDown(const Request& r, const model::BlockLease& blocks) 
   tokens.insert(tokens.end(), r.answer.begin(), r.answer.end());
   if (tokens.size() < full * size_t(block_size)) return;  // (cannot happen: KV of emitted tokens)
   tokens.resize(full * size_t(block_size));
-  write_down_->WriteDown(kv_root_, tokens,
-                         std::vector<int32_t>(blocks.ids().begin(), blocks.ids().begin() + full));
-}
-
-namespace {
-// wait_for_layer before each layer's attention of the last prompt token.
-class LoadHooks : public model::LayerHooks {
- public:
-  // all_layers_first: wait for every layer before layer 0 (see DaemonConfig::first_step_after_load).
-  // gpu_wait (DaemonConfig::gpu_landed_wait): layers announced early are waited for on
-  // `stream` (the compute stream) rather than on the host.
-  // `observe` (may be null): each wait's duration, one per BeforeAttention.
-  LoadHooks(connector::DecodeConnector* c, uint64_t id, Deadline deadline, int num_layers,
-            bool all_layers_first, bool gpu_wait, daemon::Histogram* observe)
-      : c_(c), id_(id), deadline_(deadline), num_layers_(num_layers),
-        all_layers_first_(all_layers_first), gpu_wait_(gpu_wait), observe_(observe) {}
-  Status BeforeAttention(int layer, void* stream) override {
-    auto t = Clock::now();
-    auto wait = [&](int l) {
-      return gpu_wait_ ? c_->WaitForLayerOnStream(id_, l, stream, deadline_)
-                       : c_->WaitForLayer(id_, l, deadline_);
-    };
-    Status s;
-    if (all_layers_first_ && layer == 0) {
-      for (int l = 0; l < num_layers_ && s.ok(); ++l) s = wait(l);
-    } else {
-      s = wait(layer);
-    }
-    const int64_t us =
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count();
-    wait_us += us;
-    if (observe_) observe_->Observe(double(us) * 1e-6);
-    return s;
+  std::vector<int32_t> ids(blocks.ids().begin(), blocks.ids().begin() + full);
+  if (write_down_staging_ == nullptr) {
+    write_down_->WriteDown(kv_root_, tokens, ids);
+    return;
   }
-  int64_t wait_us = 0;
-
- private:
-  connector::DecodeConnector* c_;
-  uint64_t id_;
-  Deadline deadline_;
-  int num_layers_;
-  bool all_layers_first_;
-  bool gpu_wait_;
-  daemon::Histogram* observe_;
-};
-}  // namespace
+  // GPU pool: to the pinned tier first; from it to the store once that copy is complete.
+  write_down_staging_->WriteDown(kv_root_, tokens, ids,
+                                 [t = write_down_, root = kv_root_, tokens] {
+                                   t->WriteStaged(root, tokens);
+                                 });
+}
 
 void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   Request& r = *rp;

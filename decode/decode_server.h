@@ -46,6 +46,7 @@
 #include "decode/join_budget.h"
 #include "decode/prefill_router.h"
 #include "decode/text_request.h"
+#include "kvcache/pool_tier.h"
 #include "kvcache/tiered_cache.h"
 #include "model/backend.h"
 #include "proto/kvstream.grpc.pb.h"
@@ -107,9 +108,15 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   // `tiers` (the shared store tier: docs/kv_tiers.md) after its last message, so that the next
   // turn's prefix, the answer included, is found there by any prefill. Asynchronous: the tiers
   // take references of their own on the blocks and copy them out on their thread; a full
-  // write-down queue skips it (counted). Null (default): nothing written. Set before serving;
-  // `tiers` must outlive the server.
-  void set_kv_write_down(kvcache::TieredCache* tiers) { write_down_ = tiers; }
+  // write-down queue skips it (counted). Null (default): nothing written. With a GPU pool,
+  // `staging` is the pinned host tier that `tiers` is staged through (its first tier; daemon/
+  // pool_tier.h): the blocks are copied to it on the GPU first (its references on them held
+  // until the copy is complete), then from it to the store. Set before serving; both must
+  // outlive the server.
+  void set_kv_write_down(kvcache::TieredCache* tiers, kvcache::PoolTier* staging = nullptr) {
+    write_down_ = tiers;
+    write_down_staging_ = staging;
+  }
   // Text in and out (prompt_text, stop_strings, GenerateResponse.text) with this tokenizer, or
   // refused with why_none. Set before serving; the tokenizer must outlive the server.
   void set_text_support(TextSupport text) { text_ = std::move(text); }
@@ -167,6 +174,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   const kvcache::BlockKey kv_root_;  // the prefix keys' root (kvcache/prefix_key.h), as the prefill's
   PrefillRouter router_;
   kvcache::TieredCache* write_down_ = nullptr;
+  kvcache::PoolTier* write_down_staging_ = nullptr;
   Admission admission_;  // FIFO wait for KV blocks (max_queue)
 
   std::mutex mu_;

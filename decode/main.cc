@@ -7,6 +7,7 @@
 #include "daemon/daemon_runtime.h"
 #include "daemon/health.h"
 #include "daemon/kv_store_tier.h"
+#include "daemon/pool_tier.h"
 #include "daemon/metrics.h"
 #include "daemon/reflection.h"
 #include "daemon/signals.h"
@@ -112,29 +113,41 @@ int main(int argc, char** argv) {
       KV_LOG_WARN << "tokenizer not loaded: " << tok.status().ToString();
     }
   }
-  // The shared KV tier (docs/kv_tiers.md): finished conversations are written down to it.
-  std::unique_ptr<kvcache::TieredCache> write_down;
+  // The shared KV tier (docs/kv_tiers.md): finished conversations are written down to it. From a
+  // GPU pool they are staged through a pinned host tier (kv_host_tier_mb), as the prefill's are.
+  std::unique_ptr<kvcache::TieredCache> write_down;  // stopped and destroyed before `staging`
+  std::unique_ptr<kvcache::PoolTier> staging;
   if (!cfg->kv_store_redis.empty()) {
-    if (model->pool->memory().on_device())
-      return Fail(NotSupported("kv_store_redis on the decode: the write-down copies with the host "
-                               "for now and needs a host pool (backend cpu)"));
+    const bool gpu = model->pool->memory().on_device();
+    if (gpu && cfg->kv_host_tier_mb <= 0)
+      return Fail(InvalidArgument("kv_store_redis on a decode with a GPU pool: its blocks are "
+                                  "staged through pinned host memory; set kv_host_tier_mb too"));
     auto secret = daemon::ReadTokenFile("kv_tier_secret_file", cfg->kv_tier_secret_file);
     if (!secret.ok()) return Fail(secret.status());
     const uint64_t model_hash = model->backend->config().hash();
     auto store = daemon::CreateStoreKvTier(*cfg, model_hash, model->pool->layout(), *secret);
     if (!store.ok()) return Fail(store.status());
     std::vector<std::unique_ptr<kvcache::KvTier>> tiers;
+    if (gpu) {
+      auto pool_tier = daemon::CreatePoolTier(*cfg, model->pool.get());
+      if (!pool_tier.ok()) return Fail(pool_tier.status());
+      staging = std::move(pool_tier).value();
+      tiers.push_back(std::make_unique<kvcache::BorrowedTier>(staging->staging()));
+    }
     tiers.push_back(std::move(store).value());
     write_down = std::make_unique<kvcache::TieredCache>(model->pool.get(), model_hash,
                                                         std::move(tiers), kvcache::FetchPolicy{},
-                                                        /*io_threads=*/0);
+                                                        /*io_threads=*/0, /*staged=*/gpu);
     KV_LOG_INFO << "finished conversations are written down to the shared KV tier "
-                << cfg->kv_store_redis;
+                << cfg->kv_store_redis
+                << (gpu ? " through " + std::to_string(cfg->kv_host_tier_mb) +
+                              " MiB of pinned host memory"
+                        : "");
   }
   daemon::Health health("kvstream.v1.Decode");  // outlives the service (its prober reports to it)
   decode::DecodeServer service(*cfg, model->backend.get(), model->pool.get(), raw);
   service.set_text_support(text);
-  service.set_kv_write_down(write_down.get());
+  service.set_kv_write_down(write_down.get(), staging.get());
   service.set_authorizer(security->authorizer);
   auto registry = std::make_shared<daemon::MetricsRegistry>();
   if (!cfg->metrics.empty()) service.EnableMetrics(registry.get());
@@ -182,7 +195,10 @@ int main(int argc, char** argv) {
   (*server)->Wait();
   metrics->reset();  // its scrapes read the service and the connectors
   service.Stop();
+  if (staging) staging->Flush();  // the GPU copies out complete: their pool references return
   if (write_down) write_down->Stop();  // drops what is still queued: its block references return
+  write_down.reset();  // reads the staging tier: goes first
+  staging.reset();
   conns.clear();  // each connector waits (bounded) for its writers before releasing blocks
   int free_blocks = model->pool->allocator().free_count();
   KV_LOG_INFO << "kvstream-decode stopped; " << free_blocks << "/" << model->pool->num_blocks()

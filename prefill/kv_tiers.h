@@ -7,10 +7,10 @@
 // or store tier without a readable secret of at least 16 bytes, an unusable directory, a store
 // that refuses our AUTH or a disk or store tier over a pool on a GPU without a pinned host tier
 // is an error naming the key, never a silent no-op. A store that is down at start only warns
-// (misses). With a pool on a GPU, kv_host_tier_mb is the pinned host tier of CreatePoolTier
-// instead, passed here as `pool_tier`: the cache is then staged through it (first tier: its
-// staging view; kvcache/tiered_cache.h), and the server must stop the cache before the pool tier
-// goes.
+// (misses). With a pool on a GPU, kv_host_tier_mb is the pinned host tier of
+// daemon::CreatePoolTier (daemon/pool_tier.h) instead, passed here as `pool_tier`: the cache is
+// then staged through it (first tier: its staging view; kvcache/tiered_cache.h), and the
+// server must stop the cache before the pool tier goes.
 #pragma once
 
 #include <memory>
@@ -27,10 +27,5 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
                                                             const model::ModelConfig& model,
                                                             model::KvPool* pool,
                                                             kvcache::PoolTier* pool_tier = nullptr);
-
-// The pinned host tier below a GPU pool (kvcache/cuda/pinned_tier.h) when kv_host_tier_mb is set
-// and the pool is on a GPU; null otherwise. kNotSupported in a build without CUDA.
-Result<std::unique_ptr<kvcache::PoolTier>> CreatePoolTier(const daemon::DaemonConfig& config,
-                                                          model::KvPool* pool);
 
 }  // namespace kvstream::prefill

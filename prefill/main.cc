@@ -10,6 +10,7 @@
 #include "daemon/reflection.h"
 #include "daemon/signals.h"
 #include "connector/handshake.h"
+#include "daemon/pool_tier.h"
 #include "prefill/kv_tiers.h"
 #include "prefill/prefill_server.h"
 
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   daemon::Health health("kvstream.v1.Prefill");
   prefill::PrefillServer service(*cfg, model->backend.get(), model->pool.get(), conn->get());
   service.set_authorizer(security->authorizer);
-  auto pool_tier = prefill::CreatePoolTier(*cfg, model->pool.get());
+  auto pool_tier = daemon::CreatePoolTier(*cfg, model->pool.get());
   if (!pool_tier.ok()) return Fail(pool_tier.status().WithContext("opening the KV tiers"));
   // Below a GPU pool the disk and store tiers are staged through the pinned tier.
   auto tiers = prefill::CreateKvTiers(*cfg, model->backend->config(), model->pool.get(),

@@ -66,8 +66,8 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   // The KV tiers below the pool (set before the server starts; default: none).
   void set_kv_tiers(std::unique_ptr<kvcache::TieredCache> tiers) { tiers_ = std::move(tiers); }
   kvcache::TieredCache& kv_tiers() { return *tiers_; }
-  // The tier below a GPU pool that copies into it while the forward runs (prefill/kv_tiers.h's
-  // CreatePoolTier; set before the server starts; default: none).
+  // The tier below a GPU pool that copies into it while the forward runs
+  // (daemon::CreatePoolTier; set before the server starts; default: none).
   void set_pool_tier(std::unique_ptr<kvcache::PoolTier> tier) { pool_tier_ = std::move(tier); }
   // The tiers' threads read the pool tier's staging view: they stop before it goes.
   ~PrefillServer() override {

@@ -7,20 +7,25 @@
 // itself on its own GPU (LOAD_MODE_LOCAL, the colocated path), every block must be back
 // afterwards, and both daemons must report the transport asked for. A fault case kills the
 // prefill mid-load: the decode's request fails with a clear status in bounded time, its blocks
-// come back, and a restarted prefill serves again. Exits 77 (skipped) with the reason when no
-// usable GPU is present.
+// come back, and a restarted prefill serves again. The KV tier cases (one GPU, cuda_ipc): the
+// prefill's pinned host tier, a disk tier below it, and the decode's write-down from its GPU
+// pool to a real redis-server (skipped where redis-server is not on PATH). Exits 77 (skipped)
+// with the reason when no usable GPU is present.
 #include <cuda_runtime_api.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <future>
 #include <ostream>
 #include <thread>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/kvcache/redis_server.h"
 #include "transport/transport.h"
 
 namespace kvstream::testing {
@@ -29,6 +34,19 @@ namespace {
 namespace v1 = kvstream::v1;
 
 int g_devices = 0;  // CUDA devices visible to this process (main)
+
+bool OnPath(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t b = 0; b <= dirs.size();) {
+    size_t e = dirs.find(':', b);
+    if (e == std::string::npos) e = dirs.size();
+    const std::string file = dirs.substr(b, e - b) + "/" + program;
+    if (e > b && ::access(file.c_str(), X_OK) == 0) return true;
+    b = e + 1;
+  }
+  return false;
+}
 
 struct GpuCase {
   std::string transport;
@@ -238,6 +256,75 @@ TEST_P(DaemonsGpuTest, DiskBelowPinnedTierTokensEqualColocated) {
     longer.resize(base.size() - 8);  // round 1: a prompt whose prefix is on disk
     for (int32_t t : MakePrompt(68, 512, 9)) longer.push_back(t);
   }
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000)).ok());
+}
+
+// The decode's write-down from its GPU pool (docs/kv_tiers.md, "The decode's write-down"): staged
+// through its own pinned host tier to a real redis-server. Turn 1 (40 tokens, a 30-token
+// answer: the decode holds the KV of 69 tokens, 4 full blocks, the 3rd and 4th with answer
+// tokens); both daemons restarted (every pinned tier empty); turn 2 (+ the answer + 10 tokens)
+// finds the 4 blocks in the store, the previous answer's included, and its tokens equal the
+// colocated ones. Every block comes back on both daemons.
+TEST_P(DaemonsGpuTest, DecodeWritesDownFromItsGpuPool) {
+  if (GetParam().transport != "cuda_ipc" || GetParam().prefill_device != GetParam().decode_device)
+    GTEST_SKIP() << "the write-down is the decode's own: one case (cuda_ipc, one GPU) is enough";
+  if (!OnPath("redis-server")) GTEST_SKIP() << "redis-server is not on PATH";
+  kvcache::testing::RedisServer redis;
+  const std::string secret = dir_.path() + "/kv.secret";
+  std::ofstream(secret) << "0123456789abcdef0123456789abcdef\n";
+  ::chmod(secret.c_str(), 0600);
+  const std::vector<std::string> store = {
+      "--kv_tier_secret_file=" + secret, "--kv_store_redis=unix:" + redis.socket(),
+      "--kv_store_auth_file=" + redis.AuthFile(redis.password()), "--kv_store_timeout_ms=500",
+      "--kv_host_tier_mb=16"};
+  std::vector<std::string> prefill = store;
+  for (const char* f : {"--prompt_cache_blocks=0", "--kv_prefetch_threshold_tokens=0"})
+    prefill.push_back(f);
+  const DaemonPair pair = Pair({"--model=tiny", "--pool_blocks=64"}, prefill, store);
+  ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(pair));
+  auto prompt = MakePrompt(40, 512, 97);
+  auto r = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_PIPELINED, 120000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  auto local = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_LOCAL, 120000);
+  ASSERT_TRUE(local.status.ok()) << local.status.error_message();
+  ASSERT_EQ(r.tokens, local.tokens);
+  // The decode's write-down, asynchronous: GPU -> pinned -> store, at least the 2 blocks the
+  // prefill did not write; then every decode block back.
+  uint64_t written = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto st = CallStats(*stub_);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    ASSERT_EQ(st->kv_tiers_size(), 2);
+    EXPECT_EQ(st->kv_tiers(0).name(), "host");
+    EXPECT_EQ(st->kv_tiers(1).name(), "store");
+    written = st->kv_tiers(1).written_blocks();
+    if (written >= 2 && st->kv_tier_queued_blocks() == 0 &&
+        st->pool().free_blocks() == st->pool().num_blocks())
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(written, 2u);
+  prefill_->Signal(SIGTERM);
+  decode_->Signal(SIGTERM);
+  EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
+  EXPECT_EQ(decode_->Wait(DeadlineAfterMs(15000)), 0);
+  ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(pair));
+  prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.end());
+  for (int32_t t : MakePrompt(10, 512, 98)) prompt.push_back(t);  // 80 tokens: 79 at the prefill
+  auto r2 = CallGenerate(*stub_, prompt, 8, v1::LOAD_MODE_PIPELINED, 120000);
+  ASSERT_TRUE(r2.status.ok()) << r2.status.error_message();
+  auto local2 = CallGenerate(*stub_, prompt, 8, v1::LOAD_MODE_LOCAL, 120000);
+  ASSERT_TRUE(local2.status.ok()) << local2.status.error_message();
+  EXPECT_EQ(r2.tokens, local2.tokens);
+  ASSERT_TRUE(WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(10000)).ok());
+  auto pstub = PrefillStub(prefill_address());
+  auto st = CallStats(*pstub);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_EQ(st->kv_tiers_size(), 2);
+  EXPECT_EQ(st->kv_tiers(1).name(), "store");
+  EXPECT_EQ(st->kv_tiers(1).hit_blocks(), 4u);  // the 3rd and 4th hold the previous answer
+  EXPECT_EQ(st->kv_tiers(1).read_failures(), 0u);
+  EXPECT_EQ(st->kv_tier_fetched_tokens(), 64u);
   EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(10000)).ok());
 }
 
