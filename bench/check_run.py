@@ -27,7 +27,7 @@ BENCH_SOURCES = {
     "prefill_attention": ["bench/prefill_attention.cu"],
     "decode_step": ["bench/decode_step.cc"],
     "sampling_step": ["bench/sampling_step.cc"],
-    "tier_prefetch": ["bench/tier_prefetch.cc"],
+    "tier_prefetch": ["bench/tier_prefetch.cc", "bench/tier_bench.h", "bench/tier_interference.cc"],
     "copy_load": ["bench/copy_load.cu"],
     "scatter_bench": ["bench/transfer_gpu/scatter_bench.cc"],
     "transfer_gpu": ["bench/transfer_gpu/transfer_gpu.cc", "bench/transfer_gpu/bench_common.h"],

@@ -13,6 +13,8 @@
 #   step        decode_step, and beside copy_load in another process      bench/suite_kernels.sh
 #   sampling    sampling_step: the decode step sampled vs greedy (batch 32)  bench/suite_kernels.sh
 #   tiers       tier_prefetch: TTFT with an 8k prefix from the pinned host tier bench/suite_kernels.sh
+#   tiers-load  tier_prefetch --interference: prefill tokens/s, decode p99 while the tier
+#               prefetches, vs idle (about 80 s)                          bench/suite_kernels.sh
 #   tests       the GPU test binaries in BIN, memcheck of the kernel test bench/suite_kernels.sh
 #   transfer    scatter_bench, transfer_gpu (cuda_ipc, ucx_staged, two GPUs), transfer_nccl,
 #               ucx_notify_rtt, transport_bw (CPU_COST=1: host CPU time)  bench/suite_transfer.sh
@@ -21,7 +23,8 @@
 #   auth        auth_overhead: TTFT plain / tokens / mTLS, CPU daemons    bench/suite_daemons.sh
 #   metrics     metrics on / off: TTFT, 64-stream tokens/s; metrics_cost   bench/suite_daemons.sh
 #   smoke       a short run of each suite but tests (a few minutes), for before/after checks
-#   all         tests decode under-load prefill step sampling tiers transfer ttft itl auth metrics
+#   all         tests decode under-load prefill step sampling tiers tiers-load transfer ttft itl auth
+#               metrics
 #
 # Output (OUT, default bench/out): <subject>_<date>[_<tag>].jsonl (every JSON line of the
 # subject's programs, each labelled with "step" and "tag"), <subject>_<date>[_<tag>].log (their
@@ -44,8 +47,8 @@ BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 declare -A SUITE_BUDGET=([decode]=420 [under-load]=300 [prefill]=200 [step]=200 [tests]=300
                          [transfer]=420 [ttft]=300 [itl]=300 [auth]=300 [metrics]=420 [sampling]=200
-                         [tiers]=200)
-ALL="tests decode under-load prefill step sampling tiers transfer ttft itl auth metrics"
+                         [tiers]=200 [tiers-load]=270)
+ALL="tests decode under-load prefill step sampling tiers tiers-load transfer ttft itl auth metrics"
 SUITES=() DRY_RUN=0 TAG=""
 while (( $# )); do
   case $1 in
@@ -55,7 +58,7 @@ while (( $# )); do
     --tag=*) TAG=${1#--tag=} ;;
     [A-Z_]*=*) export "${1?}" ;;
     all) read -r -a _all <<< "$ALL"; SUITES+=("${_all[@]}") ;;
-    smoke | decode | under-load | prefill | step | sampling | tiers | tests | transfer | ttft | itl | auth | metrics)
+    smoke | decode | under-load | prefill | step | sampling | tiers | tiers-load | tests | transfer | ttft | itl | auth | metrics)
       SUITES+=("$1") ;;
     *) echo "bench/run.sh: unknown argument '$1' (bench/run.sh --help)" >&2; exit 2 ;;
   esac
@@ -97,7 +100,7 @@ fi
 for s in "${SUITES[@]}"; do
   if [[ $s == smoke ]]; then
     [[ -n ${BUDGET:-} ]] || BUDGET_END=$(( SECONDS + 300 ))
-    for s2 in decode under-load prefill step sampling tiers transfer ttft itl auth metrics; do
+    for s2 in decode under-load prefill step sampling tiers tiers-load transfer ttft itl auth metrics; do
       [[ $DRY_RUN == 1 ]] && echo && echo "# --- smoke: $s2"
       SMOKE=1 "suite_${s2//-/_}"
     done

@@ -150,6 +150,22 @@ suite_tiers() {
   step tier_prefetch tier_prefetch 200 "$j" "$BIN/tier_prefetch" "${a[@]}" --json "$j"
 }
 
+# tiers-load: bench/tier_prefetch --interference (issue 16): prefill tokens/s (16 prompts of 2048
+# tokens) and decode step p50/p99 (32 streams at 4096, 200 steps) with the tier idle and while it
+# fetches 8k-token prefixes into other pool blocks continuously (copy engines; gather kernel, 16
+# thread blocks); ratios against idle (targets >= 0.95 and <= 1.1). About 80 s on one H200
+# (estimate: 3 cases x 6 reps x (~1.1 s of prefill + ~2 s of decode) + setup). Knobs: TIER_LOAD_ARGS.
+suite_tiers_load() {
+  local a j
+  # shellcheck disable=SC2206
+  a=(${TIER_LOAD_ARGS:---model llama-3-8b --prefix 8192 --bg-prefixes 2 --bg-depth 2 --ctas 0,16 --prompt 2048 --prompts 16 --streams 32 --ctx 4096 --steps 200 --reps 5})
+  [[ ${SMOKE:-0} == 1 ]] &&
+    a=(--layers 4 --prefix 1024 --ctas 0 --prompt 256 --prompts 4 --streams 8 --ctx 512 --steps 20 --reps 2)
+  have tier_prefetch || return
+  j=$(jtmp tier_interference)
+  step tier_interference tier_interference 240 "$j" "$BIN/tier_prefetch" --interference "${a[@]}" --json "$j"
+}
+
 # tests: the GPU test binaries of $BIN (each run plainly; the daemons' test finds the daemons
 # through KVSTREAM_PREFILL_BIN / KVSTREAM_DECODE_BIN), then compute-sanitizer over the kernel test.
 # Knobs: TESTS (names in $BIN; default: every *gpu*test* and the kernel/model GPU tests there),

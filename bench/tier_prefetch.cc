@@ -12,6 +12,9 @@
 //
 //   tier_prefetch [--model llama-3-8b] [--prefix 8192] [--suffix 256] [--reps 5]
 //                 [--ctas 16,32,64] [--layers 0] [--json FILE]
+//
+// With --interference, the other mode (bench/tier_interference.cc): prefill throughput and decode
+// step latency without and with the tier fetching prefixes into other pool blocks meanwhile.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -20,7 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,75 +31,29 @@
 #include "model/backend.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "tier_bench.h"
+
+namespace kvstream::bench::tier {
+int RunInterference(const Args& a);  // bench/tier_interference.cc
+}  // namespace kvstream::bench::tier
 
 namespace {
 
 using namespace kvstream;
-using Clock = std::chrono::steady_clock;
-
-struct Args {
-  std::string model = "llama-3-8b";
-  int prefix = 8192, suffix = 256, reps = 5, layers = 0;
-  std::vector<int> ctas = {0, 16, 32, 64};  // 0: the copy engines
-  std::string json;
-};
-
-bool ParseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (k == "--model") a->model = val();
-    else if (k == "--prefix") a->prefix = std::atoi(val().c_str());
-    else if (k == "--suffix") a->suffix = std::atoi(val().c_str());
-    else if (k == "--reps") a->reps = std::atoi(val().c_str());
-    else if (k == "--layers") a->layers = std::atoi(val().c_str());
-    else if (k == "--json") a->json = val();
-    else if (k == "--ctas") {
-      a->ctas.clear();
-      std::stringstream ss(val());
-      for (std::string t; std::getline(ss, t, ',');) a->ctas.push_back(std::atoi(t.c_str()));
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return false;
-    }
-  }
-  return a->prefix > 0 && a->prefix % 16 == 0 && a->suffix > 0 && a->reps > 0 && !a->ctas.empty();
-}
-
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-#define CHECK_OK(expr)                                                   \
-  do {                                                                   \
-    const ::kvstream::Status st_ = (expr);                               \
-    if (!st_.ok()) {                                                     \
-      std::fprintf(stderr, "%s: %s\n", #expr, st_.ToString().c_str());   \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-#define CHECK_CUDA(expr)                                                               \
-  do {                                                                                 \
-    const cudaError_t e_ = (expr);                                                     \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                 \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+using bench::tier::Args;
+using bench::tier::Clock;
+using bench::tier::Median;
+using bench::tier::Ms;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Args a;
-  if (!ParseArgs(argc, argv, &a)) {
-    std::fprintf(stderr, "usage: see the header of bench/tier_prefetch.cc\n");
+  if (!bench::tier::ParseArgs(argc, argv, &a)) {
+    std::fprintf(stderr, "usage: see the headers of bench/tier_prefetch.cc and bench/tier_interference.cc\n");
     return 2;
   }
+  if (a.interference) return bench::tier::RunInterference(a);
   model::ModelSpec spec;
   spec.model = a.model;
   spec.num_layers_override = a.layers;
@@ -231,7 +187,7 @@ int main(int argc, char** argv) {
   FILE* j = a.json.empty() ? nullptr : std::fopen(a.json.c_str(), "w");
   for (size_t c = 0; c < a.ctas.size(); ++c) {
     const double f = Median(fetch[c]), t = Median(ttft[c]);
-    const std::string mode = a.ctas[c] == 0 ? "engine" : "kernel/" + std::to_string(a.ctas[c]);
+    const std::string mode = bench::tier::CopyName(a.ctas[c]);
     std::printf("%10s %12.2f %10.1f %10.3f %10.2f %12.3f %14.1f\n", mode.c_str(), f, gb / (f / 1e3),
                 h2d_ms / f, t, t / floor_ms, recompute_ms / t);
     if (j)
