@@ -14,7 +14,7 @@
 #   sampling    sampling_step: the decode step sampled vs greedy (batch 32)  bench/suite_kernels.sh
 #   tiers       tier_prefetch: TTFT with an 8k prefix from the pinned host tier bench/suite_kernels.sh
 #   tiers-load  tier_prefetch --interference: prefill tokens/s, decode p99 while the tier
-#               prefetches, vs idle (about 80 s)                          bench/suite_kernels.sh
+#               prefetches, vs idle (about 80 s, estimated)               bench/suite_kernels.sh
 #   tests       the GPU test binaries in BIN, memcheck of the kernel test bench/suite_kernels.sh
 #   transfer    scatter_bench, transfer_gpu (cuda_ipc, ucx_staged, two GPUs), transfer_nccl,
 #               ucx_notify_rtt, transport_bw (CPU_COST=1: host CPU time)  bench/suite_transfer.sh

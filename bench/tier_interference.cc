@@ -133,6 +133,17 @@ std::vector<int32_t> RandomTokens(std::mt19937& rng, int n, int vocab) {
   return t;
 }
 
+// "v0,v1,...": a JSON array's insides.
+std::string ByRep(const std::vector<double>& v, int decimals) {
+  std::string out;
+  char buf[32];
+  for (double x : v) {
+    std::snprintf(buf, sizeof buf, "%s%.*f", out.empty() ? "" : ",", decimals, x);
+    out += buf;
+  }
+  return out;
+}
+
 model::BlockLease Lease(model::KvPool& pool, int blocks) {
   auto ids = pool.allocator().Allocate(blocks);
   CHECK_OK(ids.status());
@@ -279,6 +290,10 @@ int RunInterference(const Args& a) {
     const double p50 = Percentile(r.step_ms, 0.5), p99 = Percentile(r.step_ms, 0.99);
     const double mx = Percentile(r.step_ms, 1.0), dg = Median(r.decode_bg_gbps);
     const double pr = tok_s / idle_tok_s, dr = p99 / idle_p99;
+    std::vector<double> rep_p99;  // each rep's steps alone
+    for (size_t k = 0; k + a.steps <= r.step_ms.size(); k += a.steps)
+      rep_p99.push_back(Percentile(
+          std::vector<double>(r.step_ms.begin() + k, r.step_ms.begin() + k + a.steps), 0.99));
     std::string met = "-";
     if (r.ctas >= 0)
       met = std::string(pr >= 0.95 ? "prefill met" : "prefill NOT met") + ", " +
@@ -293,10 +308,11 @@ int RunInterference(const Args& a) {
           "\"prompt\":%d,\"prompts\":%d,\"prefill_tok_s\":%.1f,\"prefill_vs_idle\":%.4f,"
           "\"prefill_bg_gbps\":%.2f,\"streams\":%d,\"ctx\":%d,\"steps\":%d,\"decode_p50_ms\":%.4f,"
           "\"decode_p99_ms\":%.4f,\"decode_max_ms\":%.4f,\"decode_p99_vs_idle\":%.4f,"
-          "\"decode_bg_gbps\":%.2f,\"reps\":%d}\n",
+          "\"decode_bg_gbps\":%.2f,\"reps\":%d,\"prefill_tok_s_by_rep\":[%s],"
+          "\"decode_p99_ms_by_rep\":[%s]}\n",
           a.model.c_str(), lay.num_layers, r.name.c_str(), a.prefix, a.bg_prefixes, a.bg_depth,
           prefix_gb, a.prompt, a.prompts, tok_s, pr, pg, a.streams, a.ctx, a.steps, p50, p99, mx,
-          dr, dg, a.reps);
+          dr, dg, a.reps, ByRep(r.prefill_tok_s, 1).c_str(), ByRep(rep_p99, 4).c_str());
   }
   if (j) std::fclose(j);
 
