@@ -3,9 +3,10 @@
 # under AddressSanitizer + UndefinedBehaviorSanitizer with the fuzz targets (scripts/test-san.sh;
 # KVSTREAM_SANITIZE_TESTS=0 skips that part). Arguments go to both ctest runs.
 # GPU tests (label gpu) report "skipped" with the reason where no GPU is present.
-# KVSTREAM_CONTAINER_TEST=1 also builds the container file with buildah on a debootstrap base
-# and runs its programs (scripts/container-build.sh; off by default: see deploy/README.md for
-# what it costs).
+# Then the container file is built with buildah on a debootstrap base and its programs run
+# (scripts/container-build.sh; what it costs: deploy/README.md); KVSTREAM_CONTAINER_TEST=0 skips
+# that part. The built image and its intermediate layers are removed afterwards (the base image
+# and the store stay for the next run).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 phase_start=$SECONDS
@@ -17,7 +18,7 @@ disk() {  # disk WHEN: free space where the build trees live (a full run needs ~
   echo "test.sh: free disk $1: $(df -h --output=avail "$root" | tail -1 | tr -d ' ')"
 }
 disk "at the start"
-container=${KVSTREAM_CONTAINER_TEST:-0}
+container=${KVSTREAM_CONTAINER_TEST:-1}
 if [[ $container != 0 ]]; then "$root/scripts/install-deps.sh" --container; else "$root/scripts/install-deps.sh"; fi
 phase "install-deps"
 "$root/scripts/build.sh"
@@ -31,7 +32,7 @@ if [[ ${KVSTREAM_SANITIZE_TESTS:-1} != 0 ]]; then
   phase "sanitizer build and tests (fuzzing included)"
 fi
 if [[ $container != 0 ]]; then
-  "$root/scripts/container-build.sh" localhost/kvstream:test || rc=$?
+  KVSTREAM_CONTAINER_PRUNE=1 "$root/scripts/container-build.sh" localhost/kvstream:test || rc=$?
   phase "container build (buildah, debootstrap base)"
 fi
 disk "at the end"
