@@ -226,7 +226,10 @@ int RunInterference(const Args& a) {
     if (r.ctas >= 0) {
       tier.set_copy_ctas(r.ctas);
       tier.set_engine_max_runs(r.ctas == 0 ? 4 : 0);
+      const auto b0 = Clock::now();
       bg.Start();
+      std::fprintf(stderr, "  %-8s background started in %.1f ms\n", r.name.c_str(),
+                   Ms(b0, Clock::now()));
     }
     uint64_t d0 = bg.completed();
     auto t0 = Clock::now();
@@ -237,6 +240,7 @@ int RunInterference(const Args& a) {
       firsts.push_back(out.next_tokens[0]);
     }
     double sec = Ms(t0, Clock::now()) / 1e3;
+    std::fprintf(stderr, "  %-8s prefill %.2f s", r.name.c_str(), sec);  // progress (stderr)
     if (record) {
       r.prefill_tok_s.push_back(double(a.prompts) * a.prompt / sec);
       r.prefill_bg_gbps.push_back(double(bg.completed() - d0) * prefix_gb / sec);
@@ -252,14 +256,20 @@ int RunInterference(const Args& a) {
       if (record) r.step_ms.push_back(Ms(t0, Clock::now()));
     }
     sec = Ms(s0, Clock::now()) / 1e3;
+    std::fprintf(stderr, ", decode %.2f s, %llu background fetches done\n", sec,
+                 (unsigned long long)bg.completed());
     if (record) r.decode_bg_gbps.push_back(double(bg.completed() - d0) * prefix_gb / sec);
     if (decode_ref.empty()) decode_ref = out.next_tokens;
     tokens_equal = tokens_equal && out.next_tokens == decode_ref;
     if (r.ctas >= 0) bg_ok = bg.Stop() && bg_ok;
   };
   const int n = int(cases.size());
-  for (int rep = -1; rep < a.reps && bg_ok; ++rep)  // rep -1: warm-up, not recorded
+  std::fprintf(stderr, "tier_prefetch --interference: setup done (%d pool blocks)\n",
+               pool.num_blocks());
+  for (int rep = -1; rep < a.reps && bg_ok; ++rep) {  // rep -1: warm-up, not recorded
+    std::fprintf(stderr, "rep %d%s\n", rep, rep < 0 ? " (warm-up)" : "");
     for (int i = 0; i < n && bg_ok; ++i) run_case(cases[(i + std::max(rep, 0)) % n], rep >= 0);
+  }
   if (!bg_ok) {
     std::fprintf(stderr, "tier_prefetch --interference: the background fetches failed\n");
     return 1;
