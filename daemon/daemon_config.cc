@@ -122,6 +122,8 @@ const std::vector<Field>& Fields() {
       KV_FIELD(kv_prefetch_threshold_tokens, kInt,
                "prefill: a tier hit shorter than this many tokens is computed instead of fetched"),
       KV_FIELD(kv_tier_io_threads, kInt, "prefill: threads reading the disk and store tiers"),
+      KV_FIELD(kv_tier_write_threads, kInt,
+               "prefill: threads writing blocks down to the host, disk and store tiers"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kStr,
                "decode: auto | true | false: first step only after every layer landed (auto: "
@@ -348,6 +350,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     return InvalidArgument("kv_prefetch_threshold_tokens must be >= 0");
   if (c.kv_tier_io_threads < 1 || c.kv_tier_io_threads > 64)
     return InvalidArgument("kv_tier_io_threads must be in [1, 64]");
+  if (c.kv_tier_write_threads < 1 || c.kv_tier_write_threads > 64)
+    return InvalidArgument("kv_tier_write_threads must be in [1, 64]");
   if (!c.kv_store_redis.empty()) {
     if (c.kv_tier_secret_file.empty())
       return InvalidArgument("kv_store_redis needs kv_tier_secret_file (the cluster secret that "

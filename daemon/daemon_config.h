@@ -140,6 +140,9 @@ struct DaemonConfig {
   int64_t kv_tier_timeout_ms = 50;
   int kv_prefetch_threshold_tokens = 256;
   int kv_tier_io_threads = 2;
+  // prefill: threads writing blocks down to the tiers below the pool (each encodes and writes
+  // one block at a time: the disk tier's HMAC and file write run on that many at once).
+  int kv_tier_write_threads = 4;
   std::string on_load_failure = "fail";  // fail | recompute
   // decode with several prefills (decode/prefill_router.h): prefix (a request goes to the
   // prefill ranked first for its first prefill_route_blocks blocks' key by rendezvous hashing,

@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
     tiers.push_back(std::move(store).value());
     write_down = std::make_unique<kvcache::TieredCache>(model->pool.get(), model_hash,
                                                         std::move(tiers), kvcache::FetchPolicy{},
-                                                        /*io_threads=*/0, /*staged=*/gpu);
+                                                        /*io_threads=*/0, /*staged=*/gpu,
+                                                        /*write_threads=*/1);
     KV_LOG_INFO << "finished conversations are written down to the shared KV tier "
                 << cfg->kv_store_redis
                 << (gpu ? " through " + std::to_string(cfg->kv_host_tier_mb) +

@@ -280,9 +280,11 @@ Status DiskTier::Put(const BlockHeader& header, std::span<const std::span<const 
     return fail(Unavailable(Errno("disk KV tier: rename " + temp)));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  index_.Insert(header.key, size, 0, FileClock::now());  // written twice at once: one entry
-  ++stats_.written_blocks;
-  stats_.bytes_written += size;
+  // Written by two writers at once: one entry (the other's reservation returned), counted once.
+  if (index_.Insert(header.key, size, 0, FileClock::now())) {
+    ++stats_.written_blocks;
+    stats_.bytes_written += size;
+  }
   return OkStatus();
 }
 

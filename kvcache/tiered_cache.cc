@@ -10,14 +10,14 @@ namespace kvstream::kvcache {
 
 TieredCache::TieredCache(model::KvPool* pool, uint64_t model_hash,
                          std::vector<std::unique_ptr<KvTier>> tiers, FetchPolicy policy,
-                         int io_threads, bool staged)
+                         int io_threads, bool staged, int write_threads)
     : pool_(pool),
       model_hash_(model_hash),
       tiers_(std::move(tiers)),
       policy_(policy),
       staged_(staged && !tiers_.empty()) {
   if (tiers_.empty()) return;
-  worker_ = std::thread([this] { Worker(); });
+  for (int i = 0; i < std::max(1, write_threads); ++i) writers_.emplace_back([this] { Worker(); });
   bool any_slow = false;
   for (const auto& t : tiers_) any_slow |= t->slow();
   if (any_slow && io_threads > 0) io_ = std::make_unique<IoPool>(io_threads, /*max_queued=*/4096);
@@ -299,17 +299,14 @@ bool TieredCache::Enqueue(Job job) {
     return false;
   }
   queued_blocks_ += job.left;
-  queue_.push_back(std::move(job));
+  queue_.push_back(std::make_shared<Job>(std::move(job)));
   cv_.notify_all();
   return true;
 }
 
-void TieredCache::Retire(Job& job, size_t n, bool held) {
-  std::lock_guard<std::mutex> lock(mu_);
-  n = std::min(n, job.left);
-  job.left -= n;
-  queued_blocks_ -= n;
-  if (held) held_blocks_ += n;
+void TieredCache::DropRestLocked(Job& job) {
+  queued_blocks_ -= job.keys.size() - job.next;
+  job.next = job.keys.size();
 }
 
 void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
@@ -393,90 +390,113 @@ std::unique_ptr<PoolPrefetch> TieredCache::FillFrom(PoolTier* below, Pending* p,
   return prefetch;
 }
 
-void TieredCache::WriteJob(Job& job) {
+void TieredCache::PrepareJob(Job& job) {
+  // A remote tier: one batched query for the job's blocks (a hint: held ones are not copied).
+  job.remote_has.assign(tiers_.size(), {});
+  for (size_t i = staged_ ? 1 : 0; i < tiers_.size(); ++i)
+    if (tiers_[i]->remote()) job.remote_has[i] = tiers_[i]->Present(job.keys);
+}
+
+bool TieredCache::WriteBlock(const Job& job, size_t j, std::vector<std::byte>& buf, bool* held) {
   const int nl = pool_->layout().num_layers;
   const size_t block_bytes = pool_->layout().block_bytes();
-  const size_t first_below = staged_ ? 1 : 0;
-  // A remote tier: one batched query for the job's blocks (a hint: held ones are not copied).
-  std::vector<std::vector<bool>> remote_has(tiers_.size());
-  for (size_t i = first_below; i < tiers_.size(); ++i)
-    if (tiers_[i]->remote()) remote_has[i] = tiers_[i]->Present(job.keys);
-  // Staged: each block is copied out of the staging tier first (a chain ends at the first gone).
-  std::vector<std::byte> buf(staged_ ? block_bytes * size_t(nl) : 0);
+  const BlockKey& key = job.keys[j];
   std::vector<KvTier*> lacking;
-  for (size_t j = 0; j < job.keys.size(); ++j) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-    }
-    const BlockKey& key = job.keys[j];
-    lacking.clear();
-    for (size_t i = first_below; i < tiers_.size(); ++i) {
-      KvTier* t = tiers_[i].get();
-      const bool has =
-          t->remote() ? j < remote_has[i].size() && remote_has[i][j] : t->Contains(key);
-      if (!has) lacking.push_back(t);
-    }
-    if (lacking.empty()) {  // written since it was queued, or held by the remote tier
-      Retire(job, 1, /*held=*/true);
-      continue;
-    }
-    std::vector<std::span<const std::byte>> layers;
-    if (staged_) {
-      std::vector<std::span<std::byte>> out;
-      for (int l = 0; l < nl; ++l) out.emplace_back(buf.data() + size_t(l) * block_bytes, block_bytes);
-      if (!tiers_.front()->Get(key, out).ok()) return;
-      layers.assign(out.begin(), out.end());
-    } else {
-      for (int l = 0; l < nl; ++l)
-        layers.emplace_back(pool_->block_ptr(l, job.lease.ids()[j]), block_bytes);
-    }
-    const BlockHeader h{job.root, key, model_hash_, pool_->layout(), job.tokens[j]};
-    for (KvTier* t : lacking) {
-      Status s = t->Put(h, layers);
-      if (!s.ok()) {
-        KV_LOG_DEBUG << "KV tier " << t->name() << ": block not written: " << s.ToString();
-      }
-    }
-    Retire(job, 1, /*held=*/false);
+  for (size_t i = staged_ ? 1 : 0; i < tiers_.size(); ++i) {
+    KvTier* t = tiers_[i].get();
+    const bool has = t->remote() ? j < job.remote_has[i].size() && job.remote_has[i][j]
+                                 : t->Contains(key);
+    if (!has) lacking.push_back(t);
   }
+  *held = lacking.empty();  // written since it was queued, or held by the remote tier
+  if (*held) return true;
+  std::vector<std::span<const std::byte>> layers;
+  if (staged_) {
+    // Copied out of the staging tier first (a chain ends at the first block gone).
+    buf.resize(block_bytes * size_t(nl));
+    std::vector<std::span<std::byte>> out;
+    for (int l = 0; l < nl; ++l) out.emplace_back(buf.data() + size_t(l) * block_bytes, block_bytes);
+    if (!tiers_.front()->Get(key, out).ok()) return false;
+    layers.assign(out.begin(), out.end());
+  } else {
+    for (int l = 0; l < nl; ++l)
+      layers.emplace_back(pool_->block_ptr(l, job.lease.ids()[j]), block_bytes);
+  }
+  const BlockHeader h{job.root, key, model_hash_, pool_->layout(), job.tokens[j]};
+  for (KvTier* t : lacking) {
+    Status s = t->Put(h, layers);
+    if (!s.ok()) {
+      KV_LOG_DEBUG << "KV tier " << t->name() << ": block not written: " << s.ToString();
+    }
+  }
+  return true;
 }
 
 void TieredCache::Worker() {
+  std::vector<std::byte> buf;  // this writer's copy of a staged block
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || !queue_.empty(); });
     if (stopping_) return;
-    Job job = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
+    JobPtr job;
+    ++busy_;
+    if (!ready_.empty()) {
+      // The next block of the first prepared job.
+      job = ready_.front();
+      const size_t j = job->next++;
+      if (job->next >= job->keys.size()) ready_.pop_front();
+      lock.unlock();
+      bool held = false;
+      const bool kept = WriteBlock(*job, j, buf, &held);
+      lock.lock();
+      queued_blocks_ -= 1;
+      if (held) held_blocks_ += 1;
+      if (!kept && job->next < job->keys.size()) {  // staged block gone: the rest is dropped
+        DropRestLocked(*job);
+        auto it = std::find(ready_.begin(), ready_.end(), job);
+        if (it != ready_.end()) ready_.erase(it);
+      }
+    } else {
+      job = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      PrepareJob(*job);
+      lock.lock();
+      if (stopping_) DropRestLocked(*job);
+      else ready_.push_back(job);
+    }
+    // The last holder of a job returns its lease (the pool references), outside the lock and
+    // before this writer counts as idle: once Flush returns, every lease is back.
     lock.unlock();
-    WriteJob(job);
-    Retire(job, job.left, /*held=*/false);  // what a stop or a block gone left unwritten
-    job.lease.Reset();  // the copies are done: the pool blocks may go
+    job.reset();
     lock.lock();
-    busy_ = false;
+    --busy_;
     cv_.notify_all();
   }
 }
 
 void TieredCache::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return stopping_ || (queue_.empty() && !busy_); });
+  cv_.wait(lock, [&] { return stopping_ || (queue_.empty() && ready_.empty() && busy_ == 0); });
 }
 
 void TieredCache::Stop() {
-  std::deque<Job> dropped;
+  std::deque<JobPtr> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     dropped.swap(queue_);
-    for (const Job& j : dropped) queued_blocks_ -= j.left;
+    for (JobPtr& j : ready_) dropped.push_back(std::move(j));
+    ready_.clear();
+    for (const JobPtr& j : dropped) DropRestLocked(*j);
     cv_.notify_all();
   }
-  if (worker_.joinable()) worker_.join();
+  // The dropped jobs return their leases now, outside the lock; a job with a block being
+  // written returns its lease when that writer is done with it.
+  dropped.clear();
+  for (auto& w : writers_)
+    if (w.joinable()) w.join();
   if (io_) io_->Stop();  // queued reads dropped, running ones joined
-  // `dropped` returns its leases here, outside the lock.
 }
 
 void TieredCache::EraseAll() {

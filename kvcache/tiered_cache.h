@@ -4,9 +4,13 @@
 //
 // Guarantees:
 //  - WriteDown never blocks on a tier: it queues the blocks with a lease of their own, so
-//    they are neither freed nor reused before a background thread has copied them out. The
+//    they are neither freed nor reused before the background writers have copied them out. The
 //    queue holds at most half the pool's blocks: past that a write-down is skipped (counted),
-//    so slow tiers never starve requests of pool blocks.
+//    so slow tiers never starve requests of pool blocks. `write_threads` writer threads (at
+//    least 1) take the queued blocks one at a time, in queue order, and copy each into every
+//    tier that lacks it, so at most that many blocks are being encoded and written at once
+//    (blocks of one write-down may complete out of order; each entry is still visible only
+//    once complete). A job's lease is returned once the last of its blocks is done or dropped.
 //  - A block every local tier holds (their indexes, asked at once) is neither queued nor
 //    counted nor leased: only blocks some tier may lack are. A remote tier, whose presence
 //    costs a round trip, is asked by the writer thread, once per queued write-down (one
@@ -27,8 +31,9 @@
 //    (the slow reads still run, for the next request); kTimeout waits up to `timeout` for the
 //    slow reads, then trims; kWaitComplete waits for all of them. A hit of fewer than
 //    threshold_tokens tokens below the pool is recomputed instead of fetched.
-//  - Stop (or the destructor) drops queued writes and reads and joins the threads: every lease
-//    returned.
+//  - Stop (or the destructor) drops queued writes and reads (blocks not yet taken by a
+//    writer; those being written finish) and joins the threads: every lease returned, the
+//    gauge back to 0.
 //  - Staged (a pool the host cannot address, e.g. on a GPU): tiers[0] is the staging view of the
 //    PoolTier below the pool (PoolTier::staging(): the pinned host tier), every slower tier is
 //    read into it and written from it. FillFrom replaces Fill: it puts the blocks read from
@@ -76,8 +81,11 @@ class TieredCache {
   // `tiers`: fastest first (host, disk, store); may be empty (then every call does nothing).
   // io_threads: the pool reading slow tiers (0: none, slow tiers are then read by Fill).
   // staged: tiers[0] is a PoolTier's staging view (above: "Staged").
+  // write_threads: the writer threads of the write-down (below 1: 1).
   TieredCache(model::KvPool* pool, uint64_t model_hash, std::vector<std::unique_ptr<KvTier>> tiers,
-              FetchPolicy policy = {}, int io_threads = 2, bool staged = false);
+              FetchPolicy policy = {}, int io_threads = 2, bool staged = false,
+              int write_threads = kDefaultWriteThreads);
+  static constexpr int kDefaultWriteThreads = 4;
   ~TieredCache();
   TieredCache(const TieredCache&) = delete;
   TieredCache& operator=(const TieredCache&) = delete;
@@ -146,19 +154,30 @@ class TieredCache {
     std::vector<BlockKey> keys;     // the blocks some tier may lack, in prompt order
     std::vector<uint32_t> tokens;   // the tokens each of them holds
     model::BlockLease lease;        // keys[i]'s KV in ids()[i]; empty when staged (tiers_[0])
-    size_t left = 0;                // keys not yet written or found held (in queued_blocks_)
+    size_t left = 0;                // keys counted in queued_blocks_ when queued
+    // Under mu_: keys[next...] are not yet taken by a writer (in queued_blocks_ until taken and
+    // done, or dropped).
+    size_t next = 0;
+    // Per remote tier (by tier index): which keys it held, asked once before the first block.
+    std::vector<std::vector<bool>> remote_has;
   };
+  using JobPtr = std::shared_ptr<Job>;  // shared by the writers taking its blocks
   // The job of writing down the prompt's blocks that some tier below the pool (the staging
   // tier aside) may lack: local tiers are asked by index; a remote tier may always lack. Staged,
   // it ends at the first such block the staging tier lacks. `index` gets each one's block index.
   Job Lacking(const BlockKey& root, std::span<const int32_t> tokens, std::vector<size_t>* index);
   bool Enqueue(Job job);  // false when the queue is full or stopping (counted)
-  // `n` of the running job's blocks are done (written, found held when `held`, or dropped).
-  void Retire(Job& job, size_t n, bool held);
+  // Under mu_: drops the job's blocks no writer took yet (the gauge), so none is taken.
+  void DropRestLocked(Job& job);
   // Blocks [from_tokens / block_size, end) of `p` held and pinned in tiers_[0]: the tokens covered.
   int Stage(Pending* p, int from_tokens);
   void Worker();
-  void WriteJob(Job& job);
+  // Asks the remote tiers once which of the job's blocks they hold.
+  void PrepareJob(Job& job);
+  // Writes block j of `job` into every tier below the pool that lacks it; `buf` a writer's
+  // staging buffer. False when the block is gone from the staging tier (ends the job). `held`:
+  // every tier held it.
+  bool WriteBlock(const Job& job, size_t j, std::vector<std::byte>& buf, bool* held);
   std::vector<BlockKey> Keys(const BlockKey& root, std::span<const int32_t> tokens) const;
   // The fastest tier holding each of keys[first...] (null from the first no tier holds on).
   std::vector<KvTier*> Locate(std::span<const BlockKey> keys, size_t first);
@@ -173,14 +192,15 @@ class TieredCache {
   const bool staged_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> queue_;
-  bool busy_ = false;
+  std::deque<JobPtr> queue_;  // jobs not yet prepared (PrepareJob)
+  std::deque<JobPtr> ready_;  // prepared jobs whose blocks the writers take, front first
+  int busy_ = 0;              // writers preparing a job or writing a block
   bool stopping_ = false;
   uint64_t queued_blocks_ = 0;
   uint64_t skipped_blocks_ = 0;
   uint64_t held_blocks_ = 0;
   std::atomic<uint64_t> fetched_tokens_{0}, fetch_us_{0}, recomputed_tokens_{0}, late_blocks_{0};
-  std::thread worker_;
+  std::vector<std::thread> writers_;
   std::unique_ptr<IoPool> io_;  // after tiers_: its threads end before the tiers go
 };
 

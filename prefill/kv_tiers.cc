@@ -69,7 +69,8 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
   policy.timeout = std::chrono::milliseconds(config.kv_tier_timeout_ms);
   policy.threshold_tokens = config.kv_prefetch_threshold_tokens;
   return std::make_unique<kvcache::TieredCache>(pool, model.hash(), std::move(tiers), policy,
-                                                config.kv_tier_io_threads, staged);
+                                                config.kv_tier_io_threads, staged,
+                                                config.kv_tier_write_threads);
 }
 
 }  // namespace kvstream::prefill

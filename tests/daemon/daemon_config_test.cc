@@ -294,6 +294,7 @@ TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
       {{"--kv_tier_timeout_ms=-1"}, "kv_tier_timeout_ms"},
       {{"--kv_prefetch_threshold_tokens=-1"}, "kv_prefetch_threshold_tokens"},
       {{"--kv_tier_io_threads=0"}, "kv_tier_io_threads"},
+      {{"--kv_tier_write_threads=0"}, "kv_tier_write_threads"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_store_insecure"}, "kv_tier_secret_file"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s"}, "kv_store_auth_file"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s", "--kv_store_insecure",
