@@ -7,6 +7,10 @@
 #include <array>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
 namespace kvstream::kvcache {
 namespace {
 
@@ -71,6 +75,26 @@ const std::array<uint32_t, 256>& CrcTable() {
   return table;
 }
 
+#if defined(__x86_64__)
+// The SSE4.2 crc32 instruction (CRC-32C): 8 bytes per instruction, ~20x the table's rate; the
+// same values (Crc32cTable). `crc` and the result are the inverted register.
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(const std::byte* p, size_t n, uint32_t crc) {
+  uint64_t c = crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = _mm_crc32_u64(c, v);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n > 0; ++p, --n) c32 = _mm_crc32_u8(c32, static_cast<uint8_t>(*p));
+  return c32;
+}
+bool HaveSse42() {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
 }  // namespace
 
 std::string_view BlockErrorName(BlockError e) {
@@ -97,6 +121,13 @@ Status DecodedBlock::status() const {
 }
 
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t crc) {
+#if defined(__x86_64__)
+  if (HaveSse42()) return ~Crc32cSse42(data.data(), data.size(), ~crc);
+#endif
+  return Crc32cTable(data, crc);
+}
+
+uint32_t Crc32cTable(std::span<const std::byte> data, uint32_t crc) {
   const auto& t = CrcTable();
   crc = ~crc;
   for (std::byte b : data) crc = t[(crc ^ static_cast<uint8_t>(b)) & 0xff] ^ (crc >> 8);

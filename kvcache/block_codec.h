@@ -91,7 +91,10 @@ DecodedBlock DecodeBlock(std::span<const std::byte> bytes, const BlockIdentity& 
 // reading them whole. Not verified: DecodeBlock still decides.
 DecodedBlock PeekBlockHeader(std::span<const std::byte> bytes);
 
-// CRC-32C (Castagnoli), chainable: Crc32c(b, Crc32c(a)) == Crc32c(a + b).
+// CRC-32C (Castagnoli), chainable: Crc32c(b, Crc32c(a)) == Crc32c(a + b). With the CPU's
+// CRC-32C instruction where it has one (x86-64 SSE4.2), else Crc32cTable; the same values.
 uint32_t Crc32c(std::span<const std::byte> data, uint32_t crc = 0);
+// The portable form (a byte-at-a-time table).
+uint32_t Crc32cTable(std::span<const std::byte> data, uint32_t crc = 0);
 
 }  // namespace kvstream::kvcache

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "common/log.h"
@@ -21,9 +23,34 @@ constexpr std::string_view kTempPrefix = ".tmp-";
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-// Reads up to `limit` bytes of the file (the whole file when limit is 0).
-Result<std::vector<std::byte>> ReadFile(const std::string& path, size_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// A file's bytes in a buffer aligned for O_DIRECT (not zero-filled first).
+constexpr size_t kDirectAlign = 4096;
+struct AlignedFree {
+  void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t(kDirectAlign)); }
+};
+// Each thread's read buffer, kept between its reads (so a read neither allocates nor faults in
+// fresh pages): the size of the largest file it read, an entry (every layer of one block).
+std::byte* ThreadBuffer(size_t bytes) {
+  thread_local std::unique_ptr<std::byte, AlignedFree> buf;
+  thread_local size_t capacity = 0;
+  if (capacity < bytes) {
+    buf.reset();
+    buf.reset(static_cast<std::byte*>(::operator new(bytes, std::align_val_t(kDirectAlign))));
+    capacity = bytes;
+  }
+  return buf.get();
+}
+
+// Reads up to `limit` bytes of the file (the whole file when limit is 0) into this thread's
+// buffer: valid until the thread's next ReadFile. `direct`: with O_DIRECT (whole aligned pieces
+// into the aligned buffer, bypassing the page cache), falling back to buffered reads where the
+// file system refuses it or a read ends short mid-file.
+Result<std::span<const std::byte>> ReadFile(const std::string& path, size_t limit, bool direct) {
+  int fd = direct ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
+  if (fd < 0) {
+    direct = false;
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
   if (fd < 0) return NotFound(Errno("open " + path));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -32,17 +59,26 @@ Result<std::vector<std::byte>> ReadFile(const std::string& path, size_t limit) {
   }
   size_t want = size_t(st.st_size);
   if (limit != 0) want = std::min(want, limit);
-  std::vector<std::byte> buf(want);
+  const size_t room = std::max<size_t>(kDirectAlign, (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+  std::byte* const buf = ThreadBuffer(room);
   size_t done = 0;
   while (done < want) {
-    const ssize_t n = ::pread(fd, buf.data() + done, want - done, off_t(done));
+    // O_DIRECT reads whole aligned pieces (the last one ends at the end of the file).
+    const size_t ask = direct ? room - done : want - done;
+    const ssize_t n = ::pread(fd, buf + done, ask, off_t(done));
     if (n < 0 && errno == EINTR) continue;
+    if (direct && (n < 0 || (size_t(n) % kDirectAlign != 0 && done + size_t(n) < want))) {
+      // Refused, or short mid-file: the rest buffered (a short piece was read whole: keep it).
+      if (n > 0) done += size_t(n);
+      direct = false;
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
+      continue;
+    }
     if (n <= 0) break;
     done += size_t(n);
   }
   ::close(fd);
-  buf.resize(done);
-  return buf;
+  return std::span<const std::byte>(buf, std::min(done, want));
 }
 
 bool ParseKeyHex(std::string_view hex, BlockKey* key) {
@@ -113,7 +149,7 @@ Status DiskTier::Rebuild() {
         !ParseKeyHex(std::string_view(name).substr(0, 64), &key))
       continue;
     const std::string path = de.path().string();
-    auto head = ReadFile(path, kBlockHeaderBytes);
+    auto head = ReadFile(path, kBlockHeaderBytes, options_.direct_reads);
     if (!head.ok()) continue;
     DecodedBlock peek = PeekBlockHeader(*head);
     if (peek.ok() && (peek.header.root != options_.identity.root ||
@@ -121,7 +157,7 @@ Status DiskTier::Rebuild() {
       ++report_.foreign_entries;  // another model's: never read further
       continue;
     }
-    auto bytes = ReadFile(path, 0);
+    auto bytes = ReadFile(path, 0, options_.direct_reads);
     DecodedBlock d = bytes.ok() ? DecodeBlock(*bytes, options_.identity, &key, options_.secret)
                                 : DecodedBlock{BlockError::kTruncated, "unreadable", {}, {}};
     if (!d.ok()) {
@@ -194,7 +230,7 @@ Status DiskTier::Get(const BlockKey& key, std::span<const std::span<std::byte>> 
     index_.Ref(key);  // not evicted while the file is read
   }
   const std::string path = PathOf(key);
-  auto bytes = ReadFile(path, 0);
+  auto bytes = ReadFile(path, 0, options_.direct_reads);
   if (!bytes.ok()) {
     FailRead(key);
     return DataLoss("disk KV tier: " + bytes.status().message());

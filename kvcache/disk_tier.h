@@ -15,6 +15,9 @@
 //    unpinned entries down to low_watermark (kvcache/tier_index.h); a write that fails (e.g. the
 //    disk is full) stores nothing. A Get pins its entry while it reads the file.
 //  - Entries older than max_age_s (0 = no bound; by the file's time) are dropped when met.
+//  - Reads use O_DIRECT (Options::direct_reads, the default; buffered where the file system
+//    refuses it) into a buffer each reading thread keeps (one entry's size), so a read neither
+//    copies through the page cache nor allocates. Writes are buffered, without fsync.
 #pragma once
 
 #include <memory>
@@ -37,6 +40,9 @@ class DiskTier final : public KvTier {
     double low_watermark = 0.9;
     int64_t max_age_s = 0;
     bool erase_at_open = false;   // remove every entry first (any identity)
+    // Entries are read with O_DIRECT (no page-cache copy, the page cache left to the host tier
+    // above; buffered where the file system refuses it). Writes are buffered either way.
+    bool direct_reads = true;
   };
   // Creates the directory (0700) when missing, then rebuilds the index.
   static Result<std::unique_ptr<DiskTier>> Open(const Options& options);

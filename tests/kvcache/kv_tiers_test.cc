@@ -197,6 +197,31 @@ TEST_F(DiskTierTest, DamagedTruncatedDeletedAndPoisonedFilesAreMisses) {
   EXPECT_EQ(t->stats().entries, 0u);
 }
 
+// Reads with O_DIRECT (the default: whole aligned pieces, the last one short at the end of the
+// file) and buffered ones give the same blocks, at open and on Get; a file cut to an unaligned
+// length is refused either way.
+TEST_F(DiskTierTest, DirectAndBufferedReadsAgree) {
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "O_DIRECT" : "buffered");
+    fs::remove_all(dir_);
+    auto o = Opts();
+    o.direct_reads = direct;
+    {
+      auto t = Open(o);
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(MakeBlock(i).header, MakeBlock(i).in()).ok());
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(ReadsBack(*t, MakeBlock(i))) << i;
+    }
+    o.direct_reads = !direct;  // the other way at the next open
+    auto t = Open(o);
+    EXPECT_EQ(t->open_report().loaded, 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(ReadsBack(*t, MakeBlock(i))) << i;
+    fs::resize_file(t->PathOf(MakeBlock(1).header.key), EncodedBlockBytes(Layout()) - 13);
+    EXPECT_FALSE(ReadsBack(*t, MakeBlock(1)));
+    EXPECT_EQ(t->stats().read_failures, 1u);
+    EXPECT_EQ(t->stats().hit_blocks, 3u);
+  }
+}
+
 TEST_F(DiskTierTest, BadEntriesFoundAtOpenAreDeleted) {
   {
     auto t = Open(Opts());
