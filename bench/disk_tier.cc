@@ -10,23 +10,28 @@
 //      posix_fadvise(POSIX_FADV_DONTNEED) (default), or `sync; echo 3 > /proc/sys/vm/drop_caches`
 //      (--drop_caches, root); the pages still resident afterwards are counted with mincore.
 //   3. read: --qd threads each DiskTier::Get (open, read, CRC + identity + HMAC verified, copied
-//      into the layers) every qd-th block in write order; MB/s of entry bytes, cold, then again
-//      warm (what the page cache holds after the cold pass: the verification's own rate where
-//      reads are buffered).
+//      into the layers) every qd-th block in write order; MB/s of entry bytes and the process's
+//      CPU ms per entry. Reads are O_DIRECT (the tier's default) or, with --buffered, through
+//      the page cache; a last pass "again" reads what the cold passes left cached (buffered: the
+//      verification's own rate).
 //   4. fio (--fio, default `fio` on PATH; missing: said, exit 3): `fio --direct=1 --rw=read
 //      --bs=<entry bytes rounded up to 4 KiB> --iodepth=<qd> --ioengine=libaio --numjobs=1
-//      --size=<blocks x bs>` on one file in the same folder (removed after), and the same with
-//      --ioengine=psync --iodepth=1 --numjobs=<qd> (qd files); prints read / fio.
+//      --size=<blocks x bs>` on one file in the same folder (removed at the end).
+//   Steps 2-4 run --reps times (default 3), interleaved, so a load that comes and goes on a
+//   shared machine hits both alike; the ratio is of the medians. Then once: fio with
+//   --ioengine=psync --iodepth=1 --numjobs=<qd> (qd files: Q synchronous readers, as the tier's).
 // One JSON line with every figure (--json FILE appends it too).
 //
 //   disk_tier --dir D [--blocks 512] [--layers 32] [--kv_heads 8] [--head_dim 128]
-//             [--block_size 16] [--write_threads 4] [--qd 4] [--drop_caches] [--fio PATH]
-//             [--json FILE] [--keep]
+//             [--block_size 16] [--write_threads 4] [--qd 4] [--reps 3] [--drop_caches] [--fio PATH]
+//             [--buffered] [--json FILE] [--keep]
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -57,8 +62,8 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string dir, fio = "fio", json;
   int blocks = 512, layers = 32, kv_heads = 8, head_dim = 128, block_size = 16;
-  int write_threads = 4, qd = 4;
-  bool drop_caches = false, keep = false;
+  int write_threads = 4, qd = 4, reps = 3;
+  bool drop_caches = false, keep = false, buffered = false;
 };
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -73,17 +78,19 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--block_size") a->block_size = std::atoi(val().c_str());
     else if (k == "--write_threads") a->write_threads = std::atoi(val().c_str());
     else if (k == "--qd") a->qd = std::atoi(val().c_str());
+    else if (k == "--reps") a->reps = std::atoi(val().c_str());
     else if (k == "--drop_caches") a->drop_caches = true;
     else if (k == "--fio") a->fio = val();
     else if (k == "--json") a->json = val();
     else if (k == "--keep") a->keep = true;
+    else if (k == "--buffered") a->buffered = true;
     else {
       std::fprintf(stderr, "disk_tier: unknown flag %s\n", k.c_str());
       return false;
     }
   }
   if (a->dir.empty() || a->blocks < 1 || a->layers < 1 || a->kv_heads < 1 || a->head_dim < 1 ||
-      a->block_size < 1 || a->write_threads < 1 || a->qd < 1) {
+      a->block_size < 1 || a->write_threads < 1 || a->qd < 1 || a->reps < 1) {
     std::fprintf(stderr, "disk_tier: --dir D is required; counts must be >= 1\n");
     return false;
   }
@@ -151,8 +158,6 @@ double RunFio(const Args& a, const std::string& extra, uint64_t size, uint64_t b
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
   const int rc = ::pclose(p);
-  for (const auto& e : fs::directory_iterator(a.dir))
-    if (e.path().filename().string().rfind("kvstream_disk_tier.", 0) == 0) fs::remove(e.path());
   const size_t brace = out.find('{');
   if (rc != 0 || brace == std::string::npos) {
     std::fprintf(stderr, "disk_tier: fio failed (rc %d): %s\n", rc, out.substr(0, 2000).c_str());
@@ -165,6 +170,23 @@ double RunFio(const Args& a, const std::string& extra, uint64_t size, uint64_t b
     std::fprintf(stderr, "disk_tier: fio output not understood: %s\n", e.what());
     return -1;
   }
+}
+
+void RemoveFioFiles(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("kvstream_disk_tier.", 0) == 0) fs::remove(e.path());
+}
+
+double CpuSeconds() {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? -1 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 bool FioFound(const std::string& fio) {
@@ -205,6 +227,7 @@ int main(int argc, char** argv) {
   o.secret = "disk-tier-bench-cluster-secret-0123456789";
   o.capacity_bytes = total + entry;
   o.erase_at_open = true;
+  o.direct_reads = !a.buffered;
   auto disk_or = kvcache::DiskTier::Open(o);
   if (!disk_or.ok()) {
     std::fprintf(stderr, "disk_tier: %s\n", disk_or.status().ToString().c_str());
@@ -259,18 +282,16 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  // 2. Cold: the entries' pages out of the page cache.
-  std::string how;
-  const double resident = DropFromPageCache(EntryFiles(a.dir), a.drop_caches, &how);
-  std::printf("page cache: %s; %.2f%% of the entries' pages still resident\n", how.c_str(),
-              100.0 * resident);
-
-  // 3. Reads: qd threads, thread q reading blocks q, q+qd, ... in write order, each verified.
+  // 2-4, --reps times, interleaved (the cold read, then fio at the same size and depth), so
+  // that a load that comes and goes on a shared machine hits both alike: medians.
   std::vector<kvcache::BlockKey> keys;
   for (const auto& t : prompts)
     for (const auto& k : kvcache::ChainKeys(root, t, a.block_size)) keys.push_back(k);
-  auto read_pass = [&](const char* label) {
+  // 3. Reads: qd threads, thread q reading blocks q, q+qd, ... in write order, each verified.
+  // Returns MB/s (< 0 when a read failed); `cpu_ms` gets the process's CPU ms per entry read.
+  auto read_pass = [&](const char* label, double* cpu_ms) {
     std::atomic<uint64_t> failed{0};
+    const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
     std::vector<std::thread> th;
     for (int q = 0; q < a.qd; ++q)
@@ -284,33 +305,51 @@ int main(int argc, char** argv) {
       });
     for (auto& t : th) t.join();
     const double s = Seconds(t0);
+    *cpu_ms = (CpuSeconds() - cpu0) * 1e3 / double(keys.size());
     const double mbs = double(keys.size() - failed.load()) * double(entry) / s / 1e6;
-    std::printf("read %s: %zu entries (%llu failed) in %.3f s: %.1f MB/s at qd %d\n", label,
-                keys.size(), (unsigned long long)failed.load(), s, mbs, a.qd);
+    std::printf("read %s (%s): %zu entries (%llu failed) in %.3f s: %.1f MB/s at qd %d, %.2f CPU ms per entry\n",
+                label, a.buffered ? "buffered" : "O_DIRECT", keys.size(),
+                (unsigned long long)failed.load(), s, mbs, a.qd, *cpu_ms);
     return failed.load() == 0 ? mbs : -1.0;
   };
-  const double cold_mbs = read_pass("cold");
-  const double warm_mbs = read_pass("warm");
-
   // 4. fio on the same folder, same block size (rounded up to 4 KiB for O_DIRECT) and depth.
   const uint64_t bs = (entry + 4095) / 4096 * 4096;
-  double fio_aio = -1, fio_sync = -1;
-  std::string cmd_aio, cmd_sync;
   const bool have_fio = FioFound(a.fio);
-  if (!have_fio) {
+  if (!have_fio)
     std::printf("fio: '%s' NOT FOUND (apt-get install fio; scripts/install-deps.sh): no ratio\n",
                 a.fio.c_str());
-  } else {
-    fio_aio = RunFio(a, "--ioengine=libaio --iodepth=" + std::to_string(a.qd) + " --numjobs=1",
-                     bs * uint64_t(a.blocks), bs, &cmd_aio);
+  std::string how, cmd_aio, cmd_sync;
+  std::vector<double> cold, fio_aio, resident;
+  double cpu_ms = 0;
+  for (int r = 0; r < a.reps; ++r) {
+    // 2. Cold: the entries' pages out of the page cache.
+    resident.push_back(DropFromPageCache(EntryFiles(a.dir), a.drop_caches, &how));
+    std::printf("page cache: %s; %.2f%% of the entries' pages still resident\n", how.c_str(),
+                100.0 * resident.back());
+    cold.push_back(read_pass("cold", &cpu_ms));
+    if (have_fio) {
+      fio_aio.push_back(RunFio(a, "--ioengine=libaio --iodepth=" + std::to_string(a.qd) +
+                                      " --numjobs=1",
+                               bs * uint64_t(a.blocks), bs, &cmd_aio) / 1e6);
+      std::printf("fio libaio: %.1f MB/s  (%s)\n", fio_aio.back(), cmd_aio.c_str());
+    }
+  }
+  double warm_cpu_ms = 0;
+  const double warm_mbs = read_pass("again", &warm_cpu_ms);
+  double fio_sync = -1;
+  if (have_fio) {
     const uint64_t per_job = bs * ((uint64_t(a.blocks) + a.qd - 1) / a.qd);
     fio_sync = RunFio(a, "--ioengine=psync --iodepth=1 --numjobs=" + std::to_string(a.qd), per_job,
-                      bs, &cmd_sync);
-    std::printf("fio libaio: %.1f MB/s  (%s)\n", fio_aio / 1e6, cmd_aio.c_str());
-    std::printf("fio psync:  %.1f MB/s  (%s)\n", fio_sync / 1e6, cmd_sync.c_str());
+                      bs, &cmd_sync) / 1e6;
+    std::printf("fio psync:  %.1f MB/s  (%s)\n", fio_sync, cmd_sync.c_str());
   }
-  const double ratio = fio_aio > 0 && cold_mbs > 0 ? cold_mbs * 1e6 / fio_aio : -1;
-  const double ratio_sync = fio_sync > 0 && cold_mbs > 0 ? cold_mbs * 1e6 / fio_sync : -1;
+  RemoveFioFiles(a.dir);
+  const double cold_mbs = Median(cold), aio_mbs = have_fio ? Median(fio_aio) : -1;
+  const bool failed = *std::min_element(cold.begin(), cold.end()) < 0;
+  const double ratio = aio_mbs > 0 && !failed ? cold_mbs / aio_mbs : -1;
+  const double ratio_sync = fio_sync > 0 && !failed ? cold_mbs / fio_sync : -1;
+  std::printf("medians of %d: disk tier cold read %.1f MB/s, fio libaio %.1f MB/s\n", a.reps,
+              cold_mbs, aio_mbs);
   if (ratio > 0)
     std::printf("ratio: disk tier cold read / fio libaio = %.3f (target >= 0.8); / fio psync = %.3f\n",
                 ratio, ratio_sync);
@@ -320,14 +359,19 @@ int main(int argc, char** argv) {
                       {"entry_bytes", entry},
                       {"write_threads", a.write_threads},
                       {"qd", a.qd},
+                      {"reps", a.reps},
+                      {"reads", a.buffered ? "buffered" : "O_DIRECT"},
                       {"write_mb_s", write_mbs},
                       {"page_cache", how},
                       {"resident_before_read", resident},
-                      {"read_cold_mb_s", cold_mbs},
-                      {"read_warm_mb_s", warm_mbs},
+                      {"read_cold_mb_s", cold},
+                      {"read_cold_median_mb_s", cold_mbs},
+                      {"read_cpu_ms_per_entry", cpu_ms},
+                      {"read_again_mb_s", warm_mbs},
                       {"fio_bs", bs},
-                      {"fio_libaio_mb_s", fio_aio / 1e6},
-                      {"fio_psync_mb_s", fio_sync / 1e6},
+                      {"fio_libaio_mb_s", fio_aio},
+                      {"fio_libaio_median_mb_s", aio_mbs},
+                      {"fio_psync_mb_s", fio_sync},
                       {"ratio_libaio", ratio},
                       {"ratio_psync", ratio_sync},
                       {"fio_found", have_fio}};
@@ -335,5 +379,5 @@ int main(int argc, char** argv) {
   if (!a.json.empty()) std::ofstream(a.json, std::ios::app) << j.dump() << "\n";
   if (!a.keep) disk->EraseAll();
   if (!have_fio) return 3;
-  return cold_mbs > 0 && fio_aio > 0 ? 0 : 1;
+  return !failed && aio_mbs > 0 ? 0 : 1;
 }
