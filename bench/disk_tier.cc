@@ -253,7 +253,7 @@ int main(int argc, char** argv) {
     std::iota(t.begin(), t.end(), 1000000 * (p + 1));
     prompts.push_back(std::move(t));
   }
-  double write_s = 0;
+  double write_s = 0, write_cpu_ms = 0;
   kvcache::TierStats ws;
   uint64_t skipped = 0;
   {
@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
     tiers.push_back(std::make_unique<kvcache::BorrowedTier>(disk.get()));
     kvcache::TieredCache tc(pool.get(), model_hash, std::move(tiers), {}, /*io_threads=*/0,
                             /*staged=*/false, a.write_threads);
+    const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
     for (const auto& t : prompts) {
       while (tc.stats().queued_writes + kPromptBlocks > kPoolBlocks / 2)
@@ -269,13 +270,15 @@ int main(int argc, char** argv) {
     }
     tc.Flush();
     write_s = Seconds(t0);
+    write_cpu_ms = (CpuSeconds() - cpu0) * 1e3 / double(a.blocks);
     skipped = tc.stats().skipped_blocks;
   }
   ws = disk->stats();
   const double write_mbs = double(ws.bytes_written) / write_s / 1e6;
-  std::printf("write: %llu entries (%llu failed, %llu skipped) in %.3f s: %.1f MB/s with %d writer threads\n",
+  std::printf("write: %llu entries (%llu failed, %llu skipped) in %.3f s: %.1f MB/s with %d writer "
+              "threads, %.2f CPU ms per entry\n",
               (unsigned long long)ws.written_blocks, (unsigned long long)ws.write_failures,
-              (unsigned long long)skipped, write_s, write_mbs, a.write_threads);
+              (unsigned long long)skipped, write_s, write_mbs, a.write_threads, write_cpu_ms);
   if (ws.written_blocks != uint64_t(a.blocks)) {
     std::fprintf(stderr, "disk_tier: %llu of %d entries written\n",
                  (unsigned long long)ws.written_blocks, a.blocks);
@@ -362,6 +365,7 @@ int main(int argc, char** argv) {
                       {"reps", a.reps},
                       {"reads", a.buffered ? "buffered" : "O_DIRECT"},
                       {"write_mb_s", write_mbs},
+                      {"write_cpu_ms_per_entry", write_cpu_ms},
                       {"page_cache", how},
                       {"resident_before_read", resident},
                       {"read_cold_mb_s", cold},

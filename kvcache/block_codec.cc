@@ -141,6 +141,14 @@ size_t EncodedBlockBytes(const model::KvLayout& layout) {
 Result<std::vector<std::byte>> EncodeBlock(const BlockHeader& h,
                                            std::span<const std::span<const std::byte>> layers,
                                            std::string_view secret) {
+  if (!LayoutValid(h.layout)) return InvalidArgument("KV block entry: invalid layout");
+  std::vector<std::byte> out(EncodedBlockBytes(h.layout));
+  KV_RETURN_IF_ERROR(EncodeBlockTo(h, layers, secret, out));
+  return out;
+}
+
+Status EncodeBlockTo(const BlockHeader& h, std::span<const std::span<const std::byte>> layers,
+                     std::string_view secret, std::span<std::byte> out) {
   if (secret.size() < kMinSecretBytes)
     return InvalidArgument("KV block entry: the tier secret is shorter than 16 bytes");
   if (!LayoutValid(h.layout)) return InvalidArgument("KV block entry: invalid layout");
@@ -153,7 +161,10 @@ Result<std::vector<std::byte>> EncodeBlock(const BlockHeader& h,
       return InvalidArgument("KV block entry: a layer of " + std::to_string(l.size()) +
                              " bytes, the layout's block holds " + std::to_string(layer_bytes));
   const size_t payload = layer_bytes * layers.size();
-  std::vector<std::byte> out(kBlockHeaderBytes + payload + kBlockTrailerBytes);
+  if (out.size() != kBlockHeaderBytes + payload + kBlockTrailerBytes)
+    return InvalidArgument("KV block entry: an output of " + std::to_string(out.size()) +
+                           " bytes for an entry of " +
+                           std::to_string(kBlockHeaderBytes + payload + kBlockTrailerBytes));
   std::byte* p = out.data();
   std::memcpy(p, kMagic.data(), kMagic.size());
   PutU32(p + kOffVersion, kBlockFormatVersion);
@@ -182,7 +193,7 @@ Result<std::vector<std::byte>> EncodeBlock(const BlockHeader& h,
   if (!Hmac(secret, body, &mac))
     return Internal("KV block entry: libcrypto HMAC-SHA256 failed");
   std::memcpy(q + 8, mac.data(), mac.size());
-  return out;
+  return OkStatus();
 }
 
 DecodedBlock PeekBlockHeader(std::span<const std::byte> bytes) {

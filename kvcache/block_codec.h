@@ -82,6 +82,10 @@ size_t EncodedBlockBytes(const model::KvLayout& layout);
 Result<std::vector<std::byte>> EncodeBlock(const BlockHeader& header,
                                            std::span<const std::span<const std::byte>> layers,
                                            std::string_view secret);
+// The same into `out`, which must be EncodedBlockBytes(header.layout) long (kInvalidArgument
+// otherwise): no allocation.
+Status EncodeBlockTo(const BlockHeader& header, std::span<const std::span<const std::byte>> layers,
+                     std::string_view secret, std::span<std::byte> out);
 
 // Verifies `bytes` (see the guarantees). `key` non-null: the entry must be that block.
 DecodedBlock DecodeBlock(std::span<const std::byte> bytes, const BlockIdentity& expected,

@@ -28,8 +28,9 @@ constexpr size_t kDirectAlign = 4096;
 struct AlignedFree {
   void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t(kDirectAlign)); }
 };
-// Each thread's read buffer, kept between its reads (so a read neither allocates nor faults in
-// fresh pages): the size of the largest file it read, an entry (every layer of one block).
+// Each thread's buffer, kept between its reads and writes (so neither allocates nor faults in
+// fresh pages): the size of the largest file it read or wrote, an entry (every layer of one
+// block). Its bytes are valid until the thread's next ReadFile or Put.
 std::byte* ThreadBuffer(size_t bytes) {
   thread_local std::unique_ptr<std::byte, AlignedFree> buf;
   thread_local size_t capacity = 0;
@@ -288,25 +289,25 @@ Status DiskTier::Put(const BlockHeader& header, std::span<const std::span<const 
     ++stats_.write_failures;
     return s;
   };
-  auto enc = EncodeBlock(header, layers, options_.secret);
-  if (!enc.ok()) return fail(enc.status());
+  const std::span<std::byte> enc(ThreadBuffer(size), size);
+  if (Status s = EncodeBlockTo(header, layers, options_.secret, enc); !s.ok()) return fail(s);
   const std::string final_path = PathOf(header.key);
   const std::string temp = options_.dir + "/" + std::string(kTempPrefix) + KeyHex(header.key) +
                            "-" + std::to_string(::getpid()) + "-" + std::to_string(seq);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return fail(Unavailable(Errno("disk KV tier: create " + temp)));
   size_t done = 0;
-  while (done < enc->size()) {
-    const ssize_t n = ::write(fd, enc->data() + done, enc->size() - done);
+  while (done < enc.size()) {
+    const ssize_t n = ::write(fd, enc.data() + done, enc.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += size_t(n);
   }
   const int write_errno = errno;
   const bool closed = ::close(fd) == 0;
-  if (done != enc->size() || !closed) {
+  if (done != enc.size() || !closed) {
     ::unlink(temp.c_str());
-    errno = done != enc->size() ? write_errno : errno;
+    errno = done != enc.size() ? write_errno : errno;
     return fail(ResourceExhausted(Errno("disk KV tier: write " + temp)));
   }
   // Visible under its name only now, complete (no fsync: a crash may lose it, and a block
