@@ -294,14 +294,35 @@ Status DiskTier::Put(const BlockHeader& header, std::span<const std::span<const 
   const std::string final_path = PathOf(header.key);
   const std::string temp = options_.dir + "/" + std::string(kTempPrefix) + KeyHex(header.key) +
                            "-" + std::to_string(::getpid()) + "-" + std::to_string(seq);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  // O_DIRECT (Options::direct_writes): the entry's whole 4 KiB pages straight from the aligned
+  // buffer, then the tail through the page cache; buffered where the file system refuses it.
+  bool direct = options_.direct_writes && size >= kDirectAlign;
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+  int fd = direct ? ::open(temp.c_str(), flags | O_DIRECT, 0600) : -1;
+  if (fd < 0 && direct) {
+    ::unlink(temp.c_str());  // some file systems create it before refusing O_DIRECT
+    direct = false;
+  }
+  if (fd < 0) fd = ::open(temp.c_str(), flags, 0600);
   if (fd < 0) return fail(Unavailable(Errno("disk KV tier: create " + temp)));
+  const size_t aligned = size / kDirectAlign * kDirectAlign;
+  auto buffered = [&] {
+    direct = false;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
+  };
   size_t done = 0;
   while (done < enc.size()) {
-    const ssize_t n = ::write(fd, enc.data() + done, enc.size() - done);
+    if (direct && done >= aligned) buffered();  // the tail
+    const size_t want = direct ? aligned - done : enc.size() - done;
+    const ssize_t n = ::write(fd, enc.data() + done, want);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && direct) {  // refused: the rest buffered
+      buffered();
+      continue;
+    }
     if (n <= 0) break;
     done += size_t(n);
+    if (direct && done % kDirectAlign != 0) buffered();  // short mid-page: the rest buffered
   }
   const int write_errno = errno;
   const bool closed = ::close(fd) == 0;

@@ -15,9 +15,10 @@
 //    unpinned entries down to low_watermark (kvcache/tier_index.h); a write that fails (e.g. the
 //    disk is full) stores nothing. A Get pins its entry while it reads the file.
 //  - Entries older than max_age_s (0 = no bound; by the file's time) are dropped when met.
-//  - Reads use O_DIRECT (Options::direct_reads, the default; buffered where the file system
-//    refuses it) into a buffer each reading thread keeps (one entry's size), so a read neither
-//    copies through the page cache nor allocates. Writes are buffered, without fsync.
+//  - Reads and writes use O_DIRECT (Options::direct_reads / direct_writes, the default;
+//    buffered where the file system refuses it; a write's last partial page is buffered) from
+//    and into a buffer each thread keeps (one entry's size), so neither copies through the page
+//    cache nor allocates. No fsync: a crash may lose entries, never expose a partial one.
 #pragma once
 
 #include <memory>
@@ -41,8 +42,11 @@ class DiskTier final : public KvTier {
     int64_t max_age_s = 0;
     bool erase_at_open = false;   // remove every entry first (any identity)
     // Entries are read with O_DIRECT (no page-cache copy, the page cache left to the host tier
-    // above; buffered where the file system refuses it). Writes are buffered either way.
+    // above; buffered where the file system refuses it).
     bool direct_reads = true;
+    // Entries are written with O_DIRECT, their whole 4 KiB pages (the tail buffered; all
+    // buffered where the file system refuses it). Either way without fsync.
+    bool direct_writes = true;
   };
   // Creates the directory (0700) when missing, then rebuilds the index.
   static Result<std::unique_ptr<DiskTier>> Open(const Options& options);

@@ -222,6 +222,65 @@ TEST_F(DiskTierTest, DirectAndBufferedReadsAgree) {
   }
 }
 
+// Entries of whole 4 KiB pages and a tail (2 layers x 4096 bytes + 176): written with O_DIRECT
+// (the pages) and buffered (the tail), or all buffered, the files are the exact entries and read
+// back either way; a write that fails mid-file (RLIMIT_FSIZE) stores nothing and leaves no file.
+TEST_F(DiskTierTest, DirectWritesOfWholePagesAndATail) {
+  model::KvLayout big;
+  big.num_layers = 2;
+  big.num_kv_heads = 1;
+  big.head_dim = 64;
+  big.block_size = 16;  // 2 x 16 x 64 x 2 bytes = 4096 per layer
+  ASSERT_EQ(big.block_bytes(), 4096u);
+  auto block = [&](int seed) {
+    Block b;
+    b.header.layout = big;
+    b.header.model_hash = 1;
+    b.header.root = RootKey(1, big, "");
+    b.header.key = BlockKeyOf(b.header.root, V{seed});
+    b.header.tokens = 16;
+    for (int l = 0; l < 2; ++l) {
+      b.layers.emplace_back(4096);
+      for (size_t i = 0; i < 4096; ++i) b.layers.back()[i] = static_cast<std::byte>(seed * 5 + l + i);
+    }
+    return b;
+  };
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "O_DIRECT" : "buffered");
+    fs::remove_all(dir_);
+    DiskTier::Options o = Opts();
+    o.identity = {RootKey(1, big, ""), big};
+    o.capacity_bytes = 10 * EncodedBlockBytes(big);
+    o.direct_writes = direct;
+    auto t = Open(o);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(block(i).header, block(i).in()).ok());
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(fs::file_size(t->PathOf(block(i).header.key)), EncodedBlockBytes(big));
+      EXPECT_TRUE(ReadsBack(*t, block(i))) << i;
+    }
+    EXPECT_EQ(Open(o)->open_report().loaded, 3u);
+    struct rlimit old {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit small = old;
+    small.rlim_cur = 6000;  // inside the second page
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    Status s = t->Put(block(7).header, block(7).in());
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, old_handler);
+    EXPECT_FALSE(s.ok());
+    EXPECT_FALSE(t->Contains(block(7).header.key));
+    EXPECT_EQ(t->stats().write_failures, 1u);
+    EXPECT_EQ(t->stats().bytes_used, 3 * EncodedBlockBytes(big));
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      ++files;
+      EXPECT_EQ(e.path().extension(), ".kvb") << e.path();
+    }
+    EXPECT_EQ(files, 3u);
+  }
+}
+
 TEST_F(DiskTierTest, BadEntriesFoundAtOpenAreDeleted) {
   {
     auto t = Open(Opts());
