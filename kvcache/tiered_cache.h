@@ -13,7 +13,7 @@
 //    once complete). A job's lease is returned once the last of its blocks is done or dropped.
 //  - A block every local tier holds (their indexes, asked at once) is neither queued nor
 //    counted nor leased: only blocks some tier may lack are. A remote tier, whose presence
-//    costs a round trip, is asked by the writer thread, once per queued write-down (one
+//    costs a round trip, is asked by a writer, once per queued write-down (one
 //    batched query); the blocks it and every local tier hold are not copied again. The gauge
 //    (Stats::queued_writes) counts the blocks queued and not yet written or found held;
 //    Stats::held_blocks those found held (not written again).
@@ -39,7 +39,7 @@
 //    read into it and written from it. FillFrom replaces Fill: it puts the blocks read from
 //    slow tiers into the staging tier, pins them there and has the PoolTier fetch the run into
 //    the pool (asynchronously, layer by layer); WriteStaged replaces WriteDown: once the
-//    PoolTier's copy out is complete, a background thread copies the prompt's blocks from the
+//    PoolTier's copy out is complete, the background writers copy the prompt's blocks from the
 //    staging tier to the slower tiers that lack them. The policies and the threshold apply to
 //    the staging tier as to any.
 // Otherwise host pools only (the copies are memcpy). Thread-safe.

@@ -36,6 +36,7 @@ PKGS=(
   python3-jinja2  # the reference the chat template renderer is tested against (tests/frontend)
   haproxy  # the balancer in front of several decodes' HTTP endpoints (deploy/haproxy, tests/daemons)
   python3-matplotlib  # scripts/plot_bench_serve.py (kvstream bench serve's PNG; tests/cli)
+  fio  # bench/disk_tier.sh: the disk tier's reads against fio --direct=1
 )
 # What building UCX from its Debian source needs (this system's packages only).
 UCX_BUILD_PKGS=(

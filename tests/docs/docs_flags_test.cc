@@ -146,7 +146,7 @@ bool IsOtherTool(const std::string& word) {
       "nvidia-smi", "nvidia-cuda-mps-control", "cuobjdump", "ucx_info", "grpcurl", "curl", "apt-get",
       "numactl", "taskset", "torchrun", "configure", "podman", "buildah", "debootstrap",
       "useradd", "yamllint", "systemd-analyze", "openssl", "grpc_health_probe", "ccache", "strip",
-      "xargs", "dpkg", "ldd", "node", "npm"};
+      "xargs", "dpkg", "ldd", "node", "npm", "fio"};
   return tools.count(word) != 0;
 }
 
