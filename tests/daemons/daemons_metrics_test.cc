@@ -64,6 +64,9 @@ TEST_F(MetricsTest, FiguresMatchStatsAndTheRequestsMade) {
   // One refused request (max_tokens 0): counted as failed.
   EXPECT_FALSE(CallGenerate(*stub_, MakePrompt(8, 512, 9), 0, v1::LOAD_MODE_PIPELINED, 5000)
                    .status.ok());
+  // A request's blocks go back just after its last message: wait for them, then scrape (a
+  // scrape at once saw 3 blocks used on a busy machine).
+  ASSERT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
   const std::string d = Scrape(decode_metrics_);
   const std::string p = Scrape(prefill_metrics_);
   ASSERT_FALSE(d.empty());
