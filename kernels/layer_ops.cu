@@ -131,6 +131,14 @@ __global__ void ResidualAddKernel(float* x, const float* y, size_t n) {
   }
 }
 
+__global__ void CopyWordsKernel(int32_t* __restrict__ dst, const int32_t* __restrict__ src,
+                                size_t n) {
+  for (size_t k = blockIdx.x * size_t(blockDim.x) + threadIdx.x; k < n;
+       k += size_t(gridDim.x) * blockDim.x) {
+    dst[k] = src[k];
+  }
+}
+
 __device__ inline bool Better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
@@ -262,6 +270,12 @@ cudaError_t SwiGlu(void* out, DType out_dtype, const float* gate_up, int num_tok
 cudaError_t ResidualAdd(float* x, const float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   ResidualAddKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t CopyWords(int32_t* dst, const int32_t* src, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  CopyWordsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(dst, src, n);
   return cudaGetLastError();
 }
 

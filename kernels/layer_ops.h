@@ -97,4 +97,9 @@ cudaError_t GatherRows(void* dst, DType dst_dtype, const void* src, DType src_dt
 cudaError_t DummyFill(void* dst, DType dst_dtype, size_t n, uint64_t seed, uint64_t tensor_id,
                       uint64_t first_index, float scale, float offset, cudaStream_t stream);
 
+// dst[i] = src[i] for i < n, 32-bit words, copied by the SMs on `stream`. `src` may be page-locked
+// host memory (cudaMallocHost: mapped under unified addressing): a small upload that does not
+// queue behind other streams' bulk copies on the copy engines (e.g. a KV tier's prefetch).
+cudaError_t CopyWords(int32_t* dst, const int32_t* src, size_t n, cudaStream_t stream);
+
 }  // namespace kvstream::kernels

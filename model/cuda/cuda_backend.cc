@@ -485,7 +485,12 @@ Status CudaBackend::Run(KvPool& pool, std::span<const SeqInput> batch, LayerHook
   }
   h[mo.q_start + B] = T;
   int32_t* meta = meta_.as<int32_t>();
-  KV_CUDA(cudaMemcpyAsync(meta, h, mo.total * 4, cudaMemcpyHostToDevice, stream_));
+  // Uploaded by the SMs from the page-locked host copy, not the copy engine: a KV tier's
+  // prefetch on another stream keeps the H2D engine busy, and a copy queued behind it would
+  // hold up this whole forward (docs/kv_tiers.md, "The GPU path").
+  int32_t* h_mapped = nullptr;
+  KV_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_mapped), h, 0));
+  KV_CUDA(kernels::CopyWords(meta, h_mapped, mo.total, stream_));
   const int32_t* d_tokens = meta + mo.tokens;
   const int32_t* d_positions = meta + mo.positions;
   const int32_t* d_slots = meta + mo.slots;

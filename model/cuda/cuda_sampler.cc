@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/sampling_math.h"
+#include "kernels/layer_ops.h"
 
 namespace kvstream::model {
 
@@ -65,9 +66,15 @@ Status CudaSampler::Enqueue(const float* logits, int rows, int vocab,
     k.top_logprobs = p.wants_logprobs() ? p.top_logprobs : -1;
     any_logprobs = any_logprobs || p.wants_logprobs();
   }
-  KV_RETURN_IF_ERROR(Check(cudaMemcpyAsync(d_params_, h_params_,
-                                           size_t(rows) * sizeof(kernels::SampleParams),
-                                           cudaMemcpyHostToDevice, stream),
+  // Uploaded by the SMs, not the copy engine (kernels::CopyWords: not behind a tier's prefetch).
+  static_assert(sizeof(kernels::SampleParams) % 4 == 0);
+  void* h_mapped = nullptr;
+  KV_RETURN_IF_ERROR(
+      Check(cudaHostGetDevicePointer(&h_mapped, h_params_, 0), "sampler: parameters"));
+  KV_RETURN_IF_ERROR(Check(kernels::CopyWords(reinterpret_cast<int32_t*>(d_params_),
+                                              static_cast<const int32_t*>(h_mapped),
+                                              size_t(rows) * sizeof(kernels::SampleParams) / 4,
+                                              stream),
                            "sampler: parameters"));
   KV_RETURN_IF_ERROR(Check(kernels::SampleRows(d_tokens, any_logprobs ? d_logprobs_ : nullptr,
                                                logits, d_params_, rows, vocab, stream),
