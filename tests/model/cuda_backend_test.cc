@@ -397,6 +397,79 @@ TEST(CudaBackend, HooksInOrderAndErrorsReturnedAsIs) {
   EXPECT_EQ(std::vector<int32_t>{-1}, out.next_tokens);
 }
 
+// A forward does not wait for another stream's host-to-device copies: its own upload (its
+// metadata, the sampler's parameters) is copied by a kernel, not queued on the copy engine
+// behind them (a KV tier's prefetch keeps that engine busy: docs/kv_tiers.md, "The GPU path").
+// The premise is checked in the same run: a small cudaMemcpyAsync on a third stream, enqueued
+// after a 4 GiB pinned copy, completes only after it (what the forward's upload used to do).
+TEST(CudaBackend, ForwardDoesNotQueueBehindAnotherStreamsCopies) {
+  ModelSpec spec;
+  spec.model = "tiny";
+  BackendOptions o;
+  o.kind = "cuda";
+  auto gpu = CreateCudaBackend(spec, o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  auto pool = (*gpu)->CreatePool(8, 16);
+  ASSERT_TRUE(pool.ok());
+  const std::vector<int32_t> prompt = Prompt(10, 512, 17);
+  const std::vector<int32_t> table = {3, 1};
+  SeqInput in;
+  in.tokens = prompt;
+  in.block_table = table;
+  ForwardOptions greedy, sampled;
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.seed = 5;
+  const SeqSampling seq_sampling{sp, 0};
+  sampled.sampling = {&seq_sampling, 1};
+  ForwardOutput out;
+  for (const ForwardOptions* opt : {&greedy, &sampled})  // warm: kernels loaded, buffers grown
+    ASSERT_OK((*gpu)->Forward(**pool, {&in, 1}, nullptr, *opt, &out));
+
+  const size_t bytes = size_t(4) << 30;
+  void* host = nullptr;
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dev, bytes), cudaSuccess);
+  void* small_dev = nullptr;
+  void* small_host = nullptr;
+  ASSERT_EQ(cudaMalloc(&small_dev, 4096), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&small_host, 4096), cudaSuccess);
+  cudaStream_t bulk, other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&bulk, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t bulk_done;
+  ASSERT_EQ(cudaEventCreateWithFlags(&bulk_done, cudaEventDisableTiming), cudaSuccess);
+
+  // Premise: a small H2D copy enqueued after the bulk one waits for it.
+  ASSERT_EQ(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, bulk), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(bulk_done, bulk), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(small_dev, small_host, 4096, cudaMemcpyHostToDevice, other),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+  const bool small_copy_waited = cudaEventQuery(bulk_done) == cudaSuccess;
+  ASSERT_EQ(cudaEventSynchronize(bulk_done), cudaSuccess);
+  std::printf("a small cudaMemcpyAsync after the 4 GiB copy %s it\n",
+              small_copy_waited ? "waited for" : "did not wait for");
+
+  for (const ForwardOptions* opt : {&greedy, &sampled}) {
+    ASSERT_EQ(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, bulk), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(bulk_done, bulk), cudaSuccess);
+    ASSERT_OK((*gpu)->Forward(**pool, {&in, 1}, nullptr, *opt, &out));
+    EXPECT_EQ(cudaEventQuery(bulk_done), cudaErrorNotReady)
+        << "the forward (" << (opt == &greedy ? "greedy" : "sampled")
+        << ") returned only after the other stream's 4 GiB copy";
+    ASSERT_EQ(cudaEventSynchronize(bulk_done), cudaSuccess);
+  }
+  cudaEventDestroy(bulk_done);
+  cudaStreamDestroy(bulk);
+  cudaStreamDestroy(other);
+  cudaFree(small_dev);
+  cudaFreeHost(small_host);
+  cudaFree(dev);
+  cudaFreeHost(host);
+}
+
 // Forward() from several threads at once (each on its own pool) gives what it gives alone.
 TEST(CudaBackend, ConcurrentForwardsAreSerialised) {
   ModelSpec spec;
