@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using V = std::vector<int32_t>;
 const std::string kSecret = "unit-test-cluster-secret-0123";
 
+using testing::GatedTier;
 using testing::Host;
 using testing::Layout;
 
@@ -445,49 +446,6 @@ TEST(TieredCache, WriteDownBeyondHalfThePoolIsSkipped) {
   EXPECT_EQ(pool->allocator().free_count(), 8);
 }
 
-// A local tier whose Puts wait while it is closed: the writer thread held inside a write.
-class GatedTier final : public KvTier {
- public:
-  explicit GatedTier(int blocks) : inner_(Host(blocks)) {}
-  std::string_view name() const override { return "gated"; }
-  bool Contains(const BlockKey& k) override { return inner_->Contains(k); }
-  Status Get(const BlockKey& k, std::span<const std::span<std::byte>> layers) override {
-    return inner_->Get(k, layers);
-  }
-  Status Put(const BlockHeader& h, std::span<const std::span<const std::byte>> layers) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++entered_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
-    lock.unlock();
-    return inner_->Put(h, layers);
-  }
-  void Erase(const BlockKey& k) override { inner_->Erase(k); }
-  void EraseAll() override { inner_->EraseAll(); }
-  TierStats stats() const override { return inner_->stats(); }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = false;
-  }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  // Waits until `n` Puts in all have started.
-  bool WaitEntered(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return entered_ >= n; });
-  }
-
- private:
-  std::unique_ptr<HostTier> inner_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-  int entered_ = 0;
-};
-
 // A block every tier holds is not queued again (issue 16: a multi-turn run's write-down queue
 // counted each turn's whole conversation): the second write-down of a prompt queues nothing,
 // takes no pool block and writes nothing; a longer prompt on the same prefix queues only its
@@ -497,7 +455,7 @@ TEST(TieredCache, BlocksEveryTierHoldsAreNotQueuedAgain) {
   const BlockKey root = RootKey(1, Layout(), "");
   std::vector<std::unique_ptr<KvTier>> tiers;
   tiers.push_back(Host(16));
-  tiers.push_back(std::make_unique<GatedTier>(16));
+  tiers.push_back(std::make_unique<GatedTier>(Host(16)));  // its writer held in a Put when closed
   KvTier* host = tiers[0].get();
   GatedTier* gated = static_cast<GatedTier*>(tiers[1].get());
   {
@@ -516,7 +474,7 @@ TEST(TieredCache, BlocksEveryTierHoldsAreNotQueuedAgain) {
 
     // The same prompt again, the writer held inside another write meanwhile: nothing queued,
     // no pool block referenced.
-    gated->Close();
+    gated->SetOpen(false);
     V other = {7, 7, 7, 7};
     tc.WriteDown(root, other, std::vector<int32_t>{src.ids()[4]});
     ASSERT_TRUE(gated->WaitEntered(5));
@@ -525,7 +483,7 @@ TEST(TieredCache, BlocksEveryTierHoldsAreNotQueuedAgain) {
     EXPECT_EQ(tc.stats().queued_writes, 1u) << "blocks every tier holds were queued";
     EXPECT_EQ(tc.stats().held_blocks, 4u);
     for (int b = 0; b < 4; ++b) EXPECT_EQ(pool->allocator().refcount(src.ids()[b]), 1) << b;
-    gated->Open();
+    gated->SetOpen(true);
     tc.Flush();
     EXPECT_EQ(tc.stats().queued_writes, 0u);
 
@@ -533,12 +491,12 @@ TEST(TieredCache, BlocksEveryTierHoldsAreNotQueuedAgain) {
     // not queued, the 2 new ones are, and the gauge counts them while they wait.
     V longer(tokens.begin(), tokens.begin() + 12);
     for (int i = 0; i < 8; ++i) longer.push_back(900 + i);
-    gated->Close();
+    gated->SetOpen(false);
     tc.WriteDown(root, longer, src.ids());
     ASSERT_TRUE(gated->WaitEntered(6));
     EXPECT_EQ(tc.stats().queued_writes, 2u);
     EXPECT_EQ(tc.stats().held_blocks, 7u);
-    gated->Open();
+    gated->SetOpen(true);
     tc.Flush();
     EXPECT_EQ(tc.stats().queued_writes, 0u);
     EXPECT_EQ(host->stats().written_blocks, 4u + 1 + 2);

@@ -26,64 +26,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using V = std::vector<int32_t>;
+using testing::GatedTier;
 using testing::Layout;
 const std::string kSecret = "unit-test-cluster-secret-0123";
 constexpr int kTokens = 14;  // 3 full blocks of 4 and a partial one
-
-// Wraps a tier: counts the Puts in flight (and the most at once) and holds them while closed.
-class GatedTier final : public KvTier {
- public:
-  explicit GatedTier(std::unique_ptr<KvTier> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  bool slow() const override { return inner_->slow(); }
-  bool Contains(const BlockKey& k) override { return inner_->Contains(k); }
-  Status Get(const BlockKey& k, std::span<const std::span<std::byte>> layers) override {
-    return inner_->Get(k, layers);
-  }
-  Status Put(const BlockHeader& h, std::span<const std::span<const std::byte>> layers) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++entered_;
-      max_in_flight_ = std::max(max_in_flight_, ++in_flight_);
-      cv_.notify_all();
-      cv_.wait(lock, [&] { return open_; });
-    }
-    Status s = inner_->Put(h, layers);
-    std::lock_guard<std::mutex> lock(mu_);
-    --in_flight_;
-    return s;
-  }
-  bool Pin(const BlockKey& k) override { return inner_->Pin(k); }
-  void Unpin(const BlockKey& k) override { inner_->Unpin(k); }
-  void Erase(const BlockKey& k) override { inner_->Erase(k); }
-  void EraseAll() override { inner_->EraseAll(); }
-  TierStats stats() const override { return inner_->stats(); }
-
-  void SetOpen(bool open) {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = open;
-    cv_.notify_all();
-  }
-  bool WaitEntered(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return entered_ >= n; });
-  }
-  int entered() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return entered_;
-  }
-  int max_in_flight() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return max_in_flight_;
-  }
-
- private:
-  std::unique_ptr<KvTier> inner_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-  int entered_ = 0, in_flight_ = 0, max_in_flight_ = 0;
-};
 
 class TierWritersTest : public ::testing::Test {
  protected:
