@@ -16,6 +16,7 @@ struct DecodeConnector::Load {
   std::vector<int32_t> tokens;
   std::vector<int32_t> dest;
   bool pipelined = true;
+  int skip_blocks = 0;
   Deadline deadline;
   std::shared_ptr<const void> keepalive;
   std::thread thread;
@@ -258,11 +259,15 @@ void DecodeConnector::WatchChannel() {
 
 Status DecodeConnector::StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                                   std::vector<int32_t> dest_blocks, bool pipelined,
-                                  Deadline deadline, std::shared_ptr<const void> keepalive) {
+                                  Deadline deadline, std::shared_ptr<const void> keepalive,
+                                  int skip_blocks) {
   if (tokens.empty()) return InvalidArgument("start_load: no tokens");
   const int need = model::BlocksForTokens(static_cast<int>(tokens.size()), local_.layout.block_size);
   if (static_cast<int>(dest_blocks.size()) < need)
     return InvalidArgument("start_load: dest blocks do not cover the tokens");
+  if (skip_blocks < 0 || skip_blocks >= need)
+    return InvalidArgument("start_load: skip_blocks " + std::to_string(skip_blocks) +
+                           " out of range [0, " + std::to_string(need) + ")");
   for (int32_t b : dest_blocks)
     if (b < 0 || b >= pool_->num_blocks()) return InvalidArgument("start_load: block id out of range");
   auto load = std::make_shared<Load>();
@@ -270,6 +275,7 @@ Status DecodeConnector::StartLoad(uint64_t request_id, std::vector<int32_t> toke
   load->tokens = std::move(tokens);
   load->dest = std::move(dest_blocks);
   load->pipelined = pipelined;
+  load->skip_blocks = skip_blocks;
   load->deadline = deadline;
   load->keepalive = std::move(keepalive);
   std::lock_guard<std::mutex> lock(mu_);
@@ -298,6 +304,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     *req.mutable_tokens() = {load->tokens.begin(), load->tokens.end()};
     *req.mutable_dest_blocks() = {load->dest.begin(), load->dest.end()};
     req.set_pipelined(load->pipelined);
+    req.set_skip_blocks(load->skip_blocks);
     req.set_session_secret(session_secret_);
     auto ctx = std::make_shared<grpc::ClientContext>();
     ctx->set_deadline(ToGrpcDeadline(load->deadline));

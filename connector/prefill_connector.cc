@@ -268,7 +268,7 @@ Status PrefillConnector::AcceptPeer(const std::string& decode_id,
 Result<std::shared_ptr<SaveRequest>> PrefillConnector::BeginSave(
     const std::string& decode_id, uint64_t request_id, int num_tokens,
     std::vector<int32_t> local_blocks, std::vector<int32_t> remote_blocks,
-    const std::string& peer_identity) {
+    const std::string& peer_identity, int skip_blocks) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string scoped = Scoped(peer_identity, decode_id);
   auto pit = peers_.find(scoped);
@@ -296,8 +296,14 @@ Result<std::shared_ptr<SaveRequest>> PrefillConnector::BeginSave(
     if (local_blocks[i] < 0 || local_blocks[i] >= pool_->num_blocks())
       return InvalidArgument("local block id out of range");
   }
+  if (skip_blocks < 0 || skip_blocks >= need)
+    return InvalidArgument("skip_blocks " + std::to_string(skip_blocks) + " out of range [0, " +
+                           std::to_string(need) + ") for " + std::to_string(num_tokens) +
+                           " tokens");
   remote_blocks.resize(need);
   local_blocks.resize(need);
+  remote_blocks.erase(remote_blocks.begin(), remote_blocks.begin() + skip_blocks);
+  local_blocks.erase(local_blocks.begin(), local_blocks.begin() + skip_blocks);
   Key key{scoped, request_id};
   // Expired tombstones go lazily.
   for (auto it = tombstones_.begin(); it != tombstones_.end();)

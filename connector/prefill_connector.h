@@ -158,11 +158,14 @@ class PrefillConnector {
   // kFailedPrecondition: unknown decode instance or lost link (handshake again);
   // kInvalidArgument: block ids out of range or too few for num_tokens;
   // kAlreadyExists: the request is running; kCanceled: it was cancelled before it started.
+  // skip_blocks: the first blocks the decode holds already (PrefillRequest.skip_blocks): never
+  // written; kInvalidArgument unless 0 <= skip_blocks < the blocks covering num_tokens.
   Result<std::shared_ptr<SaveRequest>> BeginSave(const std::string& decode_id,
                                                  uint64_t request_id, int num_tokens,
                                                  std::vector<int32_t> local_blocks,
                                                  std::vector<int32_t> remote_blocks,
-                                                 const std::string& peer_identity = "");
+                                                 const std::string& peer_identity = "",
+                                                 int skip_blocks = 0);
   // Forgets a request; call after Quiesce() or a successful WaitForSave().
   void EndSave(const std::string& decode_id, uint64_t request_id,
                const std::string& peer_identity = "");

@@ -106,6 +106,9 @@ const std::vector<Field>& Fields() {
                "shared KV tier (L4) on Redis: servers unix:/path or host:port, a,b,... (empty = "
                "off; needs kv_tier_secret_file; docs/kv_store.md); the decode writes finished "
                "conversations to it"),
+      KV_FIELD(kv_decode_loads_prefix, kBool,
+               "decode with kv_store_redis: load a prompt's prefix found in the shared tier "
+               "itself, the prefill writing only the rest (true|false)"),
       KV_FIELD(kv_store_auth_file, kStr,
                "prefill: Redis AUTH file (the password, or ACL user and password on two lines)"),
       KV_FIELD(kv_store_insecure, kBool, "prefill: allow kv_store_redis without an auth file"),
@@ -116,12 +119,12 @@ const std::vector<Field>& Fields() {
       KV_FIELD(kv_store_max_pending_mb, kInt,
                "prefill: MiB of blocks waiting for the shared tier's writer (past it: dropped)"),
       KV_FIELD(kv_tier_policy, kStr,
-               "prefill: best_effort | timeout | wait_complete: how long a request waits for "
+               "best_effort | timeout | wait_complete: how long a request waits for "
                "blocks from the disk and store tiers"),
-      KV_FIELD(kv_tier_timeout_ms, kI64, "prefill: the timeout policy's bound on that wait"),
+      KV_FIELD(kv_tier_timeout_ms, kI64, "the timeout policy's bound on that wait"),
       KV_FIELD(kv_prefetch_threshold_tokens, kInt,
-               "prefill: a tier hit shorter than this many tokens is computed instead of fetched"),
-      KV_FIELD(kv_tier_io_threads, kInt, "prefill: threads reading the disk and store tiers"),
+               "a tier hit shorter than this many tokens is computed instead of fetched"),
+      KV_FIELD(kv_tier_io_threads, kInt, "threads reading the disk and store tiers"),
       KV_FIELD(kv_tier_write_threads, kInt,
                "prefill: threads writing blocks down to the host, disk and store tiers"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),

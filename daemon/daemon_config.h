@@ -125,6 +125,11 @@ struct DaemonConfig {
   // kv_store_ttl_s; every store call is bounded by kv_store_timeout_ms; keys live under
   // "<kv_store_namespace>:"; at most kv_store_max_pending_mb wait for the writer.
   std::string kv_store_redis;
+  // decode with kv_store_redis: a prompt's prefix found in the shared tier (or the pinned tier
+  // its write-down is staged through) is loaded by the decode itself, the prefill told to write
+  // only the rest (PrefillRequest.skip_blocks; decode/kv_tiers.h). The reads follow
+  // kv_tier_policy, kv_tier_timeout_ms and kv_prefetch_threshold_tokens, as the prefill's do.
+  bool kv_decode_loads_prefix = true;
   std::string kv_store_auth_file;
   bool kv_store_insecure = false;
   int64_t kv_store_ttl_s = 86400;

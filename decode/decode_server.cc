@@ -1,4 +1,5 @@
 #include "decode/decode_server.h"
+#include "decode/decode_request.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include "daemon/daemon_runtime.h"  // ComputeDeviceId
 #include "connector/grpc_status.h"
 #include "decode/generate_request.h"
+#include "decode/kv_tiers.h"
 #include "decode/load_hooks.h"
 #include "tokenizer/text_stream.h"
 
@@ -34,40 +36,6 @@ PrefillRouter MakeRouter(const daemon::DaemonConfig& config, const kvcache::Bloc
                        root, block_size, config.prefill_route_blocks, config.prefill_route_slack);
 }
 }  // namespace
-
-struct DecodeServer::Request {
-  uint64_t id = 0;
-  std::string tag;
-  std::vector<int32_t> prompt;
-  int max_tokens = 1;
-  std::vector<int32_t> stop;
-  model::SamplingParams sampling;
-  bool remote = false;     // KV of prompt[0, n-1) comes from the prefill
-  // The prefill that loads it (remote only); set before the request is shared, never changed.
-  connector::DecodeConnector* conn = nullptr;
-  bool pipelined = true;
-  Deadline deadline;
-  Deadline load_deadline;
-  Clock::time_point arrival;
-  std::shared_ptr<model::BlockLease> blocks;
-  // Scheduler-thread state.
-  int32_t cache_len = 0;
-  int32_t last_token = -1;
-  int generated = 0;
-  bool load_info_sent = false;
-  int64_t last_token_us = 0;  // since arrival, of the last token emitted
-  v1::LoadInfo load;
-  std::vector<int32_t> answer;  // the tokens emitted, with a write-down only
-  std::unique_ptr<tokenizer::TextStream> text;  // with a tokenizer: the response text
-  // Shared with the Generate handler (under mu).
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<v1::GenerateResponse> out;
-  bool complete = false;
-  Status final;
-  std::atomic<bool> client_gone{false};
-  std::function<void()> on_output;  // Submit's; scheduler thread only
-};
 
 DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBackend* backend,
                            model::KvPool* pool,
@@ -244,6 +212,17 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
       std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
   auto ids = admission_.Acquire(need, queue_deadline, cancelled);
   if (!ids.ok()) return reject(ids.status());
+  if (write_down_ && config_.kv_decode_loads_prefix && r->remote) {
+    // The prefix from this decode's own tiers: the prefill is asked only for the rest (LOAD_MODE_LOCAL computes it all).
+    TierLoad loaded = LoadPrefixFromTiers(
+        write_down_, write_down_staging_, pool_, kv_root_,
+        std::span<const int32_t>(r->prompt).first(size_t(n - 1)), &*ids,
+        std::min(r->deadline, DeadlineAfterMs(config_.load_timeout_ms)));
+    r->tier_tokens = loaded.tokens;
+    r->prefetch = std::move(loaded.prefetch);
+    r->load.set_decode_tier_tokens(r->tier_tokens);
+    if (r->tier_tokens == n - 1) r->remote = false;  // the whole prefix: no prefill needed
+  }
   r->blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
   if (observed_.queue) observed_.queue->Observe(double(MicrosSince(r->arrival)) * 1e-6);
 
@@ -256,7 +235,8 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
     std::vector<int32_t> prefix(r->prompt.begin(), r->prompt.end() - 1);
     r->conn = PickConnector(prefix);
     Status s = r->conn->StartLoad(r->id, std::move(prefix), r->blocks->ids(), r->pipelined,
-                                  r->load_deadline, r->blocks);
+                                  r->load_deadline, r->blocks,
+                                  r->tier_tokens / pool_->layout().block_size);
     if (!s.ok()) return reject(s.WithContext("start_load"));
   }
   {
@@ -406,24 +386,17 @@ void DecodeServer::Complete(Request& r, Status status) {
 }
 
 void DecodeServer::WriteDown(const Request& r, const model::BlockLease& blocks) {
-  if (write_down_ == nullptr) return;
-  const int block_size = pool_->layout().block_size;
-  const size_t full = size_t(r.cache_len / block_size);  // a partial block no next turn matches
-  if (full == 0 || full > blocks.ids().size()) return;
   std::vector<int32_t> tokens = r.prompt;
   tokens.insert(tokens.end(), r.answer.begin(), r.answer.end());
-  if (tokens.size() < full * size_t(block_size)) return;  // (cannot happen: KV of emitted tokens)
-  tokens.resize(full * size_t(block_size));
-  std::vector<int32_t> ids(blocks.ids().begin(), blocks.ids().begin() + full);
-  if (write_down_staging_ == nullptr) {
-    write_down_->WriteDown(kv_root_, tokens, ids);
-    return;
-  }
-  // GPU pool: to the pinned tier first; from it to the store once that copy is complete.
-  write_down_staging_->WriteDown(kv_root_, tokens, ids,
-                                 [t = write_down_, root = kv_root_, tokens] {
-                                   t->WriteStaged(root, tokens);
-                                 });
+  WriteDownConversation(write_down_, write_down_staging_, kv_root_, pool_->layout().block_size,
+                        std::move(tokens), r.cache_len, blocks.ids());
+}
+
+uint64_t DecodeServer::LoadedBytes(const Request& r) const {
+  const model::KvLayout& l = pool_->layout();
+  const int blocks = model::BlocksForTokens(static_cast<int>(r.prompt.size()) - 1, l.block_size) -
+                     r.tier_tokens / l.block_size;
+  return uint64_t(blocks) * l.block_bytes() * uint64_t(l.num_layers);
 }
 
 void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
@@ -437,16 +410,17 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
   if (r.remote) {
     LoadHooks hooks(r.conn, r.id, r.load_deadline, pool_->layout().num_layers,
                     FirstStepAfterLoad(r), config_.gpu_landed_wait, observed_.layer_wait);
+    // Layer l waits (on the GPU) for layer l of the prefix loaded from the tiers, too.
+    kvcache::PrefetchHooks layered(r.prefetch.get(), &hooks);
     model::SeqInput seq{std::span<const int32_t>(&r.prompt[n - 1], 1), n - 1, r.blocks->ids()};
-    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &hooks, fo, &out);
+    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &layered, fo, &out);
     // The forward has completed, but a layer waited for on the GPU may have been released by
     // the transport (its writer died or the wait's deadline passed) rather than by the data:
     // then the token is discarded and the request takes the failed-load path below.
     if (s.ok() && config_.gpu_landed_wait) s = r.conn->ConfirmLandedOnStream(r.id);
     r.load.set_loaded_remotely(true);
     r.load.set_pipelined(r.pipelined);
-    r.load.set_kv_bytes(uint64_t(model::BlocksForTokens(n - 1, pool_->layout().block_size)) *
-                        pool_->layout().block_bytes() * pool_->layout().num_layers);
+    r.load.set_kv_bytes(LoadedBytes(r));
     r.load.set_load_wait_us(hooks.wait_us);
     if (!s.ok()) {
       bool stopping;
@@ -472,14 +446,18 @@ void DecodeServer::FirstStep(const std::shared_ptr<Request>& rp) {
         return;
       }
       r.blocks = std::make_shared<model::BlockLease>(&pool_->allocator(), std::move(ids).value());
+      r.tier_tokens = 0;  // fresh blocks: the whole prompt is computed
+      r.load.set_decode_tier_tokens(0);
       r.load.set_loaded_remotely(false);
       r.load.set_recomputed(true);
       ++recomputed_;
     }
   }
-  if (!r.remote) {
-    model::SeqInput seq{r.prompt, 0, r.blocks->ids()};
-    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), nullptr, fo, &out);
+  if (!r.remote) {  // over the prefix loaded from the tiers, if any (layer by layer on a GPU)
+    kvcache::PrefetchHooks layered(r.prefetch.get(), nullptr);
+    model::SeqInput seq{std::span<const int32_t>(r.prompt).subspan(size_t(r.tier_tokens)),
+                        r.tier_tokens, r.blocks->ids()};
+    s = backend_->Forward(*pool_, std::span<const model::SeqInput>(&seq, 1), &layered, fo, &out);
     if (!s.ok()) {
       Complete(r, s.WithContext("prompt forward"));
       return;
@@ -528,8 +506,13 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
   model::ForwardOptions fo;
   fo.sampling = sampling;
   model::ForwardOutput out;
+  // Joiners whose prefix came from the tiers: layer l waits (on the GPU) for its copies.
+  std::vector<const kvcache::PoolPrefetch*> prefetches;
+  for (auto& r : joining)
+    if (r->prefetch) prefetches.push_back(r->prefetch.get());
+  kvcache::PrefetchHooks layered(prefetches);
   const auto t0 = Clock::now();
-  Status s = backend_->Forward(*pool_, seqs, nullptr, fo, &out);
+  Status s = backend_->Forward(*pool_, seqs, prefetches.empty() ? nullptr : &layered, fo, &out);
   forward_us_ += static_cast<uint64_t>(MicrosSince(t0));
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *batch[i];
@@ -550,8 +533,7 @@ void DecodeServer::DecodeStep(std::vector<std::shared_ptr<Request>>& batch,
     const int n = static_cast<int>(r.prompt.size());
     r.load.set_loaded_remotely(true);
     r.load.set_pipelined(r.pipelined);
-    r.load.set_kv_bytes(uint64_t(model::BlocksForTokens(n - 1, pool_->layout().block_size)) *
-                        pool_->layout().block_bytes() * pool_->layout().num_layers);
+    r.load.set_kv_bytes(LoadedBytes(r));
     r.load.set_load_wait_us(0);
     r.cache_len = n;
     r.last_token = out.next_tokens.at(batch.size() + j);

@@ -154,6 +154,8 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   // config_.first_step_after_load resolved against r's prefill's device (known after the
   // handshake, which may be redone after a prefill restart).
   bool FirstStepAfterLoad(const Request& r) const;
+  // KV bytes of r's prompt the prefill wrote (the blocks after those loaded from the tiers).
+  uint64_t LoadedBytes(const Request& r) const;
   // KV bytes of `tokens` tokens over every layer (what a step reads for a sequence).
   double KvBytes(int tokens) const {
     return double(tokens) * double(backend_->config().kv_bytes_per_token());

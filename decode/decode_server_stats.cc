@@ -66,6 +66,12 @@ void DecodeServer::FillStats(v1::StatsResponse* resp) {
     resp->set_kv_tier_queued_blocks(ts.queued_writes);
     resp->set_kv_tier_skipped_blocks(ts.skipped_blocks);
     resp->set_kv_tier_held_blocks(ts.held_blocks);
+    // The prefixes loaded from them (kv_decode_loads_prefix).
+    resp->set_kv_tier_fetched_tokens(ts.fetched_tokens);
+    resp->set_kv_tier_fetch_us(ts.fetch_us +
+                               (write_down_staging_ ? write_down_staging_->stats().fetch_us : 0));
+    resp->set_kv_tier_recomputed_tokens(ts.recomputed_tokens);
+    resp->set_kv_tier_late_blocks(ts.late_blocks);
   }
   if (connectors_.size() > 1) {  // a choice of prefill per request
     const RouteStats r = router_.stats();

@@ -1,4 +1,5 @@
 // kvstream-decode: serves Generate; loads prompts' KV from a prefill daemon layer by layer and decodes.
+#include <chrono>
 #include <cstdio>
 
 #include "common/log.h"
@@ -135,12 +136,20 @@ int main(int argc, char** argv) {
       tiers.push_back(std::make_unique<kvcache::BorrowedTier>(staging->staging()));
     }
     tiers.push_back(std::move(store).value());
-    write_down = std::make_unique<kvcache::TieredCache>(model->pool.get(), model_hash,
-                                                        std::move(tiers), kvcache::FetchPolicy{},
-                                                        /*io_threads=*/0, /*staged=*/gpu,
-                                                        /*write_threads=*/1);
+    // Its reads (kv_decode_loads_prefix) follow the tier policy, as the prefill's do.
+    kvcache::FetchPolicy policy;
+    auto mode = kvcache::ParseFetchMode(cfg->kv_tier_policy);
+    if (!mode.ok()) return Fail(mode.status().WithContext("kv_tier_policy"));
+    policy.mode = *mode;
+    policy.timeout = std::chrono::milliseconds(cfg->kv_tier_timeout_ms);
+    policy.threshold_tokens = cfg->kv_prefetch_threshold_tokens;
+    write_down = std::make_unique<kvcache::TieredCache>(
+        model->pool.get(), model_hash, std::move(tiers), policy,
+        cfg->kv_decode_loads_prefix ? cfg->kv_tier_io_threads : 0, /*staged=*/gpu,
+        /*write_threads=*/1);
     KV_LOG_INFO << "finished conversations are written down to the shared KV tier "
                 << cfg->kv_store_redis
+                << (cfg->kv_decode_loads_prefix ? ", prompts' prefixes loaded from it" : "")
                 << (gpu ? " through " + std::to_string(cfg->kv_host_tier_mb) +
                               " MiB of pinned host memory"
                         : "");

@@ -95,14 +95,18 @@ class BorrowedTier final : public KvTier {
   KvTier* t_;
 };
 
-// The forward's hooks with a prefetch below them: layer l's attention waits for layer l of the
-// prefix, then `inner`'s hooks run (either may be null).
+// The forward's hooks with prefetches below them: layer l's attention waits for layer l of each
+// prefix (the sequences of a batch may each have one), then `inner`'s hooks run (any may be null).
 class PrefetchHooks final : public model::LayerHooks {
  public:
-  PrefetchHooks(const PoolPrefetch* prefetch, model::LayerHooks* inner)
-      : prefetch_(prefetch), inner_(inner) {}
+  PrefetchHooks(const PoolPrefetch* prefetch, model::LayerHooks* inner) : inner_(inner) {
+    if (prefetch) prefetches_.push_back(prefetch);
+  }
+  explicit PrefetchHooks(std::vector<const PoolPrefetch*> prefetches)
+      : prefetches_(std::move(prefetches)) {}
   Status BeforeAttention(int layer, void* stream) override {
-    if (prefetch_) KV_RETURN_IF_ERROR(prefetch_->WaitLayer(layer, stream));
+    for (const PoolPrefetch* p : prefetches_)
+      if (p) KV_RETURN_IF_ERROR(p->WaitLayer(layer, stream));
     return inner_ ? inner_->BeforeAttention(layer, stream) : OkStatus();
   }
   Status AfterLayer(int layer, void* stream) override {
@@ -110,8 +114,8 @@ class PrefetchHooks final : public model::LayerHooks {
   }
 
  private:
-  const PoolPrefetch* prefetch_;
-  model::LayerHooks* inner_;
+  std::vector<const PoolPrefetch*> prefetches_;
+  model::LayerHooks* inner_ = nullptr;
 };
 
 }  // namespace kvstream::kvcache

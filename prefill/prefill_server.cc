@@ -258,7 +258,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   std::vector<int32_t> dest(req.dest_blocks().begin(), req.dest_blocks().end());
   KV_ASSIGN_OR_RETURN(std::shared_ptr<connector::SaveRequest> save,
                       connector_->BeginSave(req.decode_instance_id(), id, n, lease.ids(), dest,
-                                            authz_->PeerName(*ctx)));
+                                            authz_->PeerName(*ctx), req.skip_blocks()));
   KV_LOG_DEBUG << "[req " << id << "] prefill of " << n << " tokens, pipelined=" << req.pipelined()
                << (hit ? ", from the prefix cache"
                        : from_cache > 0 ? ", " + std::to_string(from_cache) + " from the prefix cache"

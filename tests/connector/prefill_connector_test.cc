@@ -123,6 +123,33 @@ TEST_F(PrefillConnectorTest, SaveLayerLandsEveryBlockThenNotifies) {
   EXPECT_EQ(std::memcmp(decode_pool_->block_ptr(0, 0), zero.data(), zero.size()), 0);
 }
 
+// PrefillRequest.skip_blocks: the first blocks the decode loaded itself are never written; the
+// rest land as usual, each layer notified once; a count outside [0, blocks) is refused.
+TEST_F(PrefillConnectorTest, SkippedBlocksAreNotWritten) {
+  ASSERT_TRUE(connector_->AcceptPeer("d1", Secret("d1"), Descriptor(), Peer(), kDecodeBlocks).ok());
+  const std::vector<int32_t> local = {2, 3, 9}, remote = {20, 21, 5};
+  for (int skip : {-1, 3, 4}) {
+    auto bad = connector_->BeginSave("d1", 40, 10, local, remote, "", skip);
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << skip;
+    EXPECT_NE(bad.status().message().find("skip_blocks"), std::string::npos);
+  }
+  auto save = connector_->BeginSave("d1", 42, 10, local, remote, "", 2);  // 3 blocks of 4
+  ASSERT_TRUE(save.ok()) << save.status().ToString();
+  ASSERT_TRUE(tracker_.Begin(42, 3).ok());
+  for (int l = 0; l < 3; ++l) {
+    ASSERT_TRUE((*save)->SaveLayer(l).ok());
+    ASSERT_TRUE(tracker_.WaitForLayer(42, l, DeadlineAfterMs(5000)).ok());
+    EXPECT_TRUE(BlockEqual(l, 9, 5));
+  }
+  EXPECT_TRUE((*save)->WaitForSave(DeadlineAfterMs(5000)).ok());
+  EXPECT_EQ((*save)->bytes_posted(), 3 * TestLayout().block_bytes());  // one block, 3 layers
+  connector_->EndSave("d1", 42);
+  // The skipped destinations are untouched (still zero).
+  std::vector<std::byte> zero(TestLayout().block_bytes());
+  for (int l = 0; l < 3; ++l)
+    for (int b : {20, 21}) EXPECT_EQ(std::memcmp(decode_pool_->block_ptr(l, b), zero.data(), zero.size()), 0);
+}
+
 TEST_F(PrefillConnectorTest, HandshakeMismatchIsRefusedPerField) {
   LayoutDescriptor d = Descriptor();
   d.layout.block_size = 8;

@@ -264,7 +264,10 @@ TEST_P(DaemonsGpuTest, DiskBelowPinnedTierTokensEqualColocated) {
 // answer: the decode holds the KV of 69 tokens, 4 full blocks, the 3rd and 4th with answer
 // tokens); both daemons restarted (every pinned tier empty); turn 2 (+ the answer + 10 tokens)
 // finds the 4 blocks in the store, the previous answer's included, and its tokens equal the
-// colocated ones. Every block comes back on both daemons.
+// colocated ones. The restarted (cold) decode loads those 4 blocks from the store itself,
+// through its pinned tier (kv_decode_loads_prefix), and the prefill writes only the 5th; a
+// 65-token prompt all stored needs no prefill call. Every block comes back on both daemons. A
+// decode with a GPU pool and the store but no kv_host_tier_mb refuses to start, naming it.
 TEST_P(DaemonsGpuTest, DecodeWritesDownFromItsGpuPool) {
   if (GetParam().transport != "cuda_ipc" || GetParam().prefill_device != GetParam().decode_device)
     GTEST_SKIP() << "the write-down is the decode's own: one case (cuda_ipc, one GPU) is enough";
@@ -280,7 +283,18 @@ TEST_P(DaemonsGpuTest, DecodeWritesDownFromItsGpuPool) {
   std::vector<std::string> prefill = store;
   for (const char* f : {"--prompt_cache_blocks=0", "--kv_prefetch_threshold_tokens=0"})
     prefill.push_back(f);
-  const DaemonPair pair = Pair({"--model=tiny", "--pool_blocks=64"}, prefill, store);
+  std::vector<std::string> decode = store;
+  decode.push_back("--kv_prefetch_threshold_tokens=0");
+  const DaemonPair pair = Pair({"--model=tiny", "--pool_blocks=64"}, prefill, decode);
+  {
+    std::vector<std::string> args = {"--model=tiny", "--pool_blocks=64", "--backend=cuda",
+                                     "--device=0", "--listen=127.0.0.1:0", "--peer=127.0.0.1:1"};
+    for (size_t i = 0; i + 1 < store.size(); ++i) args.push_back(store[i]);  // no host tier
+    DaemonProcess refused("refused", DecodeBin(), args, dir_.path());
+    ASSERT_TRUE(refused.Spawn().ok());
+    EXPECT_EQ(refused.Wait(DeadlineAfterMs(60000)), 2) << refused.Log();
+    EXPECT_NE(refused.Log().find("kv_host_tier_mb"), std::string::npos) << refused.Log();
+  }
   ASSERT_NO_FATAL_FAILURE(StartDaemonsTogether(pair));
   auto prompt = MakePrompt(40, 512, 97);
   auto r = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_PIPELINED, 120000);
@@ -316,6 +330,25 @@ TEST_P(DaemonsGpuTest, DecodeWritesDownFromItsGpuPool) {
   auto local2 = CallGenerate(*stub_, prompt, 8, v1::LOAD_MODE_LOCAL, 120000);
   ASSERT_TRUE(local2.status.ok()) << local2.status.error_message();
   EXPECT_EQ(r2.tokens, local2.tokens);
+  v1::LoadInfo load;
+  for (const auto& m : r2.messages)
+    if (m.has_load()) load = m.load();
+  EXPECT_EQ(load.decode_tier_tokens(), 64);  // the decode's 4 blocks, through its pinned tier
+  EXPECT_TRUE(load.loaded_remotely());
+  const std::vector<int32_t> stored(prompt.begin(), prompt.begin() + 65);
+  auto r3 = CallGenerate(*stub_, stored, 8, v1::LOAD_MODE_PIPELINED, 120000);
+  ASSERT_TRUE(r3.status.ok()) << r3.status.error_message();
+  auto local3 = CallGenerate(*stub_, stored, 8, v1::LOAD_MODE_LOCAL, 120000);
+  ASSERT_TRUE(local3.status.ok()) << local3.status.error_message();
+  EXPECT_EQ(r3.tokens, local3.tokens);
+  ASSERT_FALSE(r3.messages.empty());
+  EXPECT_FALSE(r3.messages.front().load().loaded_remotely());  // no prefill call
+  EXPECT_EQ(r3.messages.front().load().decode_tier_tokens(), 64);
+  {
+    auto dst = CallStats(*stub_);
+    ASSERT_TRUE(dst.ok()) << dst.status().ToString();
+    EXPECT_EQ(dst->kv_tier_fetched_tokens(), 128u);
+  }
   ASSERT_TRUE(WaitForAllBlocksFree(prefill_address(), false, DeadlineAfterMs(10000)).ok());
   auto pstub = PrefillStub(prefill_address());
   auto st = CallStats(*pstub);

@@ -281,5 +281,142 @@ TEST_F(KvStoreDecodeTest, AConversationIsWrittenDownOnceAndItsCountersAreScraped
   }
 }
 
+// Issue 16 item 5: a decode reaching the store loads the prompt's prefix found there itself and
+// tells the prefill to write only the rest (PrefillRequest.skip_blocks); a restarted (cold)
+// decode loads from storage; a prompt whose whole prefix is stored needs no prefill at all; the
+// store killed means the prefill writes everything. The colocated tokens throughout.
+class KvStoreDecodeLoadTest : public KvStoreDecodeTest {
+ protected:
+  DaemonPair LoadingPair(const RedisServer& redis) {
+    DaemonPair pair = PairWithDecodeStore(redis, std::string(32, 's'));
+    pair.decode.push_back("--kv_prefetch_threshold_tokens=0");
+    return pair;
+  }
+  // Turn 1: 40 tokens, a 30-token answer (the decode writes down 4 full blocks of the 69 whose
+  // KV it holds); returns the conversation (prompt and answer) once the write-down settled.
+  void FirstTurn(std::vector<int32_t>* conversation) {
+    auto prompt = MakePrompt(40, 512, 97);
+    auto r = CallGenerate(*stub_, prompt, 30, v1::LOAD_MODE_PIPELINED, 30000);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.tokens, Colocated(kTiny, prompt, 30));
+    auto dstub = DecodeStub(decode_address());
+    const Deadline deadline = DeadlineAfterMs(10000);
+    uint64_t written = 0;
+    while (Clock::now() < deadline) {
+      auto st = CallStats(*dstub);
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+      written = st->kv_tiers(0).written_blocks() + st->kv_tier_held_blocks();
+      if (written >= 4 && st->kv_tier_queued_blocks() == 0 &&
+          st->pool().free_blocks() == st->pool().num_blocks())
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    ASSERT_GE(written, 4u);
+    prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.end());
+    *conversation = std::move(prompt);
+  }
+  // The load figures of a call (its last message carrying them).
+  static v1::LoadInfo Load(const GenerateResult& r) {
+    v1::LoadInfo info;
+    for (const auto& m : r.messages)
+      if (m.has_load()) info = m.load();
+    return info;
+  }
+  uint64_t BlockBytes() {  // one block over every layer
+    auto st = CallStats(*stub_);
+    EXPECT_TRUE(st.ok());
+    return st.ok() ? st->pool().block_bytes() * uint64_t(st->pool().num_layers()) : 0;
+  }
+};
+
+TEST_F(KvStoreDecodeLoadTest, AColdDecodeLoadsThePrefixAndThePrefillWritesTheRest) {
+  RedisServer redis;
+  const DaemonPair pair = LoadingPair(redis);
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  std::vector<int32_t> conversation;
+  ASSERT_NO_FATAL_FAILURE(FirstTurn(&conversation));
+  ASSERT_NO_FATAL_FAILURE(Restart(pair));  // both cold: the store alone holds the KV
+  const uint64_t block = BlockBytes();
+  ASSERT_GT(block, 0u);
+
+  // Turn 2 (80 tokens, 79 loaded): blocks 0-3 from the store by the decode, block 4 written.
+  auto prompt = conversation;
+  const auto message = MakePrompt(10, 512, 98);
+  prompt.insert(prompt.end(), message.begin(), message.end());
+  auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
+  v1::LoadInfo load = Load(r);
+  EXPECT_TRUE(load.loaded_remotely());
+  EXPECT_EQ(load.decode_tier_tokens(), 64);
+  EXPECT_EQ(load.kv_bytes(), block);  // what the prefill wrote: one block
+  auto pst = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(pst.ok()) << pst.status().ToString();
+  EXPECT_EQ(pst->counters().kv_bytes_moved(), block);
+  EXPECT_EQ(pst->counters().requests_total(), 1u);
+  auto dst = CallStats(*stub_);
+  ASSERT_TRUE(dst.ok());
+  EXPECT_EQ(dst->kv_tier_fetched_tokens(), 64u);
+  EXPECT_EQ(Tier(*dst, "store")->hit_blocks(), 4u);
+  EXPECT_EQ(Tier(*dst, "store")->read_failures(), 0u);
+
+  // 65 tokens: the 64 before the last all stored, so no prefill call at all.
+  prompt.assign(conversation.begin(), conversation.begin() + 65);
+  r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
+  load = Load(r);
+  EXPECT_FALSE(load.loaded_remotely());
+  EXPECT_EQ(load.decode_tier_tokens(), 64);
+  pst = WaitForPrefillIdle(prefill_address(), DeadlineAfterMs(5000));
+  ASSERT_TRUE(pst.ok()) << pst.status().ToString();
+  EXPECT_EQ(pst->counters().requests_total(), 1u);
+  EXPECT_EQ(pst->counters().kv_bytes_moved(), block);
+  // Every block back once the requests ended (the loaded ones included).
+  dst = CallStats(*stub_);
+  ASSERT_TRUE(dst.ok());
+  EXPECT_EQ(dst->pool().free_blocks(), dst->pool().num_blocks());
+}
+
+TEST_F(KvStoreDecodeLoadTest, WithTheStoreDownThePrefillWritesEverything) {
+  RedisServer redis;
+  DaemonPair pair = LoadingPair(redis);
+  pair.decode.push_back("--kv_decode_loads_prefix=true");
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  std::vector<int32_t> conversation;
+  ASSERT_NO_FATAL_FAILURE(FirstTurn(&conversation));
+  redis.Kill();
+  auto prompt = conversation;
+  const auto message = MakePrompt(10, 512, 99);
+  prompt.insert(prompt.end(), message.begin(), message.end());
+  const auto t0 = Clock::now();
+  auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
+  const v1::LoadInfo load = Load(r);
+  EXPECT_TRUE(load.loaded_remotely());
+  EXPECT_EQ(load.decode_tier_tokens(), 0);
+  EXPECT_EQ(load.kv_bytes(), 5 * BlockBytes());  // all 79 tokens' blocks from the prefill
+}
+
+// Turned off, the decode never loads: the prefill writes every block.
+TEST_F(KvStoreDecodeLoadTest, TurnedOffTheDecodeLoadsNothing) {
+  RedisServer redis;
+  DaemonPair pair = LoadingPair(redis);
+  pair.decode.push_back("--kv_decode_loads_prefix=false");
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  std::vector<int32_t> conversation;
+  ASSERT_NO_FATAL_FAILURE(FirstTurn(&conversation));
+  auto prompt = conversation;
+  const auto message = MakePrompt(10, 512, 98);
+  prompt.insert(prompt.end(), message.begin(), message.end());
+  auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
+  EXPECT_EQ(Load(r).decode_tier_tokens(), 0);
+  EXPECT_EQ(Load(r).kv_bytes(), 5 * BlockBytes());
+}
+
 }  // namespace
 }  // namespace kvstream::testing
