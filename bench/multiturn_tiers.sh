@@ -11,7 +11,9 @@
 #         required; redis-server must be on PATH) on both daemons: the decode writes finished
 #         conversations down to it (through its own DECODE_HOST_MB pinned tier) and loads the
 #         prefixes it finds there itself, the prefill writing only the rest (docs/kv_tiers.md)
-#   store-noload  store with --kv_decode_loads_prefix=false (the prefill writes every block)
+#   store-noload  store with --kv_decode_loads_prefix=false (the prefill writes every block);
+#         store sets it true (its default, auto, is off over cuda_ipc and nccl)
+# TRANSPORT (default cuda_ipc) is the data plane, e.g. ucx_staged (host staging, as across nodes).
 # Workload (kvstream bench serve --dataset multiturn): CONV (16) conversations x TURNS (6) turns,
 # a shared system prompt of SYSTEM (4096) ids, each turn adding a USER_LEN (256)-id message to the
 # conversation so far (earlier messages and answers), OUT_LEN (32) tokens out, CONC (4) in flight.
@@ -24,7 +26,7 @@ B=${BIN:-build/bin}; OUT=${OUT:-/tmp/multiturn_tiers}; mkdir -p "$OUT"
 CONFIGS=${CONFIGS:-off gpu host}; GPU_BLOCKS=${GPU_BLOCKS:-512}; HOST_MB=${HOST_MB:-10240}
 DISK_MB=${DISK_MB:-20480}; DECODE_HOST_MB=${DECODE_HOST_MB:-10240}; CONV=${CONV:-16}; TURNS=${TURNS:-6}; SYSTEM=${SYSTEM:-4096}
 USER_LEN=${USER_LEN:-256}; OUT_LEN=${OUT_LEN:-32}; CONC=${CONC:-4}; MODEL=${MODEL:-llama-3-8b}
-common=(--model "$MODEL" --backend cuda --transport cuda_ipc --device 0 --log_level warn
+common=(--model "$MODEL" --backend cuda --transport "${TRANSPORT:-cuda_ipc}" --device 0 --log_level warn
         --request_timeout_ms 300000)
 rm -f "$OUT/multiturn.jsonl"
 for cfg in $CONFIGS; do
@@ -49,7 +51,8 @@ for cfg in $CONFIGS; do
                  --kv_store_auth_file "$T/redis.auth")
           flags=(--prompt_cache_blocks "$GPU_BLOCKS" --kv_host_tier_mb "$HOST_MB" "${store[@]}")
           dflags=("${store[@]}" --kv_host_tier_mb "$DECODE_HOST_MB")
-          [[ $cfg == store-noload ]] && dflags+=(--kv_decode_loads_prefix=false) ;;
+          if [[ $cfg == store-noload ]]; then dflags+=(--kv_decode_loads_prefix=false)
+          else dflags+=(--kv_decode_loads_prefix=true); fi ;;
     *) echo "unknown config $cfg"; exit 2 ;;
   esac
   "$B/kvstream-prefill" "${common[@]}" --pool_blocks "${PREFILL_BLOCKS:-2048}" "${flags[@]}" --listen 127.0.0.1:0 \

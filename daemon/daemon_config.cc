@@ -106,9 +106,10 @@ const std::vector<Field>& Fields() {
                "shared KV tier (L4) on Redis: servers unix:/path or host:port, a,b,... (empty = "
                "off; needs kv_tier_secret_file; docs/kv_store.md); the decode writes finished "
                "conversations to it"),
-      KV_FIELD(kv_decode_loads_prefix, kBool,
+      KV_FIELD(kv_decode_loads_prefix, kStr,
                "decode with kv_store_redis: load a prompt's prefix found in the shared tier "
-               "itself, the prefill writing only the rest (true|false)"),
+               "itself, the prefill writing only the rest (auto | true | false; auto: unless "
+               "the transport is cuda_ipc or nccl)"),
       KV_FIELD(kv_store_auth_file, kStr,
                "prefill: Redis AUTH file (the password, or ACL user and password on two lines)"),
       KV_FIELD(kv_store_insecure, kBool, "prefill: allow kv_store_redis without an auth file"),
@@ -267,6 +268,9 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.first_step_after_load != "auto" && c.first_step_after_load != "true" &&
       c.first_step_after_load != "false")
     return InvalidArgument("first_step_after_load must be auto, true or false");
+  if (c.kv_decode_loads_prefix != "auto" && c.kv_decode_loads_prefix != "true" &&
+      c.kv_decode_loads_prefix != "false")
+    return InvalidArgument("kv_decode_loads_prefix must be auto, true or false");
   // The interprocess-event version was refused; the landed-flag version passed the GPU tests
   // (landed_event_gpu_test: held copy, killed writer, deadline; daemons_gpu_test with it on;
   // bench/results/landed_wait_2026-11-29.md). Off by default.
@@ -483,6 +487,11 @@ bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& lo
   if (setting == "true") return true;
   if (setting != "auto") return false;
   return !local_device_id.empty() && local_device_id == peer_device_id && !local_shared_via_mps;
+}
+
+bool ResolveDecodeLoadsPrefix(const std::string& setting, const std::string& transport) {
+  if (setting != "auto") return setting == "true";
+  return transport != "cuda_ipc" && transport != "nccl";
 }
 
 std::vector<std::string> SplitPeers(const std::string& peers) {

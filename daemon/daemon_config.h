@@ -129,7 +129,10 @@ struct DaemonConfig {
   // its write-down is staged through) is loaded by the decode itself, the prefill told to write
   // only the rest (PrefillRequest.skip_blocks; decode/kv_tiers.h). The reads follow
   // kv_tier_policy, kv_tier_timeout_ms and kv_prefetch_threshold_tokens, as the prefill's do.
-  bool kv_decode_loads_prefix = true;
+  // "true", "false", or "auto": true unless the data plane is GPU to GPU on one host (cuda_ipc,
+  // nccl), which moves KV faster than the decode reads it up from host memory
+  // (ResolveDecodeLoadsPrefix).
+  std::string kv_decode_loads_prefix = "auto";
   std::string kv_store_auth_file;
   bool kv_store_insecure = false;
   int64_t kv_store_ttl_s = 86400;
@@ -192,6 +195,9 @@ std::string DaemonUsage(const std::string& role);
 // side by side instead of being time-sliced, so "auto" keeps the layer-by-layer first step there.
 bool ResolveFirstStepAfterLoad(const std::string& setting, const std::string& local_device_id,
                                const std::string& peer_device_id, bool local_shared_via_mps = false);
+
+// DaemonConfig::kv_decode_loads_prefix resolved against DaemonConfig::transport.
+bool ResolveDecodeLoadsPrefix(const std::string& setting, const std::string& transport);
 
 // DaemonConfig::peer split at commas: the decode daemon's prefill daemons, in order (one
 // element when there is no comma; empty elements are kept, and refused by the config check).

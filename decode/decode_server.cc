@@ -49,6 +49,7 @@ DecodeServer::DecodeServer(const daemon::DaemonConfig& config, model::ModelBacke
       // The prefill's key chain (prefill/kv_tiers.cc): the same root, so a prompt's route key
       // and the blocks the decode writes down have the keys they have in every tier.
       kv_root_(kvcache::RootKey(backend->config().hash(), pool->layout(), /*salt=*/"")),
+      loads_prefix_(daemon::ResolveDecodeLoadsPrefix(config.kv_decode_loads_prefix, config.transport)),
       router_(MakeRouter(config, kv_root_, pool->layout().block_size, connectors_)),
       admission_(&pool->allocator(), config.max_queue),
       join_budget_(config.itl_target_ms * 1e-3,
@@ -212,7 +213,7 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
       std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
   auto ids = admission_.Acquire(need, queue_deadline, cancelled);
   if (!ids.ok()) return reject(ids.status());
-  if (write_down_ && config_.kv_decode_loads_prefix && r->remote) {
+  if (write_down_ && loads_prefix_ && r->remote) {
     // The prefix from this decode's own tiers: the prefill is asked only for the rest (LOAD_MODE_LOCAL computes it all).
     TierLoad loaded = LoadPrefixFromTiers(
         write_down_, write_down_staging_, pool_, kv_root_,

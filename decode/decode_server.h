@@ -174,6 +174,7 @@ class DecodeServer final : public kvstream::v1::Decode::Service {
   std::vector<connector::DecodeConnector*> connectors_;
   std::atomic<uint64_t> next_connector_{0};
   const kvcache::BlockKey kv_root_;  // the prefix keys' root (kvcache/prefix_key.h), as the prefill's
+  const bool loads_prefix_;  // daemon::ResolveDecodeLoadsPrefix(config_)
   PrefillRouter router_;
   kvcache::TieredCache* write_down_ = nullptr;
   kvcache::PoolTier* write_down_staging_ = nullptr;

@@ -137,6 +137,8 @@ int main(int argc, char** argv) {
     }
     tiers.push_back(std::move(store).value());
     // Its reads (kv_decode_loads_prefix) follow the tier policy, as the prefill's do.
+    const bool loads_prefix =
+        daemon::ResolveDecodeLoadsPrefix(cfg->kv_decode_loads_prefix, cfg->transport);
     kvcache::FetchPolicy policy;
     auto mode = kvcache::ParseFetchMode(cfg->kv_tier_policy);
     if (!mode.ok()) return Fail(mode.status().WithContext("kv_tier_policy"));
@@ -145,11 +147,11 @@ int main(int argc, char** argv) {
     policy.threshold_tokens = cfg->kv_prefetch_threshold_tokens;
     write_down = std::make_unique<kvcache::TieredCache>(
         model->pool.get(), model_hash, std::move(tiers), policy,
-        cfg->kv_decode_loads_prefix ? cfg->kv_tier_io_threads : 0, /*staged=*/gpu,
+        loads_prefix ? cfg->kv_tier_io_threads : 0, /*staged=*/gpu,
         /*write_threads=*/1);
     KV_LOG_INFO << "finished conversations are written down to the shared KV tier "
                 << cfg->kv_store_redis
-                << (cfg->kv_decode_loads_prefix ? ", prompts' prefixes loaded from it" : "")
+                << (loads_prefix ? ", prompts' prefixes loaded from it" : "")
                 << (gpu ? " through " + std::to_string(cfg->kv_host_tier_mb) +
                               " MiB of pinned host memory"
                         : "");

@@ -176,6 +176,21 @@ TEST(DaemonConfig, FirstStepAfterLoadAutoByDefaultAndResolvedByDevice) {
   EXPECT_TRUE(ResolveFirstStepAfterLoad("true", gpu0, gpu0, /*local_shared_via_mps=*/true));
 }
 
+// kv_decode_loads_prefix: auto by default; auto loads unless the data plane is GPU to GPU on
+// one host (cuda_ipc, nccl: faster than the decode's own read up from host memory).
+TEST(DaemonConfig, DecodeLoadsPrefixAutoUnlessGpuToGpu) {
+  auto c = Parse({"--peer=127.0.0.1:1"}, "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->kv_decode_loads_prefix, "auto");
+  auto bad = Parse({"--peer=127.0.0.1:1", "--kv_decode_loads_prefix=yes"}, "decode");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("kv_decode_loads_prefix"), std::string::npos);
+  for (const char* t : {"ucx", "ucx_staged"}) EXPECT_TRUE(ResolveDecodeLoadsPrefix("auto", t)) << t;
+  for (const char* t : {"cuda_ipc", "nccl"}) EXPECT_FALSE(ResolveDecodeLoadsPrefix("auto", t)) << t;
+  EXPECT_TRUE(ResolveDecodeLoadsPrefix("true", "cuda_ipc"));
+  EXPECT_FALSE(ResolveDecodeLoadsPrefix("false", "ucx"));
+}
+
 // gpu_landed_wait: off by default; accepted with cuda_ipc and the CUDA backend only (the GPU
 // wait is on landed flags the cuda_ipc writer's copy stream writes).
 TEST(DaemonConfig, GpuLandedWaitNeedsCudaIpcAndTheCudaBackend) {

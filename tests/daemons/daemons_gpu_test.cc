@@ -285,6 +285,7 @@ TEST_P(DaemonsGpuTest, DecodeWritesDownFromItsGpuPool) {
     prefill.push_back(f);
   std::vector<std::string> decode = store;
   decode.push_back("--kv_prefetch_threshold_tokens=0");
+  decode.push_back("--kv_decode_loads_prefix=true");  // auto: off over cuda_ipc
   const DaemonPair pair = Pair({"--model=tiny", "--pool_blocks=64"}, prefill, decode);
   {
     std::vector<std::string> args = {"--model=tiny", "--pool_blocks=64", "--backend=cuda",
