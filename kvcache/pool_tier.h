@@ -50,6 +50,9 @@ class PoolTier {
   virtual void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                          const std::vector<int32_t>& ids,
                          std::function<void()> written = {}) = 0;
+  // Write-back: as WriteDown, over blocks named by their own keys (e.g. evicted from the prefix
+  // directory, which still references them): each block on its own, no chain.
+  virtual void WriteBlocks(std::span<const KeyedBlock> blocks, std::function<void()> written = {}) = 0;
   // The tier's entries as a KvTier that the host reads and writes with memcpy (Get, Put, Pin:
   // kvcache/tier.h), owned by the tier; null if it has none.
   virtual KvTier* staging() { return nullptr; }

@@ -23,7 +23,8 @@ PrefixDirectory::PrefixDirectory(model::BlockAllocator* allocator,
         return o;
       }()) {}
 
-PrefixDirectory::~PrefixDirectory() { Clear(/*closing=*/true); }
+// Whatever the callback would write to may be gone already.
+PrefixDirectory::~PrefixDirectory() { Clear(/*closing=*/true, /*report=*/false); }
 
 PrefixDirectory::Node* PrefixDirectory::Lookup(const BlockKey& key) const {
   auto it = nodes_.find(key);
@@ -41,26 +42,38 @@ bool PrefixDirectory::EvictableLocked(const Node* n) const {
   return n->children == 0 && allocator_->refcount(n->block) <= 1;
 }
 
-void PrefixDirectory::EraseLocked(Node* n) {
-  allocator_->Release({n->block}).IgnoreError();
+void PrefixDirectory::EraseLocked(Node* n, std::vector<KeyedBlock>* victims) {
+  victims->push_back({n->root, n->key, n->tokens, n->block});
   if (n->parent != nullptr) --n->parent->children;
   lru_.erase(n->lru);
   --stats_.blocks;
   nodes_.erase(n->key);
 }
 
+void PrefixDirectory::ReleaseLocked(const std::vector<KeyedBlock>& victims, bool report) {
+  if (victims.empty()) return;
+  // The callback takes its own references before the directory lets go of its.
+  if (report && on_evict_) on_evict_(victims);
+  std::vector<int32_t> ids;
+  ids.reserve(victims.size());
+  for (const KeyedBlock& v : victims) ids.push_back(v.block);
+  allocator_->Release(ids).IgnoreError();
+}
+
 template <typename Pred>
 bool PrefixDirectory::EvictUntilLocked(Pred pred) {
+  std::vector<KeyedBlock> victims;
   auto it = lru_.end();
-  while (!pred() && it != lru_.begin()) {
+  while (!pred(int(victims.size())) && it != lru_.begin()) {
     --it;
     Node* n = *it;
     if (!EvictableLocked(n)) continue;
     ++it;  // stays valid: it points past the victim (its parent, more recent, is still ahead)
-    EraseLocked(n);
+    EraseLocked(n, &victims);
     ++stats_.evicted_blocks;
   }
-  return pred();
+  ReleaseLocked(victims, /*report=*/true);
+  return pred(0);
 }
 
 PrefixDirectory::Match PrefixDirectory::Find(const BlockKey& root,
@@ -107,7 +120,8 @@ void PrefixDirectory::CountLookup(int matched_tokens) {
 }
 
 int PrefixDirectory::Insert(const BlockKey& root, std::span<const int32_t> tokens,
-                            const std::vector<int32_t>& ids) {
+                            const std::vector<int32_t>& ids, int* cached_tokens) {
+  if (cached_tokens != nullptr) *cached_tokens = 0;
   if (!enabled() || tokens.empty()) return 0;
   const int bs = options_.block_size;
   const int n = static_cast<int>(std::min<size_t>(tokens.size(), size_t(options_.max_tokens)));
@@ -117,7 +131,8 @@ int PrefixDirectory::Insert(const BlockKey& root, std::span<const int32_t> token
   BlockKey key = root;
   Node* parent = nullptr;
   int added = 0;
-  for (int b = 0, pos = 0; pos < n; ++b, pos += bs) {
+  int pos = 0;
+  for (int b = 0; pos < n; ++b, pos += bs) {
     const int len = std::min(bs, n - pos);
     if (len < bs && pos + len != static_cast<int>(tokens.size())) break;  // cut by max_tokens
     BlockKey k = BlockKeyOf(key, tokens.subspan(pos, len));
@@ -129,7 +144,7 @@ int PrefixDirectory::Insert(const BlockKey& root, std::span<const int32_t> token
                                                                  options_.low_watermark)) - 1);
         // The path being extended is pinned while others are evicted.
         if (parent != nullptr && !allocator_->Ref({parent->block}).ok()) break;
-        const bool room = EvictUntilLocked([&] { return stats_.blocks <= low; }) ||
+        const bool room = EvictUntilLocked([&](int) { return stats_.blocks <= low; }) ||
                           stats_.blocks < options_.budget_blocks;
         if (parent != nullptr) allocator_->Release({parent->block}).IgnoreError();
         if (!room) break;
@@ -138,6 +153,8 @@ int PrefixDirectory::Insert(const BlockKey& root, std::span<const int32_t> token
       auto owned = std::make_unique<Node>();
       node = owned.get();
       node->key = k;
+      node->root = root;
+      node->tokens = uint32_t(len);
       node->parent = parent;
       node->block = ids[b];
       node->partial = len < bs;
@@ -153,20 +170,24 @@ int PrefixDirectory::Insert(const BlockKey& root, std::span<const int32_t> token
     parent = node;
     key = k;
   }
+  if (cached_tokens != nullptr) *cached_tokens = std::min(pos, n);
   return added;
 }
 
 int PrefixDirectory::EvictForAllocation(int free_blocks) {
   std::lock_guard<std::mutex> lock(mu_);
   const int before = stats_.blocks;
-  EvictUntilLocked([&] { return allocator_->free_count() >= free_blocks; });
+  // A victim is counted as room at once: freed by the release, or once its write-back is done.
+  EvictUntilLocked([&](int victims) { return allocator_->free_count() + victims >= free_blocks; });
   return before - stats_.blocks;
 }
 
-void PrefixDirectory::Clear(bool closing) {
+void PrefixDirectory::Clear(bool closing, bool report) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closing) closing_ = true;
-  for (const auto& [key, node] : nodes_) allocator_->Release({node->block}).IgnoreError();
+  std::vector<KeyedBlock> victims;
+  for (const auto& [key, node] : nodes_) victims.push_back({node->root, node->key, node->tokens, node->block});
+  ReleaseLocked(victims, report);
   nodes_.clear();
   lru_.clear();
   stats_.blocks = 0;

@@ -18,10 +18,15 @@
 //    watermark (low_watermark * budget), so a full cache does not evict on every insert.
 //  - max_tokens bounds what is cached (models whose KV depends on the total length, e.g.
 //    dynamic-NTK rotary, cache nothing past their original maximum position).
+//  - Write-back (set_on_evict): every block evicted (LRU, watermark, EvictForAllocation, and
+//    Clear when asked to) is reported with its root, its chained key (the tiers' key) and its
+//    token count, while the directory still holds its reference: the callback takes references
+//    of its own to keep the block past the directory's release. The destructor reports nothing.
 // Thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -49,6 +54,10 @@ class PrefixDirectory {
   PrefixDirectory& operator=(const PrefixDirectory&) = delete;
 
   bool enabled() const { return options_.budget_blocks > 0; }
+  // Called with each batch of evicted blocks, under the directory's lock (it must neither call
+  // the directory nor wait long: queue). Set before the directory is used.
+  using OnEvict = std::function<void(std::span<const KeyedBlock>)>;
+  void set_on_evict(OnEvict fn) { on_evict_ = std::move(fn); }
   int block_size() const { return options_.block_size; }
 
   struct Match {
@@ -61,14 +70,16 @@ class PrefixDirectory {
   void CountLookup(int matched_tokens);
   // Records that blocks ids[i] hold the KV of tokens [i*block_size, ...) under `root`: nodes
   // for every block not cached yet, up to the budget and max_tokens, each with a reference of
-  // the directory's own. Returns the number of blocks newly cached.
+  // the directory's own. Returns the number of blocks newly cached; `cached_tokens` (if set)
+  // gets how many of the tokens the directory holds afterwards (a prefix).
   int Insert(const BlockKey& root, std::span<const int32_t> tokens,
-             const std::vector<int32_t>& ids);
+             const std::vector<int32_t>& ids, int* cached_tokens = nullptr);
   // Evicts until the allocator has at least `free_blocks` free blocks or nothing more can go.
   // Returns the blocks released.
   int EvictForAllocation(int free_blocks);
   // Drops every node (the directory's references). closing: later Inserts keep nothing.
-  void Clear(bool closing);
+  // report: each block goes to the eviction callback first (a shutdown's write-back).
+  void Clear(bool closing, bool report = false);
 
   struct Stats {
     uint64_t hits = 0, misses = 0;  // counted lookups with / without a matched block
@@ -84,6 +95,8 @@ class PrefixDirectory {
   using Lru = std::list<Node*>;
   struct Node {
     BlockKey key;
+    BlockKey root;             // of its chain (the eviction report)
+    uint32_t tokens = 0;       // tokens its block holds
     Node* parent = nullptr;
     int children = 0;          // cached nodes whose parent this is
     int32_t block = -1;
@@ -96,8 +109,11 @@ class PrefixDirectory {
   Node* Lookup(const BlockKey& key) const;
   void TouchLocked(Node* n);
   bool EvictableLocked(const Node* n) const;
-  void EraseLocked(Node* n);
-  // Evicts evictable nodes, least recently used first, until pred() holds.
+  // Removes the node; its block joins `victims`, the directory's reference still held.
+  void EraseLocked(Node* n, std::vector<KeyedBlock>* victims);
+  // Reports the victims (set_on_evict), then releases the directory's references on them.
+  void ReleaseLocked(const std::vector<KeyedBlock>& victims, bool report);
+  // Evicts evictable nodes, least recently used first, until pred(victims so far) holds.
   template <typename Pred>
   bool EvictUntilLocked(Pred pred);
 
@@ -108,6 +124,7 @@ class PrefixDirectory {
   Lru lru_;  // front = most recently used
   bool closing_ = false;
   Stats stats_;
+  OnEvict on_evict_;
 };
 
 }  // namespace kvstream::kvcache

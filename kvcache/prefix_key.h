@@ -26,6 +26,16 @@ BlockKey BlockKeyOf(const BlockKey& parent, std::span<const int32_t> tokens);
 // The keys of tokens' blocks chained from root: one per block of block_size tokens, the last one
 // over the partial block when tokens.size() is not a multiple.
 std::vector<BlockKey> ChainKeys(const BlockKey& root, std::span<const int32_t> tokens, int block_size);
+// One block of KV named by its chained key, e.g. a block the prefix directory evicts and the
+// tiers' write-back writes (kvcache/tiered_cache.h). Tier writes need nothing of its parents:
+// `key` already chains them.
+struct KeyedBlock {
+  BlockKey root{};      // the chain's root (RootKey)
+  BlockKey key{};       // ChainKeys(root, the tokens up to and including this block).back()
+  uint32_t tokens = 0;  // tokens the block holds: block_size, or fewer (a prompt's last block)
+  int32_t block = -1;   // its pool block
+};
+
 // Lower-case hex (for logs and tests; keys are not secrets, but salts are never logged).
 std::string KeyHex(const BlockKey& key);
 

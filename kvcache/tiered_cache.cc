@@ -260,8 +260,18 @@ TieredCache::Job TieredCache::Lacking(const BlockKey& root, std::span<const int3
                                       std::vector<size_t>* index) {
   const int bs = pool_->layout().block_size;
   const std::vector<BlockKey> keys = Keys(root, tokens);
+  std::vector<uint32_t> counts;
+  for (size_t b = 0; b < keys.size(); ++b)
+    counts.push_back(uint32_t(std::min<int>(bs, int(tokens.size()) - int(b) * bs)));
+  return LackingKeys(root, keys, counts, /*chain=*/true, index);
+}
+
+TieredCache::Job TieredCache::LackingKeys(const BlockKey& root, std::span<const BlockKey> keys,
+                                          std::span<const uint32_t> tokens, bool chain,
+                                          std::vector<size_t>* index) {
   Job job;
   job.root = root;
+  job.chain = chain;
   uint64_t held = 0;
   for (size_t b = 0; b < keys.size(); ++b) {
     bool lacks = false;
@@ -271,10 +281,13 @@ TieredCache::Job TieredCache::Lacking(const BlockKey& root, std::span<const int3
       ++held;
       continue;
     }
-    // Staged, a block gone from the staging tier ends the write-down (as in WriteJob).
-    if (staged_ && !tiers_.front()->Contains(keys[b])) break;
+    // Staged, a block gone from the staging tier ends a prompt's write-down (as in WriteBlock).
+    if (staged_ && !tiers_.front()->Contains(keys[b])) {
+      if (chain) break;
+      continue;
+    }
     job.keys.push_back(keys[b]);
-    job.tokens.push_back(uint32_t(std::min<int>(bs, int(tokens.size()) - int(b) * bs)));
+    job.tokens.push_back(tokens[b]);
     if (index) index->push_back(b);
   }
   job.left = job.keys.size();
@@ -285,11 +298,17 @@ TieredCache::Job TieredCache::Lacking(const BlockKey& root, std::span<const int3
   return job;
 }
 
-bool TieredCache::Enqueue(Job job) {
+bool TieredCache::Enqueue(Job job, bool wait) {
   if (job.left == 0) return true;  // nothing a tier lacks
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t bound = uint64_t(pool_->num_blocks()) / 2;
+  if (wait) {
+    cv_.wait(lock, [&] {
+      return stopping_ || queued_blocks_ == 0 || queued_blocks_ + job.left <= bound;
+    });
+  }
   if (stopping_) return false;  // the job's lease returns its references here
-  if (queued_blocks_ + job.left > uint64_t(pool_->num_blocks()) / 2) {
+  if (queued_blocks_ + job.left > bound && !(wait && queued_blocks_ == 0)) {
     if (skipped_blocks_ % 1000 < job.left || skipped_blocks_ == 0) {
       KV_LOG_WARN << "KV tiers: write-down of " << job.left << " blocks skipped: "
                   << queued_blocks_ << " blocks already queued (half the pool); "
@@ -299,6 +318,7 @@ bool TieredCache::Enqueue(Job job) {
     return false;
   }
   queued_blocks_ += job.left;
+  if (job.write_back) write_back_blocks_ += job.left;
   queue_.push_back(std::make_shared<Job>(std::move(job)));
   cv_.notify_all();
   return true;
@@ -322,6 +342,40 @@ void TieredCache::WriteDown(const BlockKey& root, std::span<const int32_t> token
   if (!pool_->allocator().Ref(mine).ok()) return;
   job.lease = model::BlockLease(&pool_->allocator(), std::move(mine));
   Enqueue(std::move(job));
+}
+
+void TieredCache::WriteBack(std::span<const KeyedBlock> blocks, bool wait_for_room) {
+  if (!enabled() || staged_) return;
+  WriteBackRuns(blocks, wait_for_room);
+}
+
+void TieredCache::WriteBackStaged(std::span<const KeyedBlock> blocks) {
+  if (!staged_ || tiers_.size() < 2) return;
+  WriteBackRuns(blocks, /*wait_for_room=*/false);
+}
+
+void TieredCache::WriteBackRuns(std::span<const KeyedBlock> blocks, bool wait_for_room) {
+  for (size_t i = 0; i < blocks.size();) {
+    size_t end = i + 1;
+    while (end < blocks.size() && blocks[end].root == blocks[i].root) ++end;
+    std::vector<BlockKey> keys;
+    std::vector<uint32_t> counts;
+    for (size_t b = i; b < end; ++b) {
+      keys.push_back(blocks[b].key);
+      counts.push_back(blocks[b].tokens);
+    }
+    std::vector<size_t> index;
+    Job job = LackingKeys(blocks[i].root, keys, counts, /*chain=*/false, &index);
+    job.write_back = true;
+    if (job.left > 0 && !staged_) {
+      std::vector<int32_t> mine;
+      for (size_t b : index) mine.push_back(blocks[i + b].block);
+      if (!pool_->allocator().Ref(mine).ok()) return;
+      job.lease = model::BlockLease(&pool_->allocator(), std::move(mine));
+    }
+    Enqueue(std::move(job), wait_for_room);
+    i = end;
+  }
 }
 
 void TieredCache::WriteStaged(const BlockKey& root, std::span<const int32_t> tokens) {
@@ -451,7 +505,8 @@ void TieredCache::Worker() {
       lock.lock();
       queued_blocks_ -= 1;
       if (held) held_blocks_ += 1;
-      if (!kept && job->next < job->keys.size()) {  // staged block gone: the rest is dropped
+      // A staged block gone: the rest of a prompt's chain is dropped.
+      if (!kept && job->chain && job->next < job->keys.size()) {
         DropRestLocked(*job);
         auto it = std::find(ready_.begin(), ready_.end(), job);
         if (it != ready_.end()) ready_.erase(it);
@@ -478,6 +533,13 @@ void TieredCache::Worker() {
 void TieredCache::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return stopping_ || (queue_.empty() && ready_.empty() && busy_ == 0); });
+}
+
+bool TieredCache::WaitForWrites(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] {
+    return stopping_ || (queue_.empty() && ready_.empty() && busy_ == 0);
+  });
 }
 
 void TieredCache::Stop() {
@@ -514,6 +576,7 @@ TieredCache::Stats TieredCache::stats() const {
   s.queued_writes = queued_blocks_;
   s.skipped_blocks = skipped_blocks_;
   s.held_blocks = held_blocks_;
+  s.write_back_blocks = write_back_blocks_;
   return s;
 }
 

@@ -1,6 +1,7 @@
 // The tiers below the KV pool put together for one pool: where a prefill's blocks are written
-// down to (write path) and fetched back up from (read path). Policy: write-through (every
-// block of a finished prefill goes to every tier that lacks it).
+// down to (write path) and fetched back up from (read path). Write policy: the caller's;
+// write-through calls WriteDown (every block of a finished prefill goes to every tier that
+// lacks it), write-back calls WriteBack with the blocks the prefix directory evicts.
 //
 // Guarantees:
 //  - WriteDown never blocks on a tier: it queues the blocks with a lease of their own, so
@@ -31,6 +32,11 @@
 //    (the slow reads still run, for the next request); kTimeout waits up to `timeout` for the
 //    slow reads, then trims; kWaitComplete waits for all of them. A hit of fewer than
 //    threshold_tokens tokens below the pool is recomputed instead of fetched.
+//  - WriteBack queues blocks named by their own keys (no chain: one missing does not end the
+//    others) exactly as WriteDown does: references of their own, the same queue and bound
+//    (skipped past it, counted), blocks every tier holds not queued; counted in
+//    Stats::write_back_blocks once queued. With wait_for_room (a shutdown) it waits for room
+//    instead of skipping. WriteBackStaged is its staged form (after PoolTier::WriteBlocks).
 //  - Stop (or the destructor) drops queued writes and reads (blocks not yet taken by a
 //    writer; those being written finish) and joins the threads: every lease returned, the
 //    gauge back to 0.
@@ -125,8 +131,15 @@ class TieredCache {
   // ids[i] hold the KV of tokens [i*block_size, ...); takes references of its own. Not staged.
   void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                  const std::vector<int32_t>& ids);
+  // Write-back, not staged: `blocks` (still referenced by the caller) to every tier lacking
+  // them, with references of its own. Never waits unless wait_for_room.
+  void WriteBack(std::span<const KeyedBlock> blocks, bool wait_for_room = false);
+  // Write-back, staged: `blocks` held by tiers[0] to the slower tiers that lack them.
+  void WriteBackStaged(std::span<const KeyedBlock> blocks);
   // Waits until every queued write is done (tests; a shutdown uses Stop).
   void Flush();
+  // Flush up to `deadline`: true when every queued write is done.
+  bool WaitForWrites(Deadline deadline);
   void Stop();
   void EraseAll();
 
@@ -144,6 +157,7 @@ class TieredCache {
     uint64_t queued_writes = 0;      // blocks waiting for the write-down (gauge)
     uint64_t skipped_blocks = 0;     // blocks not written down: the queue was full
     uint64_t held_blocks = 0;        // blocks of write-downs every tier held: not written again
+    uint64_t write_back_blocks = 0;  // blocks queued by WriteBack / WriteBackStaged
   };
   Stats stats() const;
 
@@ -155,6 +169,8 @@ class TieredCache {
     std::vector<uint32_t> tokens;   // the tokens each of them holds
     model::BlockLease lease;        // keys[i]'s KV in ids()[i]; empty when staged (tiers_[0])
     size_t left = 0;                // keys counted in queued_blocks_ when queued
+    bool chain = true;              // a prompt's blocks: staged, one gone ends the job
+    bool write_back = false;        // counted in write_back_blocks_ when queued
     // Under mu_: keys[next...] are not yet taken by a writer (in queued_blocks_ until taken and
     // done, or dropped).
     size_t next = 0;
@@ -166,7 +182,15 @@ class TieredCache {
   // tier aside) may lack: local tiers are asked by index; a remote tier may always lack. Staged,
   // it ends at the first such block the staging tier lacks. `index` gets each one's block index.
   Job Lacking(const BlockKey& root, std::span<const int32_t> tokens, std::vector<size_t>* index);
-  bool Enqueue(Job job);  // false when the queue is full or stopping (counted)
+  // The same over explicit keys and token counts; chain: staged, stop at the first block the
+  // staging tier lacks (else skip it).
+  Job LackingKeys(const BlockKey& root, std::span<const BlockKey> keys,
+                  std::span<const uint32_t> tokens, bool chain, std::vector<size_t>* index);
+  // false when the queue is full (counted) or stopping; wait: for room instead (at least an
+  // empty queue, whatever the job's size).
+  bool Enqueue(Job job, bool wait = false);
+  // WriteBack / WriteBackStaged: one job per run of blocks under one root.
+  void WriteBackRuns(std::span<const KeyedBlock> blocks, bool wait_for_room);
   // Under mu_: drops the job's blocks no writer took yet (the gauge), so none is taken.
   void DropRestLocked(Job& job);
   // Blocks [from_tokens / block_size, end) of `p` held and pinned in tiers_[0]: the tokens covered.
@@ -199,6 +223,7 @@ class TieredCache {
   uint64_t queued_blocks_ = 0;
   uint64_t skipped_blocks_ = 0;
   uint64_t held_blocks_ = 0;
+  uint64_t write_back_blocks_ = 0;
   std::atomic<uint64_t> fetched_tokens_{0}, fetch_us_{0}, recomputed_tokens_{0}, late_blocks_{0};
   std::vector<std::thread> writers_;
   std::unique_ptr<IoPool> io_;  // after tiers_: its threads end before the tiers go

@@ -354,6 +354,26 @@ std::unique_ptr<PoolPrefetch> PinnedHostTier::Fetch(
 void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                                const std::vector<int32_t>& ids, std::function<void()> written) {
   const int bs = pool_->layout().block_size;
+  if (tokens.empty() || int64_t(ids.size()) * bs < int64_t(tokens.size())) {
+    if (written) written();
+    return;
+  }
+  const std::vector<BlockKey> keys = ChainKeys(root, tokens, bs);
+  WriteKeyed(keys, std::span<const int32_t>(ids).first(keys.size()), std::move(written));
+}
+
+void PinnedHostTier::WriteBlocks(std::span<const KeyedBlock> blocks, std::function<void()> written) {
+  std::vector<BlockKey> keys;
+  std::vector<int32_t> ids;
+  for (const KeyedBlock& b : blocks) {
+    keys.push_back(b.key);
+    ids.push_back(b.block);
+  }
+  WriteKeyed(keys, ids, std::move(written));
+}
+
+void PinnedHostTier::WriteKeyed(std::span<const BlockKey> keys, std::span<const int32_t> ids,
+                                std::function<void()> written) {
   // Where no copy starts, `written` runs before returning (after the lock is released).
   Transfer t;
   t.written = std::move(written);
@@ -363,8 +383,7 @@ void PinnedHostTier::WriteDown(const BlockKey& root, std::span<const int32_t> to
       if (t->written) t->written();
     }
   } run_if_left{&t};
-  if (tokens.empty() || int64_t(ids.size()) * bs < int64_t(tokens.size())) return;
-  const std::vector<BlockKey> keys = ChainKeys(root, tokens, pool_->layout().block_size);
+  if (keys.empty()) return;
   t.write = true;
   std::vector<int32_t> slots, src;
   std::unique_lock<std::mutex> lock(mu_);

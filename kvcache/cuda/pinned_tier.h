@@ -110,6 +110,7 @@ class PinnedHostTier final : public PoolTier {
                                       const std::function<void(int)>& make_room) override;
   void WriteDown(const BlockKey& root, std::span<const int32_t> tokens,
                  const std::vector<int32_t>& ids, std::function<void()> written = {}) override;
+  void WriteBlocks(std::span<const KeyedBlock> blocks, std::function<void()> written = {}) override;
   KvTier* staging() override { return &view_; }
   void Flush() override;
   void EraseAll() override;
@@ -130,6 +131,9 @@ class PinnedHostTier final : public PoolTier {
     Clock::time_point written;
     std::list<BlockKey>::iterator lru;
   };
+  // WriteDown and WriteBlocks: ids[b] holds the KV named keys[b].
+  void WriteKeyed(std::span<const BlockKey> keys, std::span<const int32_t> ids,
+                  std::function<void()> written);
   // The host-side view (staging()).
   class View final : public KvTier {
    public:

@@ -75,6 +75,14 @@ class FakePoolTier final : public PoolTier {
     }
     if (written) written();
   }
+  void WriteBlocks(std::span<const KeyedBlock> blocks, std::function<void()> written) override {
+    for (const KeyedBlock& b : blocks) {
+      const auto out = Layers(b.block);
+      const BlockHeader h{b.root, b.key, 1, pool_->layout(), b.tokens};
+      host_->Put(h, std::vector<std::span<const std::byte>>(out.begin(), out.end())).IgnoreError();
+    }
+    if (written) written();
+  }
   KvTier* staging() override { return host_.get(); }
   void Flush() override {}
   void EraseAll() override { host_->EraseAll(); }
@@ -196,6 +204,42 @@ class StagedTierTest : public ::testing::Test {
   FakeStore* store_ = nullptr;
   std::unique_ptr<TieredCache> tc_;
 };
+
+// Write-back below a GPU pool: the blocks a prefix directory evicts go to the pool tier
+// (WriteBlocks), then from its staging view to the disk (WriteBackStaged), each under its own
+// chained key: a leaf evicted alone lands alone; then the rest, and the prompt comes back up.
+TEST_F(StagedTierTest, WriteBackGoesThroughTheStagingTierBlockByBlock) {
+  Make({});
+  const std::vector<BlockKey> keys = ChainKeys(root_, tokens_, 4);
+  // lose: a block the staging tier loses before the writers reach it.
+  auto evicted = [&](std::vector<size_t> blocks, int lose = -1) {
+    std::vector<KeyedBlock> out;
+    for (size_t b : blocks)
+      out.push_back({root_, keys[b], uint32_t(std::min(4, 14 - int(b) * 4)), src_.ids()[b]});
+    below_->WriteBlocks(out, [&, out] {
+      if (lose >= 0) below_->host().Erase(keys[size_t(lose)]);
+      tc_->WriteBackStaged(out);
+    });
+    tc_->Flush();
+  };
+  evicted({3});
+  EXPECT_EQ(below_->host().stats().entries, 1u);
+  EXPECT_EQ(disk_->stats().written_blocks, 1u);
+  EXPECT_TRUE(disk_->Contains(keys[3]));
+  EXPECT_FALSE(disk_->Contains(keys[0]));
+  EXPECT_EQ(tc_->stats().write_back_blocks, 1u);
+  // A block the staging tier lost is skipped, not the end of the others (no chain).
+  evicted({2, 1, 0}, /*lose=*/1);
+  EXPECT_EQ(disk_->stats().written_blocks, 3u);
+  EXPECT_EQ(tc_->stats().write_back_blocks, 3u);
+  EXPECT_FALSE(disk_->Contains(keys[1]));
+  below_->host().EraseAll();
+  EXPECT_EQ(Fetch(), 4);  // up to the block the disk lacks
+  evicted({1});
+  EXPECT_EQ(disk_->stats().written_blocks, 4u);
+  below_->host().EraseAll();
+  EXPECT_EQ(Fetch(), 14);
+}
 
 TEST_F(StagedTierTest, WriteDownReachesDiskThroughTheStagingTierAndComesBackUp) {
   Make({});
