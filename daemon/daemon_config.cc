@@ -128,6 +128,9 @@ const std::vector<Field>& Fields() {
       KV_FIELD(kv_tier_io_threads, kInt, "threads reading the disk and store tiers"),
       KV_FIELD(kv_tier_write_threads, kInt,
                "prefill: threads writing blocks down to the host, disk and store tiers"),
+      KV_FIELD(kv_tier_write_policy, kStr,
+               "prefill: write_through (blocks go down to the tiers after each prefill) | "
+               "write_back (when the prompt cache evicts them, and at shutdown)"),
       KV_FIELD(pipelining, kBool, "decode: stream KV layer by layer by default (true|false)"),
       KV_FIELD(first_step_after_load, kStr,
                "decode: auto | true | false: first step only after every layer landed (auto: "
@@ -359,6 +362,13 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
     return InvalidArgument("kv_tier_io_threads must be in [1, 64]");
   if (c.kv_tier_write_threads < 1 || c.kv_tier_write_threads > 64)
     return InvalidArgument("kv_tier_write_threads must be in [1, 64]");
+  if (c.kv_tier_write_policy != "write_through" && c.kv_tier_write_policy != "write_back")
+    return InvalidArgument("kv_tier_write_policy must be write_through or write_back, not '" +
+                           c.kv_tier_write_policy + "'");
+  if (c.kv_tier_write_policy == "write_back" && c.prompt_cache_blocks == 0 &&
+      (c.kv_host_tier_mb > 0 || !c.kv_disk_tier_dir.empty() || !c.kv_store_redis.empty()))
+    return InvalidArgument("kv_tier_write_policy write_back needs prompt_cache_blocks > 0: blocks "
+                           "are written down when the prompt cache evicts them");
   if (!c.kv_store_redis.empty()) {
     if (c.kv_tier_secret_file.empty())
       return InvalidArgument("kv_store_redis needs kv_tier_secret_file (the cluster secret that "

@@ -151,6 +151,10 @@ struct DaemonConfig {
   // prefill: threads writing blocks down to the tiers below the pool (each encodes and writes
   // one block at a time: the disk tier's HMAC and file write run on that many at once).
   int kv_tier_write_threads = 4;
+  // prefill: when a prompt's blocks go down to the tiers (docs/kv_tiers.md): write_through
+  // (after every prefill) | write_back (when the prompt cache evicts them from the pool, and
+  // at shutdown; needs prompt_cache_blocks > 0 when a tier is on).
+  std::string kv_tier_write_policy = "write_through";
   std::string on_load_failure = "fail";  // fail | recompute
   // decode with several prefills (decode/prefill_router.h): prefix (a request goes to the
   // prefill ranked first for its first prefill_route_blocks blocks' key by rendezvous hashing,

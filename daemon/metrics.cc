@@ -306,6 +306,11 @@ void WriteStatsMetrics(const v1::StatsResponse& s, int peers_connected, MetricsW
     out.Counter(p + "kv_tier_held_blocks_total",
                 "Blocks of write-downs that every tier held already (not written again)", {},
                 double(s.kv_tier_held_blocks()));
+    if (s.role() == "prefill")
+      out.Counter(p + "kv_tier_write_back_blocks_total",
+                  "Blocks queued for the write-down when the prompt cache evicted them "
+                  "(kv_tier_write_policy write_back)", {},
+                  double(s.kv_tier_write_back_blocks()));
   }
   if (s.has_prefill_routes()) {
     const v1::PrefillRouteStats& r = s.prefill_routes();

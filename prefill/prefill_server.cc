@@ -1,5 +1,6 @@
 #include "prefill/prefill_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -228,7 +229,10 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
       // in the pinned tier and copied from there layer by layer while the forward runs.
       if (fetch != nullptr && cached.tokens < n) {
         if (cached.tokens == 0) cached.lease = model::BlockLease(&pool_->allocator(), {});
-        auto make_room = [&](int blocks) { cache_.EvictForAllocation(blocks); };
+        auto make_room = [&](int blocks) {
+          cache_.EvictForAllocation(blocks);
+          if (write_back_ && pool_->allocator().free_count() < blocks) WaitForWriteBack(deadline);
+        };
         if (pool_tier_) {
           prefetch = tiers_->FillFrom(pool_tier_.get(), fetch.get(), tokens, cached.tokens,
                                       &cached.lease, make_room);
@@ -252,6 +256,12 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
       // Cached blocks nobody reads give way to a request that needs room.
       cache_.EvictForAllocation(model::BlocksForTokens(n, bs) - static_cast<int>(lease.ids().size()));
       grown = lease.GrowToTokens(n, bs);
+      // Write-back: the blocks just evicted are free once written down (queued, never waited
+      // for by the eviction); rather than fail, wait for the writes, by the deadline.
+      if (!grown.ok() && write_back_) {
+        WaitForWriteBack(deadline);
+        grown = lease.GrowToTokens(n, bs);
+      }
     }
     if (!grown.ok()) return grown.WithContext("prefill pool");
   }
@@ -313,12 +323,24 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   // Only a prompt whose KV was computed completely is kept (a cancelled forward stops early).
   // A hit re-inserts too: its blocks may have come up from a tier.
   if (cacheable) {
-    const int added = cache_.Insert(root, tokens, lease.ids());
+    int kept = 0;
+    const int added = cache_.Insert(root, tokens, lease.ids(), &kept);
     if (added > 0) {
       KV_LOG_DEBUG << "[req " << id << "] " << added << " blocks of the prompt cached";
     }
-    // Write-through: every block of the prompt to the tiers below (in the background).
-    if (!pool_tier_) {
+    if (write_back_) {
+      // Write-back: the cached blocks go down when evicted; those the cache did not keep (its
+      // budget, max_tokens) now, as write-through would.
+      if (kept < n) {
+        const int bs = pool_->layout().block_size;
+        const std::vector<kvcache::BlockKey> keys = kvcache::ChainKeys(root, tokens, bs);
+        std::vector<kvcache::KeyedBlock> rest;
+        for (size_t b = size_t(kept / bs); b < keys.size(); ++b)
+          rest.push_back({root, keys[b], uint32_t(std::min(bs, n - int(b) * bs)), lease.ids()[b]});
+        WriteBack(rest);
+      }
+    } else if (!pool_tier_) {
+      // Write-through: every block of the prompt to the tiers below (in the background).
       tiers_->WriteDown(root, tokens, lease.ids());
     } else {  // to the pinned tier, then from it to the slower ones once its copy is complete
       pool_tier_->WriteDown(root, tokens, lease.ids(),
@@ -429,6 +451,7 @@ void PrefillServer::FillStats(v1::StatsResponse* resp) const {
   resp->set_kv_tier_skipped_blocks(ts.skipped_blocks +
                                    (pool_tier_ ? pool_tier_->stats().skipped_blocks : 0));
   resp->set_kv_tier_held_blocks(ts.held_blocks);
+  resp->set_kv_tier_write_back_blocks(ts.write_back_blocks);
 }
 
 void PrefillServer::EnableMetrics(daemon::MetricsRegistry* registry) {
@@ -455,11 +478,57 @@ void PrefillServer::EnableMetrics(daemon::MetricsRegistry* registry) {
       daemon::buckets::Bytes());
 }
 
+void PrefillServer::UpdateWriteBack() {
+  write_back_ = config_.kv_tier_write_policy == "write_back" && tiers_ != nullptr &&
+                (tiers_->enabled() || pool_tier_ != nullptr);
+  if (write_back_) {
+    cache_.set_on_evict([this](std::span<const kvcache::KeyedBlock> b) { WriteBack(b); });
+  } else {
+    cache_.set_on_evict({});
+  }
+}
+
+void PrefillServer::WriteBack(std::span<const kvcache::KeyedBlock> blocks) {
+  if (blocks.empty()) return;
+  if (!pool_tier_) {
+    tiers_->WriteBack(blocks, /*wait_for_room=*/stopping_.load());
+    return;
+  }
+  // To the pinned tier, then from it to the slower ones once its copy is complete. At shutdown
+  // in pieces within the pinned tier's bound on copies in flight (half the pool), each done
+  // before the next.
+  const size_t piece = stopping_ ? std::max<size_t>(1, size_t(pool_->num_blocks()) / 2) : blocks.size();
+  for (size_t i = 0; i < blocks.size(); i += piece) {
+    std::vector<kvcache::KeyedBlock> some(blocks.begin() + i,
+                                          blocks.begin() + std::min(blocks.size(), i + piece));
+    kvcache::TieredCache* t = tiers_.get();
+    pool_tier_->WriteBlocks(some, [t, some] { t->WriteBackStaged(some); });
+    if (stopping_) {
+      pool_tier_->Flush();
+      t->Flush();
+    }
+  }
+}
+
+void PrefillServer::WaitForWriteBack(Deadline deadline) {
+  if (pool_tier_) {
+    pool_tier_->Flush();  // its copies out hold the pool blocks (the staged writes do not)
+  } else {
+    tiers_->WaitForWrites(deadline);
+  }
+}
+
 void PrefillServer::BeginShutdown() {
   stopping_ = true;
   connector_->CancelAll(DeadlineAfterMs(config_.cancel_timeout_ms));
-  // Blocks still read by a cancelled write return when its lease does.
-  cache_.Clear(/*closing=*/true);
+  // Blocks still read by a cancelled write return when its lease does. Write-back: every cached
+  // block goes down to the tiers first (waiting for room in the queue), and the writes finish
+  // before the tiers stop: a shutdown keeps what write-through would have kept.
+  cache_.Clear(/*closing=*/true, /*report=*/write_back_);
+  if (write_back_) {
+    if (pool_tier_) pool_tier_->Flush();
+    tiers_->Flush();
+  }
   // Queued write-downs are dropped (their blocks returned); the tiers keep what they hold.
   tiers_->Stop();
 }

@@ -20,6 +20,11 @@
 // ends where a tier holds the next blocks gets them copied into fresh pool blocks before its
 // forward, which then computes only what no tier held; a tier block that does not read back
 // verified ends the prefix there (a miss, counted), so the tokens never change.
+// kv_tier_write_policy write_back (with a tier on): a prefill writes down only the blocks the
+// prompt cache did not keep; the cache's evictions are written down instead (the write holds
+// its own references: a block is reused only once copied out), and BeginShutdown writes every
+// cached block down before the tiers stop. A request that finds the pool full of blocks being
+// written back waits for those writes (by its deadline) rather than failing.
 #pragma once
 
 #include <atomic>
@@ -64,11 +69,17 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   // Who may call which method (set before the server starts; default: every caller).
   void set_authorizer(std::shared_ptr<const daemon::Authorizer> a) { authz_ = std::move(a); }
   // The KV tiers below the pool (set before the server starts; default: none).
-  void set_kv_tiers(std::unique_ptr<kvcache::TieredCache> tiers) { tiers_ = std::move(tiers); }
+  void set_kv_tiers(std::unique_ptr<kvcache::TieredCache> tiers) {
+    tiers_ = std::move(tiers);
+    UpdateWriteBack();
+  }
   kvcache::TieredCache& kv_tiers() { return *tiers_; }
   // The tier below a GPU pool that copies into it while the forward runs
   // (daemon::CreatePoolTier; set before the server starts; default: none).
-  void set_pool_tier(std::unique_ptr<kvcache::PoolTier> tier) { pool_tier_ = std::move(tier); }
+  void set_pool_tier(std::unique_ptr<kvcache::PoolTier> tier) {
+    pool_tier_ = std::move(tier);
+    UpdateWriteBack();
+  }
   // The tiers' threads read the pool tier's staging view: they stop before it goes.
   ~PrefillServer() override {
     if (tiers_) tiers_->Stop();
@@ -80,6 +91,13 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
  private:
   Status RunPrefill(grpc::ServerContext* ctx, const kvstream::v1::PrefillRequest& req,
                     grpc::ServerWriter<kvstream::v1::PrefillProgress>* writer);
+  // Write-back on the prompt cache's evictions when the policy asks for it and a tier is on.
+  void UpdateWriteBack();
+  // Write-back: `blocks` (still referenced) down to the tiers, in the background; at shutdown
+  // waiting for room in the queues instead of skipping.
+  void WriteBack(std::span<const kvcache::KeyedBlock> blocks);
+  // Write-back: waits (by `deadline`) for the writes that hold evicted pool blocks.
+  void WaitForWriteBack(Deadline deadline);
 
   daemon::DaemonConfig config_;
   std::shared_ptr<const daemon::Authorizer> authz_ = daemon::Authorizer::Open();
@@ -91,6 +109,7 @@ class PrefillServer final : public kvstream::v1::Prefill::Service {
   kvcache::PrefixDirectory cache_;
   std::unique_ptr<kvcache::TieredCache> tiers_;
   std::unique_ptr<kvcache::PoolTier> pool_tier_;
+  bool write_back_ = false;  // UpdateWriteBack: the policy's write_back with a tier on
   std::timed_mutex forward_mu_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> admitting_{true};

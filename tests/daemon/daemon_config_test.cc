@@ -23,6 +23,18 @@ TEST(DaemonConfig, FlagsInBothSpellings) {
   EXPECT_FALSE(c->pipelining);
 }
 
+TEST(DaemonConfig, KvTierWritePolicy) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->kv_tier_write_policy, "write_through");
+  c = Parse({"--kv_host_tier_mb=64", "--prompt_cache_blocks=32", "--kv-tier-write-policy", "write_back"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->kv_tier_write_policy, "write_back");
+  // No tier: nothing to write back, nothing refused.
+  c = Parse({"--kv_tier_write_policy=write_back"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+}
+
 // Found by tests/fuzz/fuzz_daemon_config (its corpus keeps the input): a flag value that is not
 // UTF-8 made ToJson(), which the daemons log at start, throw nlohmann::type_error (an abort).
 TEST(DaemonConfig, ToJsonOfAValueThatIsNotUtf8) {
@@ -310,6 +322,10 @@ TEST(DaemonConfig, BadItlValuesAreRefusedNamingTheKey) {
       {{"--kv_prefetch_threshold_tokens=-1"}, "kv_prefetch_threshold_tokens"},
       {{"--kv_tier_io_threads=0"}, "kv_tier_io_threads"},
       {{"--kv_tier_write_threads=0"}, "kv_tier_write_threads"},
+      {{"--kv_tier_write_policy=write_around"}, "kv_tier_write_policy"},
+      {{"--kv_tier_write_policy=WRITE_BACK"}, "kv_tier_write_policy"},
+      // Write-back writes on the prompt cache's evictions: without a cache, never.
+      {{"--kv_host_tier_mb=64", "--kv_tier_write_policy=write_back"}, "prompt_cache_blocks"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_store_insecure"}, "kv_tier_secret_file"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s"}, "kv_store_auth_file"},
       {{"--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s", "--kv_store_insecure",

@@ -117,6 +117,7 @@ TEST(Metrics, DecodeStoreTierAndPrefillRoutesBecomeCounters) {
   s.set_kv_tier_queued_blocks(2);
   s.set_kv_tier_skipped_blocks(4);
   s.set_kv_tier_held_blocks(5);
+  s.set_kv_tier_write_back_blocks(8);
   v1::PrefillRouteStats* routes = s.mutable_prefill_routes();
   routes->set_by_prefix(7);
   routes->set_by_load(6);
@@ -138,8 +139,9 @@ TEST(Metrics, DecodeStoreTierAndPrefillRoutesBecomeCounters) {
                              "kvstream_decode_prefill_route_moves_total{reason=\"down\"} 2",
                              "kvstream_decode_prefill_route_moves_total{reason=\"overloaded\"} 3"})
     EXPECT_NE(text.find(sample), std::string::npos) << sample << "\n" << text;
-  // The prefill's read-path figures stay the prefill's.
+  // The prefill's read-path figures and write-back stay the prefill's.
   EXPECT_EQ(text.find("kv_tier_fetched_tokens"), std::string::npos);
+  EXPECT_EQ(text.find("kv_tier_write_back_blocks"), std::string::npos);
 
   s.set_role("prefill");
   s.clear_prefill_routes();
@@ -147,6 +149,7 @@ TEST(Metrics, DecodeStoreTierAndPrefillRoutesBecomeCounters) {
   for (const char* sample : {"kvstream_prefill_kv_tier_written_blocks_total{tier=\"store\"} 3",
                              "kvstream_prefill_kv_tier_skipped_blocks_total 4",
                              "kvstream_prefill_kv_tier_held_blocks_total 5",
+                             "kvstream_prefill_kv_tier_write_back_blocks_total 8",
                              "kvstream_prefill_kv_tier_fetched_tokens_total 0"})
     EXPECT_NE(prefill.find(sample), std::string::npos) << sample << "\n" << prefill;
   EXPECT_EQ(prefill.find("prefill_route"), std::string::npos);

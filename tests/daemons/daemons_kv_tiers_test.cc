@@ -2,7 +2,8 @@
 // kvstream-prefill and kvstream-decode processes (tiny preset, CPU backend, UCX on loopback):
 // tokens equal with and without the tiers, whole and partial prefixes from the host and the
 // disk tier, a restart that finds the disk tier (its own model's, another model's, another
-// secret's), damaged / truncated / deleted block files, every pool block returned.
+// secret's), damaged / truncated / deleted block files, write-back (blocks written when the
+// prompt cache evicts them and at shutdown), every pool block returned.
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -166,6 +167,100 @@ TEST_F(KvTiersTest, DiskTierSurvivesARestartAndRefusesWhatDoesNotVerify) {
   prefill_->Signal(SIGTERM);
   EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
   EXPECT_NE(prefill_->Log().find("32/32 blocks free"), std::string::npos) << prefill_->Log();
+}
+
+// --kv_tier_write_policy write_back with a prompt cache of 4 blocks: a prefill writes nothing
+// down; the next prompt's insert evicts the first's least recently used blocks, which are
+// written then; a shutdown writes every cached block; after the restart (cache and host tier
+// empty) both prompts come up from disk whole, without a forward, with the same tokens.
+TEST_F(KvTiersTest, WriteBackWritesEvictedBlocksAndTheCacheAtShutdown) {
+  const std::string tier_dir = dir_.path() + "/kv-disk";
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=32");
+  pair.prefill = {"--prompt_cache_blocks=4", "--kv_tier_write_policy=write_back",
+                  "--kv_disk_tier_dir=" + tier_dir, "--kv_prefetch_threshold_tokens=0",
+                  "--kv_tier_secret_file=" + SecretFile("kv.secret", "write-back-test-secret-012")};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  // The cache keeps its blocks: idle is nothing in flight nor queued.
+  auto idle = [&] {
+    auto stub = PrefillStub(prefill_address());
+    Result<v1::StatsResponse> st = Timeout("prefill never idle");
+    for (int i = 0; i < 200; ++i) {
+      st = CallStats(*stub);
+      if (st.ok() && st->requests_in_flight() == 0 && st->kv_tier_queued_blocks() == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return st;
+  };
+  const auto a = MakePrompt(40, 512, 95);  // 39 tokens at the prefill: 2 blocks and 7 tokens
+  const auto b = MakePrompt(40, 512, 96);
+  int32_t cached = -1;
+  bool computed = false;
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, a, &cached, &computed));
+  EXPECT_TRUE(computed);
+  auto st = idle();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_NE(Tier(*st, "disk"), nullptr);
+  EXPECT_EQ(Tier(*st, "disk")->written_blocks(), 0u) << "write-back wrote at the prefill";
+  EXPECT_EQ(st->pool().prompt_cache_blocks(), 3);
+  // b's second block finds the cache full: down to floor(4 * 0.9) - 1 = 2 blocks, evicting a's
+  // partial block and its second (its first, their parent, stays).
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, b, &cached, &computed));
+  EXPECT_TRUE(computed);
+  st = idle();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(Tier(*st, "disk")->written_blocks(), 2u);
+  EXPECT_EQ(st->kv_tier_write_back_blocks(), 2u);
+  EXPECT_EQ(st->kv_tier_skipped_blocks(), 0u);
+  EXPECT_EQ(st->pool().prompt_cache_blocks(), 4);
+
+  ASSERT_NO_FATAL_FAILURE(Restart(pair));
+  EXPECT_NE(prefill_->Log().find("6 entries"), std::string::npos) << prefill_->Log();
+  for (const auto& p : {a, b}) {
+    ASSERT_NO_FATAL_FAILURE(Run(kTiny, p, &cached, &computed));
+    EXPECT_EQ(cached, 39);
+    EXPECT_FALSE(computed);
+  }
+  st = idle();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(Tier(*st, "disk")->hit_blocks(), 6u);
+  EXPECT_EQ(Tier(*st, "disk")->written_blocks(), 0u);
+  EXPECT_TRUE(WaitForAllBlocksFree(decode_address(), true, DeadlineAfterMs(5000)).ok());
+  prefill_->Signal(SIGTERM);
+  EXPECT_EQ(prefill_->Wait(DeadlineAfterMs(15000)), 0);
+  EXPECT_NE(prefill_->Log().find("32/32 blocks free"), std::string::npos) << prefill_->Log();
+}
+
+// Write-back under pool pressure: a pool of 8 blocks, a cache of up to 7. The third prompt
+// finds 2 free blocks, evicts the least recently used cached block for its third, and waits for
+// that block's write rather than failing; the first prompt, evicted whole, comes back from the
+// host tier without a forward.
+TEST_F(KvTiersTest, WriteBackUnderPoolPressureWaitsForTheEvictedBlocksWrite) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=8");
+  pair.prefill = {"--prompt_cache_blocks=7", "--kv_tier_write_policy=write_back",
+                  "--kv_host_tier_mb=1", "--kv_prefetch_threshold_tokens=0"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  int32_t cached = -1;
+  bool computed = false;
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint64_t seed : {101, 102, 103}) {
+    prompts.push_back(MakePrompt(40, 512, seed));  // 3 blocks at the prefill
+    ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompts.back(), &cached, &computed));
+    EXPECT_TRUE(computed);
+  }
+  auto stub = PrefillStub(prefill_address());
+  auto st = CallStats(*stub);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  // One block evicted for room, two more by the third prompt's insert (down to 5 cached).
+  EXPECT_EQ(st->kv_tier_write_back_blocks(), 3u);
+  EXPECT_EQ(st->kv_tier_skipped_blocks(), 0u);
+  EXPECT_EQ(st->counters().requests_failed(), 0u);
+  ASSERT_NO_FATAL_FAILURE(Run(kTiny, prompts[0], &cached, &computed));
+  EXPECT_EQ(cached, 39);
+  EXPECT_FALSE(computed);
 }
 
 TEST_F(KvTiersTest, DiskTierWithoutASecretIsRefusedAtStart) {
