@@ -234,14 +234,15 @@ TEST_F(KvTiersTest, WriteBackWritesEvictedBlocksAndTheCacheAtShutdown) {
 
 // Write-back under pool pressure: a pool of 8 blocks, a cache of up to 7. The third prompt
 // finds 2 free blocks, evicts the least recently used cached block for its third, and waits for
-// that block's write rather than failing; the first prompt, evicted whole, comes back from the
-// host tier without a forward.
+// that block's write (to disk: long enough that the pool has no free block meanwhile) rather
+// than failing; the first prompt, evicted whole, comes back from disk without a forward.
 TEST_F(KvTiersTest, WriteBackUnderPoolPressureWaitsForTheEvictedBlocksWrite) {
   DaemonPair pair;
   pair.common = kTiny;
   pair.common.push_back("--pool_blocks=8");
   pair.prefill = {"--prompt_cache_blocks=7", "--kv_tier_write_policy=write_back",
-                  "--kv_host_tier_mb=1", "--kv_prefetch_threshold_tokens=0"};
+                  "--kv_disk_tier_dir=" + dir_.path() + "/kv-disk", "--kv_prefetch_threshold_tokens=0",
+                  "--kv_tier_secret_file=" + SecretFile("kv.secret", "write-back-test-secret-012")};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   int32_t cached = -1;
   bool computed = false;
