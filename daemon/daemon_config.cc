@@ -365,7 +365,8 @@ Status Validate(const DaemonConfig& c, const std::string& role) {
   if (c.kv_tier_write_policy != "write_through" && c.kv_tier_write_policy != "write_back")
     return InvalidArgument("kv_tier_write_policy must be write_through or write_back, not '" +
                            c.kv_tier_write_policy + "'");
-  if (c.kv_tier_write_policy == "write_back" && c.prompt_cache_blocks == 0 &&
+  // The decode's write-down (finished conversations to the store) has no policy to choose.
+  if (role == "prefill" && c.kv_tier_write_policy == "write_back" && c.prompt_cache_blocks == 0 &&
       (c.kv_host_tier_mb > 0 || !c.kv_disk_tier_dir.empty() || !c.kv_store_redis.empty()))
     return InvalidArgument("kv_tier_write_policy write_back needs prompt_cache_blocks > 0: blocks "
                            "are written down when the prompt cache evicts them");

@@ -62,7 +62,7 @@ Result<std::unique_ptr<kvcache::TieredCache>> CreateKvTiers(const daemon::Daemon
                         : " disk " + config.kv_disk_tier_dir + " " +
                               std::to_string(config.kv_disk_tier_mb) + " MiB")
                 << (config.kv_store_redis.empty() ? "" : " store " + config.kv_store_redis)
-                << " (write-through; reads: " << config.kv_tier_policy << ")";
+                << " (" << config.kv_tier_write_policy << "; reads: " << config.kv_tier_policy << ")";
   }
   kvcache::FetchPolicy policy;
   KV_ASSIGN_OR_RETURN(policy.mode, kvcache::ParseFetchMode(config.kv_tier_policy));

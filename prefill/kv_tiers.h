@@ -1,7 +1,7 @@
 // The prefill's KV tiers below its pool from its configuration (docs/kv_tiers.md):
 // kv_host_tier_mb (L2, host memory), kv_disk_tier_dir / kv_disk_tier_mb (L3, files keyed by
 // kv_tier_secret_file's cluster secret), kv_tier_max_age_s, kv_disk_tier_erase, kv_store_*
-// (L4, Redis: docs/kv_store.md).
+// (L4, Redis: docs/kv_store.md). kv_tier_write_policy is the server's (prefill_server.h).
 //
 // Guarantees: with none of them set, a TieredCache without tiers (every call a no-op). A disk
 // or store tier without a readable secret of at least 16 bytes, an unusable directory, a store

@@ -33,6 +33,10 @@ TEST(DaemonConfig, KvTierWritePolicy) {
   // No tier: nothing to write back, nothing refused.
   c = Parse({"--kv_tier_write_policy=write_back"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // The decode, which has no prompt cache, ignores it.
+  c = Parse({"--peer=127.0.0.1:1", "--kv_store_redis=unix:/tmp/r.sock", "--kv_tier_secret_file=/tmp/s",
+             "--kv_store_insecure", "--kv_tier_write_policy=write_back"}, "decode");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
 }
 
 // Found by tests/fuzz/fuzz_daemon_config (its corpus keeps the input): a flag value that is not
