@@ -3,7 +3,8 @@
 // forward over a suffix with the prefix fetched layer by layer gives the tokens of the whole
 // prompt's forward (wherever the top-2 logit margin exceeds the error; the others are named),
 // also with the prefix from a disk tier staged through the pinned tier (a damaged entry
-// refused), and every pool block, event and pinned id slot is returned.
+// refused), write-back's blocks each under its own key (WriteBlocks), and every pool block,
+// event and pinned id slot is returned.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -80,6 +81,82 @@ TEST(PinnedTierGpu, RefusesAHostPool) {
   PinnedHostTier::Options o;
   o.capacity_bytes = 1 << 20;
   EXPECT_FALSE(PinnedHostTier::Create(pool->get(), o).ok());
+}
+
+// Write-back (kvcache/pool_tier.h WriteBlocks): blocks named by their own keys, written alone —
+// a middle block and the partial last one first, the copy holding the pool blocks after the
+// caller let them go — are fetched from the prefix before them and nothing past a block not
+// written; the rest written, the whole prompt comes back byte for byte.
+TEST(PinnedTierGpu, WriteBlocksWritesEachBlockUnderItsOwnKey) {
+  Gpu g = MakeGpu(32);
+  ASSERT_TRUE(g.pool);
+  model::KvPool& pool = *g.pool;
+  {
+    std::vector<uint8_t> noise(pool.memory().size());
+    std::mt19937 rng(11);
+    for (auto& b : noise) b = uint8_t(rng());
+    ASSERT_EQ(cudaMemcpy(pool.base(), noise.data(), noise.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  PinnedHostTier::Options o;
+  o.capacity_bytes = 16 * pool.layout().num_layers * pool.layout().block_bytes();
+  auto tier = PinnedHostTier::Create(&pool, o);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  const BlockKey root = RootKey(42, pool.layout(), "");
+  const std::vector<int32_t> tokens = Tokens(100, 512, 3);  // 6 full blocks and 4 tokens
+  const std::vector<BlockKey> keys = ChainKeys(root, tokens, 16);
+  auto src = pool.allocator().Allocate(7);
+  ASSERT_TRUE(src.ok());
+  const int nl = pool.layout().num_layers;
+  std::vector<std::vector<std::byte>> want;
+  for (int b = 0; b < 7; ++b)
+    for (int l = 0; l < nl; ++l) want.push_back(BlockBytes(pool, l, (*src)[b]));
+  auto blocks = [&](std::vector<int> which) {
+    std::vector<KeyedBlock> out;
+    for (int b : which)
+      out.push_back({root, keys[size_t(b)], uint32_t(std::min(16, 100 - b * 16)), (*src)[size_t(b)]});
+    return out;
+  };
+  model::BlockLease lease(&pool.allocator(), *src);
+  bool written = false;
+  (*tier)->WriteBlocks(blocks({2, 6}), [&] { written = true; });
+  lease.Reset();  // the copy out holds the blocks
+  (*tier)->Flush();
+  EXPECT_TRUE(written);
+  EXPECT_EQ((*tier)->stats().tier.written_blocks, 2u);
+  EXPECT_EQ((*tier)->stats().tier.entries, 2u);
+  {
+    auto have = pool.allocator().Allocate(2);  // blocks 0-1 "in the pool"
+    ASSERT_TRUE(have.ok());
+    model::BlockLease got(&pool.allocator(), *have);
+    auto p = (*tier)->Fetch(root, tokens, 32, &got, nullptr);
+    ASSERT_EQ(p->tokens(), 48);  // block 2, not past block 3 (not written)
+    ASSERT_OK(p->WaitAll());
+    for (int l = 0; l < nl; ++l) EXPECT_EQ(BlockBytes(pool, l, got.ids()[2]), want[size_t(2) * nl + l]);
+  }
+  // The source blocks were freed once copied: write the rest from a copy of their bytes.
+  auto again = pool.allocator().Allocate(7);
+  ASSERT_TRUE(again.ok());
+  for (int b = 0; b < 7; ++b)
+    for (int l = 0; l < nl; ++l)
+      ASSERT_EQ(cudaMemcpy(pool.block_ptr(l, (*again)[b]), want[size_t(b) * nl + l].data(),
+                           pool.layout().block_bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  *src = *again;
+  {
+    model::BlockLease keep(&pool.allocator(), *again);
+    (*tier)->WriteBlocks(blocks({0, 1, 3, 4, 5}));
+  }
+  (*tier)->Flush();
+  EXPECT_EQ((*tier)->stats().tier.written_blocks, 7u);
+  {
+    model::BlockLease got(&pool.allocator(), {});
+    auto p = (*tier)->Fetch(root, tokens, 0, &got, nullptr);
+    ASSERT_EQ(p->tokens(), 100);
+    ASSERT_OK(p->WaitAll());
+    for (int b = 0; b < 7; ++b)
+      for (int l = 0; l < nl; ++l)
+        ASSERT_EQ(BlockBytes(pool, l, got.ids()[b]), want[size_t(b) * nl + l]) << "block " << b;
+  }
+  ExpectAllReturned(**tier, pool);
 }
 
 TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
