@@ -97,6 +97,12 @@ class TieredCache {
   TieredCache& operator=(const TieredCache&) = delete;
 
   bool enabled() const { return !tiers_.empty(); }
+  // Some tier keeps its blocks past this process (the slow ones: disk, store).
+  bool durable() const {
+    for (const auto& t : tiers_)
+      if (t->slow()) return true;
+    return false;
+  }
   const FetchPolicy& policy() const { return policy_; }
 
   class Pending;  // a prepared fetch: pinned entries, reads in flight

@@ -521,11 +521,13 @@ void PrefillServer::WaitForWriteBack(Deadline deadline) {
 void PrefillServer::BeginShutdown() {
   stopping_ = true;
   connector_->CancelAll(DeadlineAfterMs(config_.cancel_timeout_ms));
-  // Blocks still read by a cancelled write return when its lease does. Write-back: every cached
-  // block goes down to the tiers first (waiting for room in the queue), and the writes finish
-  // before the tiers stop: a shutdown keeps what write-through would have kept.
-  cache_.Clear(/*closing=*/true, /*report=*/write_back_);
-  if (write_back_) {
+  // Blocks still read by a cancelled write return when its lease does. Write-back with a tier
+  // that outlives the process (disk, store): every cached block goes down first (waiting for
+  // room in the queue), and the writes finish before the tiers stop: a shutdown keeps what
+  // write-through would have kept. (Host memory alone would be lost anyway: nothing written.)
+  const bool write_cache = write_back_ && tiers_->durable();
+  cache_.Clear(/*closing=*/true, /*report=*/write_cache);
+  if (write_cache) {
     if (pool_tier_) pool_tier_->Flush();
     tiers_->Flush();
   }

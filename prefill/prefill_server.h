@@ -23,7 +23,7 @@
 // kv_tier_write_policy write_back (with a tier on): a prefill writes down only the blocks the
 // prompt cache did not keep; the cache's evictions are written down instead (the write holds
 // its own references: a block is reused only once copied out), and BeginShutdown writes every
-// cached block down before the tiers stop. A request that finds the pool full of blocks being
+// cached block down (with a disk or store tier) before the tiers stop. A request that finds the pool full of blocks being
 // written back waits for those writes (by its deadline) rather than failing.
 #pragma once
 
