@@ -74,8 +74,9 @@ class PrefixDirectory {
   // gets how many of the tokens the directory holds afterwards (a prefix).
   int Insert(const BlockKey& root, std::span<const int32_t> tokens,
              const std::vector<int32_t>& ids, int* cached_tokens = nullptr);
-  // Evicts until the allocator has at least `free_blocks` free blocks or nothing more can go.
-  // Returns the blocks released.
+  // Evicts until the allocator's free blocks and the blocks this call evicted reach
+  // `free_blocks` (without write-back the same as free blocks; with it, an evicted block is free
+  // once written down) or nothing more can go. Returns the blocks released.
   int EvictForAllocation(int free_blocks);
   // Drops every node (the directory's references). closing: later Inserts keep nothing.
   // report: each block goes to the eviction callback first (a shutdown's write-back).
