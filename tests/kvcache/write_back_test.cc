@@ -64,7 +64,9 @@ class WriteBackTest : public ::testing::Test {
   // `have`); checks the bytes of the blocks fetched. Returns the tokens covered.
   int FetchChecked(TieredCache& tc, const V& tokens, int from = 0, std::vector<int32_t> have = {},
                    int salt = 0) {
-    if (!have.empty()) EXPECT_TRUE(pool_->allocator().Ref(have).ok());
+    if (!have.empty()) {
+      EXPECT_TRUE(pool_->allocator().Ref(have).ok());
+    }
     model::BlockLease got(&pool_->allocator(), std::move(have));
     const int covered = tc.Fetch(root_, tokens, from, &got, nullptr);
     for (int b = from / 4; b * 4 < covered; ++b)
