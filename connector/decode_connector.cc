@@ -17,6 +17,7 @@ struct DecodeConnector::Load {
   std::vector<int32_t> dest;
   bool pipelined = true;
   int skip_blocks = 0;
+  std::string cache_salt;
   Deadline deadline;
   std::shared_ptr<const void> keepalive;
   std::thread thread;
@@ -260,7 +261,7 @@ void DecodeConnector::WatchChannel() {
 Status DecodeConnector::StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                                   std::vector<int32_t> dest_blocks, bool pipelined,
                                   Deadline deadline, std::shared_ptr<const void> keepalive,
-                                  int skip_blocks) {
+                                  int skip_blocks, std::string cache_salt) {
   if (tokens.empty()) return InvalidArgument("start_load: no tokens");
   const int need = model::BlocksForTokens(static_cast<int>(tokens.size()), local_.layout.block_size);
   if (static_cast<int>(dest_blocks.size()) < need)
@@ -276,6 +277,7 @@ Status DecodeConnector::StartLoad(uint64_t request_id, std::vector<int32_t> toke
   load->dest = std::move(dest_blocks);
   load->pipelined = pipelined;
   load->skip_blocks = skip_blocks;
+  load->cache_salt = std::move(cache_salt);
   load->deadline = deadline;
   load->keepalive = std::move(keepalive);
   std::lock_guard<std::mutex> lock(mu_);
@@ -305,6 +307,7 @@ void DecodeConnector::RunLoad(std::shared_ptr<Load> load) {
     *req.mutable_dest_blocks() = {load->dest.begin(), load->dest.end()};
     req.set_pipelined(load->pipelined);
     req.set_skip_blocks(load->skip_blocks);
+    req.set_cache_salt(load->cache_salt);
     req.set_session_secret(session_secret_);
     auto ctx = std::make_shared<grpc::ClientContext>();
     ctx->set_deadline(ToGrpcDeadline(load->deadline));

@@ -124,10 +124,12 @@ class DecodeConnector {
 
   // skip_blocks: the first dest_blocks hold their tokens' KV already (loaded from this
   // decode's own KV tiers): the prefill is told not to write them (PrefillRequest.skip_blocks).
-  // kInvalidArgument unless 0 <= skip_blocks < the blocks covering `tokens`.
+  // kInvalidArgument unless 0 <= skip_blocks < the blocks covering `tokens`. cache_salt: the
+  // request's (PrefillRequest.cache_salt), the root of its prefix keys at the prefill.
   Status StartLoad(uint64_t request_id, std::vector<int32_t> tokens,
                    std::vector<int32_t> dest_blocks, bool pipelined, Deadline deadline,
-                   std::shared_ptr<const void> keepalive, int skip_blocks = 0);
+                   std::shared_ptr<const void> keepalive, int skip_blocks = 0,
+                   std::string cache_salt = "");
   // kTimeout says what was missing: which layers landed, whether the prefill acknowledged the
   // request, and where its Prefill call is.
   Status WaitForLayer(uint64_t request_id, int layer, Deadline deadline);

@@ -31,6 +31,9 @@ struct DecodeServer::Request {
   // KV of prompt[0, tier_tokens) loaded from the decode's own tiers (decode/kv_tiers.h), the
   // prefill writing only the rest; on a GPU pool its copies may still be in flight (prefetch).
   int tier_tokens = 0;
+  // The root of the prompt's prefix keys: the daemon's, or salted by the request's cache_salt.
+  kvcache::BlockKey kv_root{};
+  std::string cache_salt;
   std::unique_ptr<kvcache::PoolPrefetch> prefetch;
   // The prefill that loads it (remote only); set before the request is shared, never changed.
   connector::DecodeConnector* conn = nullptr;

@@ -213,10 +213,14 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
       std::min(r->deadline, DeadlineAfterMs(config_.queue_timeout_ms));
   auto ids = admission_.Acquire(need, queue_deadline, cancelled);
   if (!ids.ok()) return reject(ids.status());
+  r->kv_root = req->cache_salt().empty()
+                   ? kv_root_
+                   : kvcache::RootKey(backend_->config().hash(), pool_->layout(), req->cache_salt());
+  r->cache_salt = req->cache_salt();
   if (write_down_ && loads_prefix_ && r->remote) {
     // The prefix from this decode's own tiers: the prefill is asked only for the rest (LOAD_MODE_LOCAL computes it all).
     TierLoad loaded = LoadPrefixFromTiers(
-        write_down_, write_down_staging_, pool_, kv_root_,
+        write_down_, write_down_staging_, pool_, r->kv_root,
         std::span<const int32_t>(r->prompt).first(size_t(n - 1)), &*ids,
         std::min(r->deadline, DeadlineAfterMs(config_.load_timeout_ms)));
     r->tier_tokens = loaded.tokens;
@@ -237,7 +241,7 @@ Result<std::shared_ptr<DecodeServer::Request>> DecodeServer::Submit(
     r->conn = PickConnector(prefix);
     Status s = r->conn->StartLoad(r->id, std::move(prefix), r->blocks->ids(), r->pipelined,
                                   r->load_deadline, r->blocks,
-                                  r->tier_tokens / pool_->layout().block_size);
+                                  r->tier_tokens / pool_->layout().block_size, r->cache_salt);
     if (!s.ok()) return reject(s.WithContext("start_load"));
   }
   {
@@ -389,7 +393,7 @@ void DecodeServer::Complete(Request& r, Status status) {
 void DecodeServer::WriteDown(const Request& r, const model::BlockLease& blocks) {
   std::vector<int32_t> tokens = r.prompt;
   tokens.insert(tokens.end(), r.answer.begin(), r.answer.end());
-  WriteDownConversation(write_down_, write_down_staging_, kv_root_, pool_->layout().block_size,
+  WriteDownConversation(write_down_, write_down_staging_, r.kv_root, pool_->layout().block_size,
                         std::move(tokens), r.cache_len, blocks.ids());
 }
 

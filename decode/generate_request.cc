@@ -27,6 +27,9 @@ Status CheckGenerateRequest(const kvstream::v1::GenerateRequest& req, const Gene
     return InvalidArgument("request needs " + std::to_string(need) + " KV blocks, the pool has " +
                            std::to_string(limits.pool_blocks));
   KV_RETURN_IF_ERROR(model::ValidateSamplingParams(SamplingFromRequest(req, 0)));
+  if (req.cache_salt().size() > kMaxCacheSaltBytes)
+    return InvalidArgument("cache_salt holds " + std::to_string(req.cache_salt().size()) +
+                           " bytes, at most " + std::to_string(kMaxCacheSaltBytes));
   if (blocks_needed) *blocks_needed = need;
   return OkStatus();
 }

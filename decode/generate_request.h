@@ -18,8 +18,9 @@ struct GenerateLimits {
 // OK when the request can be served within `limits`, with *blocks_needed (when given) the KV
 // blocks its prompt and max_tokens take. Else kInvalidArgument whose message names what is wrong:
 // an empty prompt, max_tokens < 1, a token outside [0, vocab_size), prompt + max_tokens over
-// max_position, more blocks than the pool has, or sampling parameters that
-// model::ValidateSamplingParams refuses.
+// max_position, more blocks than the pool has, sampling parameters that
+// model::ValidateSamplingParams refuses, or a cache_salt over kMaxCacheSaltBytes.
+inline constexpr size_t kMaxCacheSaltBytes = 256;
 Status CheckGenerateRequest(const kvstream::v1::GenerateRequest& req, const GenerateLimits& limits,
                             int* blocks_needed = nullptr);
 

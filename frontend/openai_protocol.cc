@@ -125,6 +125,12 @@ std::variant<ojson, ApiError> ParseBody(std::string_view body, const std::string
 // A field both APIs share, parsed into *r: true when `k` is one of them (*e set when it is bad).
 bool CommonField(const std::string& k, const ojson& v, CompletionRequest* r, std::optional<ApiError>* e) {
   if (k == "model" || k == "user") return true;
+  if (k == "cache_salt") {  // vLLM's: the KV cache's per-tenant salt
+    if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>().size() > 256)
+      *e = Bad("cache_salt must be a non-empty string of at most 256 bytes", k);
+    else r->cache_salt = v.get<std::string>();
+    return true;
+  }
   if (v.is_null() && k != "stream" && k != "ignore_eos" && k != "return_token_ids") {
     return k == "max_tokens" || k == "stream_options" || k == "stop" || k == "temperature" ||
            k == "top_p" || k == "min_p" || k == "top_k" || k == "seed" || k == "load_mode";
@@ -342,6 +348,7 @@ kvstream::v1::GenerateRequest ToGenerateRequest(const CompletionRequest& c) {
   }
   g.set_max_tokens(c.max_tokens);
   g.set_load_mode(c.load_mode);
+  g.set_cache_salt(c.cache_salt);
   for (const std::string& s : c.stop) g.add_stop_strings(s);
 #if KVSTREAM_PROTO_HAS_SAMPLING
   g.set_ignore_eos(c.ignore_eos);

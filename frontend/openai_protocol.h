@@ -49,6 +49,7 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;
   std::optional<int> logprobs;  // top-N log-probabilities per token (0: the chosen one only)
   bool ignore_eos = false;
+  std::string cache_salt;  // GenerateRequest.cache_salt
   bool return_token_ids = false;  // vLLM's extension: choices[0].token_ids
   // kvstream's extension "load_mode": how the prompt's KV is made (gRPC's LoadMode):
   // "pipelined", "non-pipelined", "local" (the decode computes it: colocated) or "default".

@@ -11,6 +11,8 @@ Status CheckPrefillRequest(const kvstream::v1::PrefillRequest& req, int vocab_si
   if (n > max_position)
     return InvalidArgument("prefill: " + std::to_string(n) +
                            " tokens exceed the model's max_position " + std::to_string(max_position));
+  if (req.cache_salt().size() > 256)
+    return InvalidArgument("prefill: cache_salt over 256 bytes");
   for (int32_t t : req.tokens())
     if (t < 0 || t >= vocab_size)
       return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary [0, " +

@@ -199,7 +199,7 @@ Status PrefillServer::RunPrefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   // Declared before `save`: the local blocks outlive every write that reads them.
   model::BlockLease lease;
   const kvcache::BlockKey root =
-      kvcache::RootKey(backend_->config().hash(), pool_->layout(), /*salt=*/"");
+      kvcache::RootKey(backend_->config().hash(), pool_->layout(), req.cache_salt());
   // Dynamic NTK rotates a whole forward by its sequence's length once that passes
   // max_position_embeddings: only prompts within it share KV with the cache.
   const model::RopeScaling& rope = backend_->config().rope;

@@ -376,6 +376,20 @@ TEST_F(KvStoreDecodeLoadTest, AColdDecodeLoadsThePrefixAndThePrefillWritesTheRes
   dst = CallStats(*stub_);
   ASSERT_TRUE(dst.ok());
   EXPECT_EQ(dst->pool().free_blocks(), dst->pool().num_blocks());
+
+  // Under another tenant's cache_salt the stored prefix is not found: all from the prefill.
+  v1::GenerateRequest salted;
+  *salted.mutable_prompt_tokens() = {prompt.begin(), prompt.end()};
+  salted.set_max_tokens(6);
+  salted.set_load_mode(v1::LOAD_MODE_PIPELINED);
+  salted.set_cache_salt("another tenant");
+  r = CallGenerate(*stub_, salted, 30000);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
+  load = Load(r);
+  EXPECT_TRUE(load.loaded_remotely());
+  EXPECT_EQ(load.decode_tier_tokens(), 0);
+  EXPECT_EQ(load.kv_bytes(), 4 * block);
 }
 
 TEST_F(KvStoreDecodeLoadTest, WithTheStoreDownThePrefillWritesEverything) {

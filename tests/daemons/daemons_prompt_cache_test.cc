@@ -165,6 +165,44 @@ TEST_F(DisaggTest, SharedPrefixIsTakenFromTheCacheAndOnlyTheRestIsComputed) {
   EXPECT_NE(prefill_->Log().find("64/64 blocks free"), std::string::npos) << prefill_->Log();
 }
 
+// cache_salt (issue 16 item 1: a per-tenant salt folded into the prefix keys' root): a prompt
+// reuses only KV cached under the same salt, so one tenant cannot learn by timing whether another
+// tenant's prompt is cached; the same salt hits as before. The colocated tokens throughout.
+TEST_F(DisaggTest, ACacheSaltSeesOnlyTheKvCachedUnderIt) {
+  DaemonPair pair;
+  pair.common = kTiny;
+  pair.common.push_back("--pool_blocks=64");
+  pair.prefill = {"--prompt_cache_blocks=32"};
+  ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
+  const auto prompt = MakePrompt(40, 512, 71);  // 39 tokens at the prefill: 2 blocks and 7
+  const auto want = Colocated(kTiny, prompt, 4);
+  auto cached = [&](const std::string& salt) {
+    v1::GenerateRequest req;
+    *req.mutable_prompt_tokens() = {prompt.begin(), prompt.end()};
+    req.set_max_tokens(4);
+    req.set_load_mode(v1::LOAD_MODE_PIPELINED);
+    req.set_cache_salt(salt);
+    auto r = CallGenerate(*stub_, req, 30000);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, want) << "salt '" << salt << "'";
+    const v1::LoadInfo* f = PrefillFigures(r);
+    EXPECT_NE(f, nullptr);
+    return f != nullptr ? f->prefix_cached_tokens() : -1;
+  };
+  EXPECT_EQ(cached("tenant-a"), 0);
+  EXPECT_EQ(cached("tenant-a"), 39);  // the whole prompt, as without a salt
+  EXPECT_EQ(cached("tenant-b"), 0);   // another tenant: nothing of tenant-a's
+  EXPECT_EQ(cached(""), 0);           // nor the unsalted
+  EXPECT_EQ(cached(""), 39);
+  EXPECT_EQ(cached("tenant-b"), 39);
+  v1::GenerateRequest too_long;
+  too_long.add_prompt_tokens(1);
+  too_long.set_max_tokens(1);
+  too_long.set_cache_salt(std::string(257, 'x'));
+  auto r = CallGenerate(*stub_, too_long, 30000);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 // Dynamic NTK (rope_parameters type dynamic, max_position_embeddings 32): a prompt past 32
 // tokens is rotated as a whole by its length, so it must not take a prefix cached from a shorter
 // prompt (rotated with the default base). Before the fix it did, and its tokens differed from

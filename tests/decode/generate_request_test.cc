@@ -39,6 +39,11 @@ TEST(GenerateRequest, RefusesWhatCannotBeServed) {
   ExpectRefused(Request({1, 100}, 4), "token id 100 outside the vocabulary [0, 100)");
   ExpectRefused(Request({-1}, 4), "token id -1 outside");
   ExpectRefused(Request({1, 2}, 63), "prompt + max_tokens = 65 exceeds the model's max_position 64");
+  v1::GenerateRequest salted = Request({1, 2}, 4);
+  salted.set_cache_salt(std::string(256, 's'));
+  EXPECT_TRUE(CheckGenerateRequest(salted, kLimits).ok());
+  salted.set_cache_salt(std::string(257, 's'));
+  ExpectRefused(salted, "cache_salt holds 257 bytes, at most 256");
   GenerateLimits small = kLimits;
   small.pool_blocks = 1;
   Status s = CheckGenerateRequest(Request({1, 2}, 20), small);

@@ -65,6 +65,18 @@ TEST(OpenAiProtocol, LoadModeExtension) {
   EXPECT_EQ(Err(R"({"model":"tiny","prompt":[3,4],"load_mode":3})").param, "load_mode");
 }
 
+// cache_salt (vLLM's): the KV cache's per-tenant salt, passed on; empty, too long or not a string
+// is refused naming it.
+TEST(OpenAiProtocol, CacheSalt) {
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4],"cache_salt":"tenant-a"})")).cache_salt(),
+            "tenant-a");
+  EXPECT_EQ(ToGenerateRequest(Ok(R"({"model":"tiny","prompt":[3,4]})")).cache_salt(), "");
+  EXPECT_EQ(Err(R"({"model":"tiny","prompt":[3,4],"cache_salt":""})").param, "cache_salt");
+  EXPECT_EQ(Err(R"({"model":"tiny","prompt":[3,4],"cache_salt":7})").param, "cache_salt");
+  EXPECT_EQ(Err(R"({"model":"tiny","prompt":[3,4],"cache_salt":")" + std::string(257, 'x') + R"("})").param,
+            "cache_salt");
+}
+
 TEST(OpenAiProtocol, EveryField) {
   const auto parsed = ParseCompletionRequest(R"({"model":"tiny","prompt":"x","max_tokens":7,"stream":true,
       "stream_options":{"include_usage":true},"stop":["a","b"],"temperature":0.5,"top_p":0.9,
