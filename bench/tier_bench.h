@@ -32,6 +32,23 @@ struct Args {
   int bg_prefixes = 2, bg_depth = 2;  // distinct --prefix-token prefixes fetched; fetches in flight
 };
 
+// The copy paths --ctas names: 0 the copy engines, N the gather kernel on N thread blocks,
+// "staged" (kStaged) the copy engines through the tier's device staging buffer and a device-memory
+// scatter (the path of scattered pool blocks by default; kvcache/cuda/pinned_tier.cc CopyLayers).
+constexpr int kStaged = 1 << 20;
+inline std::string CopyName(int ctas) {
+  return ctas == 0 ? "engine" : ctas == kStaged ? "staged" : "kernel/" + std::to_string(ctas);
+}
+inline int ParseCopyPath(const std::string& t) { return t == "staged" ? kStaged : std::atoi(t.c_str()); }
+// Sets `tier` (a PinnedHostTier) to copy by that path.
+template <typename Tier>
+void UseCopyPath(Tier& tier, int ctas) {
+  if (ctas != kStaged) tier.set_copy_ctas(ctas);
+  tier.set_engine_max_runs(ctas == 0 ? 4 : 0);
+  tier.set_staging(ctas == 0 || ctas == kStaged);
+}
+
+
 inline bool ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -54,7 +71,7 @@ inline bool ParseArgs(int argc, char** argv, Args* a) {
     else if (k == "--ctas") {
       a->ctas.clear();
       std::stringstream ss(val());
-      for (std::string t; std::getline(ss, t, ',');) a->ctas.push_back(std::atoi(t.c_str()));
+      for (std::string t; std::getline(ss, t, ',');) a->ctas.push_back(ParseCopyPath(t));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return false;
@@ -83,10 +100,6 @@ inline double Percentile(std::vector<double> v, double q) {
   const size_t rank = size_t(std::ceil(q * double(v.size())));
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
 }
-
-// The name of a copy path as --ctas gives it: 0 the copy engines, N the gather kernel on N
-// thread blocks.
-inline std::string CopyName(int ctas) { return ctas == 0 ? "engine" : "kernel/" + std::to_string(ctas); }
 
 }  // namespace kvstream::bench::tier
 

@@ -14,6 +14,7 @@
 // tier's own Fetch (its lowest-priority copy stream, layer by layer, one event per layer, as a
 // request's prefetch) into pool blocks of its own, --bg-depth fetches in flight at all times.
 // One loaded case per copy path in --ctas (0: the copy engines, the path of a prefix in one run;
+// "staged": through the tier's device staging buffer, the path of scattered pool blocks;
 // N: the gather kernel on N thread blocks, the path of scattered blocks). The background
 // fetches' achieved rate is measured over each phase (completed fetches x prefix bytes / time).
 //
@@ -224,8 +225,7 @@ int RunInterference(const Args& a) {
 
   auto run_case = [&](CaseResult& r, bool record) {
     if (r.ctas >= 0) {
-      tier.set_copy_ctas(r.ctas);
-      tier.set_engine_max_runs(r.ctas == 0 ? 4 : 0);
+      UseCopyPath(tier, r.ctas);
       const auto b0 = Clock::now();
       bg.Start();
       std::fprintf(stderr, "  %-8s background started in %.1f ms\n", r.name.c_str(),
@@ -335,10 +335,10 @@ int RunInterference(const Args& a) {
       pool.allocator().free_count() == pool.num_blocks() && st.events_free == st.events_created;
   std::printf(
       "tokens equal with and without the fetches: %s; every block and event back: %s (events "
-      "made %d, %d free; blocks free %d of %d); layer copies by engine %llu, by kernel %llu\n",
+      "made %d, %d free; blocks free %d of %d); layer copies by engine %llu, by kernel %llu, staged %llu\n",
       tokens_equal ? "yes" : "NO", all_back ? "yes" : "NO", st.events_created, st.events_free,
       pool.allocator().free_count(), pool.num_blocks(), (unsigned long long)st.engine_copies,
-      (unsigned long long)st.kernel_copies);
+      (unsigned long long)st.kernel_copies, (unsigned long long)st.staged_copies);
   return all_back ? 0 : 1;
 }
 

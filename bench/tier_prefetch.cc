@@ -124,8 +124,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemcpy(hbuf, dbuf, prefix_bytes, cudaMemcpyDeviceToHost));
     d2h.push_back(Ms(t0, Clock::now()));
     for (size_t c = 0; c < a.ctas.size(); ++c) {
-      tier.set_copy_ctas(a.ctas[c]);
-      tier.set_engine_max_runs(a.ctas[c] == 0 ? 4 : 0);
+      bench::tier::UseCopyPath(tier, a.ctas[c]);
       {  // The copy alone.
         model::BlockLease lease(&pool.allocator(), {});
         t0 = Clock::now();
@@ -203,9 +202,10 @@ int main(int argc, char** argv) {
   }
   if (j) std::fclose(j);
   std::printf("first token equal in every case (fetched vs recomputed): %s; events made %d (%d free), "
-              "blocks free %d of %d; layer copies by engine %llu, by kernel %llu\n",
+              "blocks free %d of %d; layer copies by engine %llu, by kernel %llu, staged %llu\n",
               tokens_equal ? "yes" : "NO", st.events_created, st.events_free, pool.allocator().free_count(),
-              pool.num_blocks(), (unsigned long long)st.engine_copies, (unsigned long long)st.kernel_copies);
+              pool.num_blocks(), (unsigned long long)st.engine_copies, (unsigned long long)st.kernel_copies,
+              (unsigned long long)st.staged_copies);
   cudaFreeHost(hbuf);
   cudaFree(dbuf);
   return 0;

@@ -69,6 +69,7 @@ class PoolTier {
     int events_created = 0, events_free = 0;
     uint64_t ring_used = 0;       // block ids held by copies in flight (gauge)
     uint64_t engine_copies = 0, kernel_copies = 0;  // layer ranges copied by either path
+    uint64_t staged_copies = 0;  // layer ranges copied through the device staging buffer
   };
   virtual Stats stats() const = 0;
 };

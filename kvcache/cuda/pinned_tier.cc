@@ -138,6 +138,19 @@ Status PinnedHostTier::Init() {
   KV_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, least),
                                 "cudaStreamCreateWithPriority"));
   KV_RETURN_IF_ERROR(events_.Reserve(4 * pool_->layout().num_layers + 16));
+  stage_blocks_ = int(std::min<size_t>(options_.stage_bytes / block_bytes_, size_t(pool_->num_blocks())));
+  if (stage_blocks_ > 0) {
+    KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, size_t(stage_blocks_) * block_bytes_),
+                                  "cudaMalloc (KV tier staging)"));
+    dstage_ = static_cast<std::byte*>(p);
+    std::vector<int32_t> seq(static_cast<size_t>(stage_blocks_), 0);
+    for (int i = 0; i < stage_blocks_; ++i) seq[size_t(i)] = i;
+    KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, seq.size() * sizeof(int32_t)), "cudaMalloc (KV tier staging ids)"));
+    dseq_ = static_cast<int32_t*>(p);
+    KV_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpy(dseq_, seq.data(), seq.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+        "cudaMemcpy (KV tier staging ids)"));
+  }
   reaper_ = std::thread([this] { Reaper(); });
   return OkStatus();
 }
@@ -151,6 +164,8 @@ PinnedHostTier::~PinnedHostTier() {
   if (reaper_.joinable()) reaper_.join();  // it finishes every copy in flight first
   if (stream_) cudaStreamDestroy(stream_);
   if (dring_) cudaFree(dring_);
+  if (dstage_) cudaFree(dstage_);
+  if (dseq_) cudaFree(dseq_);
   if (ring_) cudaFreeHost(ring_);
   if (host_) cudaFreeHost(host_);
 }
@@ -207,7 +222,12 @@ std::vector<std::pair<int, int>> PinnedHostTier::Runs(std::span<const int32_t> s
 }
 
 // Layers [c.layer_begin, c.layer_end): one copy-engine memcpy per run and layer when the blocks
-// form few runs (no SMs taken from the forward), else the gather kernel.
+// form few runs (no SMs taken from the forward). Else, when the tier's side (its slots: runs
+// where a write-down found consecutive room) forms few runs: staged, each layer's runs move by
+// copy engine to or from the device staging buffer, in order, and the gather kernel moves the
+// staging buffer to or from the scattered pool blocks at device-memory speed (its SMs held for
+// a small part of the copy's time; the stream orders the buffer's reuse). Else the gather kernel
+// over the link.
 Status PinnedHostTier::CopyLayers(const BlockCopy& c, const std::vector<std::pair<int, int>>& runs,
                                   std::span<const int32_t> src, std::span<const int32_t> dst) {
   if (int(runs.size()) <= engine_max_runs_.load()) {
@@ -220,6 +240,47 @@ Status PinnedHostTier::CopyLayers(const BlockCopy& c, const std::vector<std::pai
             cudaMemcpyAsync(to, from, size_t(len) * c.block_bytes, cudaMemcpyDefault, stream_),
             "cudaMemcpyAsync (KV tier)"));
       }
+    return OkStatus();
+  }
+  const bool host_src = c.src_base == dhost_;
+  const std::span<const int32_t> tier_ids = host_src ? src : dst;
+  std::vector<std::pair<int, int>> tier_runs;  // [index, length) of consecutive slots
+  for (size_t i = 0; i < tier_ids.size() && int(tier_runs.size()) <= kStagedMaxRuns; ++i) {
+    if (!tier_runs.empty() && tier_ids[i] == tier_ids[i - 1] + 1) ++tier_runs.back().second;
+    else tier_runs.push_back({int(i), 1});
+  }
+  if (staging_.load() && dstage_ != nullptr && c.n <= stage_blocks_ &&
+      int(tier_runs.size()) <= kStagedMaxRuns) {
+    ++staged_copies_;
+    constexpr int kStageCtas = 64;  // a device-memory copy: brief, whatever its width
+    for (int l = c.layer_begin; l < c.layer_end; ++l) {
+      BlockCopy k = c;  // the pool side as given, the tier side the staging buffer (index i at i)
+      k.layer_begin = l;
+      k.layer_end = l + 1;
+      if (host_src) {
+        for (const auto& [i, len] : tier_runs)
+          KV_RETURN_IF_ERROR(CudaStatus(
+              cudaMemcpyAsync(dstage_ + size_t(i) * c.block_bytes,
+                              c.src_base + l * c.src_layer_stride + size_t(src[i]) * c.block_bytes,
+                              size_t(len) * c.block_bytes, cudaMemcpyDefault, stream_),
+              "cudaMemcpyAsync (KV tier, staged)"));
+        k.src_base = dstage_;  // stride 0: the same buffer for every layer
+        k.src_layer_stride = 0;
+        k.src_ids = dseq_;
+        KV_RETURN_IF_ERROR(CudaStatus(CopyBlocks(k, kStageCtas, stream_), "KV tier staged copy"));
+      } else {
+        k.dst_base = dstage_;
+        k.dst_layer_stride = 0;
+        k.dst_ids = dseq_;
+        KV_RETURN_IF_ERROR(CudaStatus(CopyBlocks(k, kStageCtas, stream_), "KV tier staged copy"));
+        for (const auto& [i, len] : tier_runs)
+          KV_RETURN_IF_ERROR(CudaStatus(
+              cudaMemcpyAsync(c.dst_base + l * c.dst_layer_stride + size_t(dst[i]) * c.block_bytes,
+                              dstage_ + size_t(i) * c.block_bytes, size_t(len) * c.block_bytes,
+                              cudaMemcpyDefault, stream_),
+              "cudaMemcpyAsync (KV tier, staged)"));
+      }
+    }
     return OkStatus();
   }
   ++kernel_copies_;
@@ -648,6 +709,7 @@ PinnedHostTier::Stats PinnedHostTier::stats() const {
   s.ring_used = ring_head_ - ring_tail_;
   s.engine_copies = engine_copies_;
   s.kernel_copies = kernel_copies_;
+  s.staged_copies = staged_copies_;
   return s;
 }
 

@@ -4,8 +4,9 @@
 //
 // Memory: one cudaHostAlloc (mapped) of capacity_bytes made at start, layer-major
 // ([layer][slot][block_bytes], like the pool), and the blocks of one write-down take consecutive
-// slots where free, so a prefix moves in a few copy-engine memcpys per layer (or, scattered,
-// one gather-kernel launch per layer).
+// slots where free, so a prefix moves in a few copy-engine memcpys per layer; scattered pool
+// blocks through a device staging buffer (the copy engines, then a device-memory scatter), or,
+// scattered on both sides, one gather-kernel launch per layer over the link.
 //
 // Guarantees:
 //  - WriteDown never waits for a copy: it enqueues pool -> host copies of the blocks the tier
@@ -81,6 +82,8 @@ class PinnedHostTier final : public PoolTier {
     int64_t max_age_s = 0;
     int copy_ctas = 16;  // thread blocks of the gather kernel (its share of the SMs)
     int engine_max_runs = 4;  // see set_engine_max_runs
+    // Device memory through which copies of scattered pool blocks go (0: none; see CopyLayers).
+    size_t stage_bytes = size_t(64) << 20;
   };
   // kInvalidArgument for a host pool or a capacity without one slot; allocation errors as they are.
   static Result<std::unique_ptr<PinnedHostTier>> Create(model::KvPool* pool, const Options& options);
@@ -120,6 +123,11 @@ class PinnedHostTier final : public PoolTier {
   // Copies whose blocks form at most this many runs (consecutive on both sides) go through the
   // copy engines, one memcpy per run and layer; others through the gather kernel (0: always).
   void set_engine_max_runs(int runs) { engine_max_runs_ = runs; }
+  // Copies that the engines do not take whole but whose tier side forms at most kStagedMaxRuns
+  // runs go through the device staging buffer (on: the default; benchmarks turn it off to
+  // measure the gather kernel alone).
+  void set_staging(bool on) { staging_ = on; }
+  static constexpr int kStagedMaxRuns = 64;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -189,6 +197,10 @@ class PinnedHostTier final : public PoolTier {
   cudaStream_t stream_ = nullptr;  // the lowest priority
   std::atomic<int> copy_ctas_;
   std::atomic<int> engine_max_runs_;
+  std::atomic<bool> staging_{true};
+  std::byte* dstage_ = nullptr;  // Options::stage_bytes of device memory (staged copies)
+  int32_t* dseq_ = nullptr;      // 0, 1, ... stage_blocks_-1 on the device
+  int stage_blocks_ = 0;
   EventPool events_;
   View view_{this};
 
@@ -203,7 +215,7 @@ class PinnedHostTier final : public PoolTier {
   bool reaping_ = false;  // a finished copy's leases are being returned
   TierStats stats_;
   uint64_t fetched_tokens_ = 0, fetch_us_ = 0, skipped_ = 0;
-  uint64_t engine_copies_ = 0, kernel_copies_ = 0;  // under mu_
+  uint64_t engine_copies_ = 0, kernel_copies_ = 0, staged_copies_ = 0;  // under mu_
   std::thread reaper_;
 };
 

@@ -192,9 +192,11 @@ TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
     for (int l = 0; l < nl; ++l) want.push_back(BlockBytes(pool, l, (*src)[b]));
   ASSERT_EQ(cudaMemset(pool.base(), 0xff, pool.memory().size()), cudaSuccess);
 
-  for (int rep = 0; rep < 20; ++rep) {  // many requests: no event or id slot made per request
-    // Odd reps: the gather kernel; even: the copy engines (the blocks are one run each side).
-    (*tier)->set_engine_max_runs(rep % 2 ? 0 : 4);
+  for (int rep = 0; rep < 21; ++rep) {  // many requests: no event or id slot made per request
+    // Each path in turn (the blocks are one run each side): the copy engines, the gather kernel,
+    // the copy engines through the device staging buffer.
+    (*tier)->set_engine_max_runs(rep % 3 == 0 ? 4 : 0);
+    (*tier)->set_staging(rep % 3 != 1);
     model::BlockLease lease(&pool.allocator(), {});
     auto p = (*tier)->Fetch(root, tokens, 0, &lease, nullptr);
     ASSERT_EQ(p->tokens(), 100);
@@ -205,9 +207,12 @@ TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
   }
   EXPECT_GT((*tier)->stats().engine_copies, 0u);
   EXPECT_GT((*tier)->stats().kernel_copies, 0u);
-  // Scattered destination blocks (every other block free): 7 runs, so the gather kernel.
+  EXPECT_GT((*tier)->stats().staged_copies, 0u);
+  // Scattered destination blocks (every other block free): 7 runs, so staged (the tier's slots
+  // are one run), or with staging off the gather kernel.
   (*tier)->set_engine_max_runs(4);
-  {
+  for (bool staging : {true, false}) {
+    (*tier)->set_staging(staging);
     auto ids = pool.allocator().Allocate(14);
     ASSERT_TRUE(ids.ok());
     std::vector<int32_t> odd, even;
@@ -215,14 +220,30 @@ TEST(PinnedTierGpu, WritesDownAndFetchesBackByteForByte) {
     model::BlockLease keep(&pool.allocator(), even);
     ASSERT_OK(pool.allocator().Release(odd));
     const uint64_t kernels = (*tier)->stats().kernel_copies;
+    const uint64_t staged = (*tier)->stats().staged_copies;
     model::BlockLease lease(&pool.allocator(), {});
     auto p = (*tier)->Fetch(root, tokens, 0, &lease, nullptr);
     ASSERT_EQ(p->tokens(), 100);
     ASSERT_OK(p->WaitAll());
-    EXPECT_EQ((*tier)->stats().kernel_copies, kernels + uint64_t(nl));
+    EXPECT_EQ((*tier)->stats().kernel_copies, kernels + (staging ? 0 : uint64_t(nl)));
+    EXPECT_EQ((*tier)->stats().staged_copies, staged + (staging ? uint64_t(nl) : 0));
     for (int b = 0; b < 7; ++b)
       for (int l = 0; l < nl; ++l)
         ASSERT_EQ(BlockBytes(pool, l, lease.ids()[b]), want[size_t(b) * nl + l]) << "block " << b;
+    if (staging) {  // and down again from the scattered blocks: pool -> staging -> one slot run
+      const BlockKey root2 = RootKey(42, pool.layout(), "scattered");
+      const uint64_t before = (*tier)->stats().staged_copies;
+      (*tier)->WriteDown(root2, tokens, lease.ids());
+      (*tier)->Flush();
+      EXPECT_GT((*tier)->stats().staged_copies, before);
+      model::BlockLease back(&pool.allocator(), {});
+      auto q = (*tier)->Fetch(root2, tokens, 0, &back, nullptr);
+      ASSERT_EQ(q->tokens(), 100);
+      ASSERT_OK(q->WaitAll());
+      for (int b = 0; b < 7; ++b)
+        for (int l = 0; l < nl; ++l)
+          ASSERT_EQ(BlockBytes(pool, l, back.ids()[b]), want[size_t(b) * nl + l]) << "block " << b;
+    }
   }
   // A partial prefix: the first 4 blocks, then other tokens.
   std::vector<int32_t> other = tokens;
@@ -334,7 +355,7 @@ TEST(PinnedTierGpu, SuffixOverFetchedPrefixGivesTheTokensOfTheWholePrompt) {
     // Suffix over the fetched prefix (the pool poisoned with finite garbage first).
     ASSERT_EQ(cudaMemset(g.pool->base(), 0x3c, g.pool->memory().size()), cudaSuccess);
     model::BlockLease lc(&g.pool->allocator(), {});
-    (*tier)->set_engine_max_runs(p % 2 ? 0 : 4);  // the gather kernel, or the copy engines
+    (*tier)->set_engine_max_runs(p % 2 ? 0 : 4);  // staged, or the copy engines
     auto pf = (*tier)->Fetch(root, prompt, 0, &lc, nullptr);
     ASSERT_EQ(pf->tokens(), 160);
     CompareSteps(base, g, prompt, lc, pf.get(), p, &compared, &skipped);
