@@ -315,6 +315,13 @@ class KvStoreDecodeLoadTest : public KvStoreDecodeTest {
     prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.end());
     *conversation = std::move(prompt);
   }
+  // The next turn: the conversation so far and a new 10-token message (`seed`).
+  static std::vector<int32_t> NextTurn(const std::vector<int32_t>& conversation, uint64_t seed) {
+    auto prompt = conversation;
+    const auto message = MakePrompt(10, 512, seed);
+    prompt.insert(prompt.end(), message.begin(), message.end());
+    return prompt;
+  }
   // The load figures of a call (its last message carrying them).
   static v1::LoadInfo Load(const GenerateResult& r) {
     v1::LoadInfo info;
@@ -340,9 +347,7 @@ TEST_F(KvStoreDecodeLoadTest, AColdDecodeLoadsThePrefixAndThePrefillWritesTheRes
   ASSERT_GT(block, 0u);
 
   // Turn 2 (80 tokens, 79 loaded): blocks 0-3 from the store by the decode, block 4 written.
-  auto prompt = conversation;
-  const auto message = MakePrompt(10, 512, 98);
-  prompt.insert(prompt.end(), message.begin(), message.end());
+  auto prompt = NextTurn(conversation, 98);
   auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
@@ -400,9 +405,7 @@ TEST_F(KvStoreDecodeLoadTest, WithTheStoreDownThePrefillWritesEverything) {
   std::vector<int32_t> conversation;
   ASSERT_NO_FATAL_FAILURE(FirstTurn(&conversation));
   redis.Kill();
-  auto prompt = conversation;
-  const auto message = MakePrompt(10, 512, 99);
-  prompt.insert(prompt.end(), message.begin(), message.end());
+  auto prompt = NextTurn(conversation, 99);
   const auto t0 = Clock::now();
   auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -422,9 +425,7 @@ TEST_F(KvStoreDecodeLoadTest, TurnedOffTheDecodeLoadsNothing) {
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   std::vector<int32_t> conversation;
   ASSERT_NO_FATAL_FAILURE(FirstTurn(&conversation));
-  auto prompt = conversation;
-  const auto message = MakePrompt(10, 512, 98);
-  prompt.insert(prompt.end(), message.begin(), message.end());
+  auto prompt = NextTurn(conversation, 98);
   auto r = CallGenerate(*stub_, prompt, 6, v1::LOAD_MODE_PIPELINED, 30000);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, Colocated(kTiny, prompt, 6));
