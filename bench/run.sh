@@ -19,6 +19,8 @@
 #   transfer    scatter_bench, transfer_gpu (cuda_ipc, ucx_staged, two GPUs), transfer_nccl,
 #               ucx_notify_rtt, transport_bw (CPU_COST=1: host CPU time)  bench/suite_transfer.sh
 #   ttft        kvstream bench ttft through the two daemons               bench/suite_daemons.sh
+#   netns       two network hosts on one machine (veth pair, tc rate limits): ucx_perftest,
+#               transfer_gpu and TTFT across them, UCX_TLS=tcp,cuda_copy   bench/suite_netns.sh
 #   itl         kvstream bench itl: ITL while prompts land, pacing A/B/D/C bench/suite_daemons.sh
 #   auth        auth_overhead: TTFT plain / tokens / mTLS, CPU daemons    bench/suite_daemons.sh
 #   metrics     metrics on / off: TTFT, 64-stream tokens/s; metrics_cost   bench/suite_daemons.sh
@@ -47,7 +49,7 @@ BENCH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 declare -A SUITE_BUDGET=([decode]=420 [under-load]=300 [prefill]=200 [step]=200 [tests]=300
                          [transfer]=420 [ttft]=300 [itl]=300 [auth]=300 [metrics]=420 [sampling]=200
-                         [tiers]=200 [tiers-load]=270)
+                         [tiers]=200 [tiers-load]=270 [netns]=560)
 ALL="tests decode under-load prefill step sampling tiers tiers-load transfer ttft itl auth metrics"
 SUITES=() DRY_RUN=0 TAG=""
 while (( $# )); do
@@ -58,7 +60,7 @@ while (( $# )); do
     --tag=*) TAG=${1#--tag=} ;;
     [A-Z_]*=*) export "${1?}" ;;
     all) read -r -a _all <<< "$ALL"; SUITES+=("${_all[@]}") ;;
-    smoke | decode | under-load | prefill | step | sampling | tiers | tiers-load | tests | transfer | ttft | itl | auth | metrics)
+    smoke | decode | under-load | prefill | step | sampling | tiers | tiers-load | tests | transfer | ttft | itl | auth | metrics | netns)
       SUITES+=("$1") ;;
     *) echo "bench/run.sh: unknown argument '$1' (bench/run.sh --help)" >&2; exit 2 ;;
   esac
@@ -80,6 +82,8 @@ source "$BENCH/suite_kernels.sh"
 source "$BENCH/suite_transfer.sh"
 # shellcheck source=suite_daemons.sh
 source "$BENCH/suite_daemons.sh"
+# shellcheck source=suite_netns.sh
+source "$BENCH/suite_netns.sh"
 
 env_sh=${LIBS:-.devlibs}/env.sh
 if [[ $DRY_RUN == 1 ]]; then

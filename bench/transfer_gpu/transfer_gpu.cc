@@ -5,7 +5,14 @@
 //                [--backends=cuda_ipc,cuda_ipc_memcpy,ucx_host,ucx_staged] [--json=FILE] [--device=0]
 //                [--rx-device=N] [--idle-ms=200] [--cpu-ms=200]
 //
-// --rx-device: the receiver process's GPU (default --device). With two GPUs the pinned
+// --rx-device: the receiver process's GPU (default --device).
+// Across a network hop: --rx-netns=PATH runs the receiver in the network namespace PATH names
+// (e.g. /run/netns/NAME: it setns()es there before making its transport), and
+// --ucx-net-devices / --rx-ucx-net-devices pin the writer's / receiver's UCX to a device (e.g.
+// the two ends of a veth pair); UCX_TLS from the environment applies to both.
+// Backend "ucx": the UCX backend moving the CUDA memory itself (needs a UCX built with CUDA:
+// scripts/install-deps.sh --ucx-cuda); its rows compare against pinned H2D/D2H and ucx_host
+// like ucx_staged's, and the transports UCX chose for it (ucp_ep_print_info) go to stderr. With two GPUs the pinned
 // baselines are host->device on the receiver's GPU and device->host on the writer's, and
 // "both at once" runs each on its own GPU (own PCIe link).
 //
@@ -81,6 +88,7 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "tests/transport/gpu/gpu_peer.h"
+#include "tests/veth_pair.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/transport.h"
 #if KVSTREAM_HAVE_UCX_STAGED
@@ -98,6 +106,9 @@ using transport::Transport;
 using transport::WriteHandle;
 using transport::WriteRequest;
 
+std::string g_net_devices;  // this process's UCX net devices (--ucx-net-devices / --rx-...)
+std::string g_rx_netns, g_rx_net_devices;  // the receiver's (writer side)
+
 Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int device) {
   // cuda_ipc_packed: the previous pass's path (packed runs, <= 336 per launch), for
   // before/after in one run; the other cuda_ipc rows use the block-table kernel for paged writes.
@@ -114,16 +125,24 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
     return transport::cuda_ipc::CreateCudaIpcTransport(o);
   }
 #if KVSTREAM_HAVE_UCX_STAGED
-  if (name == "ucx_host") {  // the staged path's own UCX leg, host memory to host memory
+  // ucx_host: the staged path's own UCX leg, host memory to host memory; ucx: CUDA memory.
+  if (name == "ucx_host" || name == "ucx") {
     transport::TransportOptions o;
     o.backend = "ucx";
     o.ucx.admit_any = true;  // a benchmark: the receiver takes the writer's connection unasked
-    return transport::ucx::CreateUcxTransport(o);
+    o.ucx.net_devices = g_net_devices;
+    auto t = transport::ucx::CreateUcxTransport(o);
+    if (t.ok() && name == "ucx" && !(*t)->capabilities().cuda_memory) {
+      return NotSupported("backend ucx: this UCX moves no CUDA memory (build one with "
+                          "scripts/install-deps.sh --ucx-cuda)");
+    }
+    return t;
   }
   if (name.rfind("ucx_staged", 0) == 0) {
     transport::staged::StagedOptions o;
     o.device = device;
     o.ucx.admit_any = true;  // a benchmark: the receiver takes the writer's connection unasked
+    o.ucx.net_devices = g_net_devices;
     const std::string base = name.substr(0, name.find(':'));
     if (auto c = name.find(":c"); c != std::string::npos) {
       const int mib = std::atoi(name.c_str() + c + 2);
@@ -167,6 +186,13 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
 int RunReceiver(const std::map<std::string, std::string>& args) {
   const std::string backend = args.at("backend");
   const int device = std::stoi(args.at("device"));
+  if (args.count("netns") && !args.at("netns").empty()) {
+    if (std::string why = kvstream::testing::EnterNetns(args.at("netns")); !why.empty()) {
+      std::fprintf(stderr, "receiver: entering the network namespace: %s\n", why.c_str());
+      return 1;
+    }
+  }
+  if (args.count("ucx-net-devices")) g_net_devices = args.at("ucx-net-devices");
   KV_BENCH_CUDA(cudaSetDevice(device));
   // ucx_host: host memory on both sides (the staged backend's UCX leg alone).
   return ServeAsBenchReceiver(MakeBackend(backend, device), device, std::stoi(args.at("regions")),
@@ -397,7 +423,8 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
         &rx,
         {"--role=receiver", "--backend=" + backend, "--device=" + std::to_string(rx_device),
          "--regions=" + std::to_string(layers),
-         "--region-bytes=" + std::to_string(pool_blocks * bb)},
+         "--region-bytes=" + std::to_string(pool_blocks * bb), "--netns=" + g_rx_netns,
+         "--ucx-net-devices=" + g_rx_net_devices},
         layers, 60000, &peer);
     if (!err.empty()) {
       std::fprintf(stderr, "[%s] receiver failed: %s\n", backend.c_str(), err.c_str());
@@ -430,6 +457,7 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
       wr.ops.reserve(blocks);
       for (uint64_t i = 0; i < blocks; ++i) wr.ops.push_back({l * layer_bytes + i * bb, ids[i] * bb, bb});
     }
+    bool described = backend != "ucx" && backend != "ucx_host";  // ucp_ep_print_info printed
     auto run = [&](bool scatter, int nlayers, uint64_t tiny = 0) {
       std::vector<std::unique_ptr<WriteHandle>> hs;
       hs.reserve(nlayers);
@@ -456,11 +484,19 @@ void RunModel(const std::string& model_name, int tokens, int iters, int device, 
         if (!st.ok()) Die(backend + " wait: " + st.ToString());
       }
       next_req++;
+      if (!described) {  // after the first write: the connection exists from then on
+        described = true;
+        auto info = transport::ucx::DescribeEndpoint(*ep.value());
+        std::fprintf(stderr, "[%s] ucp_ep_print_info:\n%s\n", backend.c_str(),
+                     info.ok() ? info->c_str() : info.status().ToString().c_str());
+      }
     };
-    const bool staged = backend.rfind("ucx_staged", 0) == 0 || host;
+    // ucx (CUDA memory through UCX) is measured as the staged path is: against pinned copies
+    // and against ucx_host, the same UCX path with host memory.
+    const bool staged = backend.rfind("ucx_staged", 0) == 0 || host || backend == "ucx";
     std::string path;
 #if KVSTREAM_HAVE_UCX_STAGED
-    if (!host && staged) {
+    if (!host && staged && backend != "ucx") {
       path = transport::staged::EndpointPath(*ep.value());
       std::fprintf(stderr, "[%s] path %s\n", backend.c_str(), path.c_str());
     }
@@ -629,6 +665,9 @@ int main(int argc, char** argv) {
   backends += ",ucx_host,ucx_staged";
 #endif
   if (args.count("backends")) backends = args["backends"];
+  if (args.count("rx-netns")) g_rx_netns = args["rx-netns"];
+  if (args.count("ucx-net-devices")) g_net_devices = args["ucx-net-devices"];
+  if (args.count("rx-ucx-net-devices")) g_rx_net_devices = args["rx-ucx-net-devices"];
   std::string models = args.count("models") ? args["models"] : "llama-3-8b,llama-2-7b";
   if (args.count("json")) g_json.open(args["json"], std::ios::app);
   g_span = ParseCpuSpanFlags(args);

@@ -1,8 +1,11 @@
 // GPU integration (label gpu): the real kvstream-prefill and kvstream-decode processes, CUDA
 // backend, KV pools in device memory, for each GPU transport built in, in two placements:
-//  - OneGpu: both daemons on GPU 0 (cuda_ipc, ucx_staged; nccl cannot put two ranks on a GPU);
+//  - OneGpu: both daemons on GPU 0 (cuda_ipc, ucx_staged, ucx; nccl cannot put two ranks on a
+//    GPU);
 //  - TwoGpus: prefill on GPU 0, decode on GPU 1 (nccl, cuda_ipc through peer copies, ucx_staged
-//    through host staging); skipped with the reason where fewer than two GPUs are visible.
+//    through host staging, ucx); skipped with the reason where fewer than two GPUs are visible.
+// ucx (UCX moving the GPU memory itself) runs only with a UCX built with CUDA (skipped, with the
+// reason, otherwise).
 // Disaggregated tokens (pipelined and not) must equal the decode daemon computing the prompt
 // itself on its own GPU (LOAD_MODE_LOCAL, the colocated path), every block must be back
 // afterwards, and both daemons must report the transport asked for. A fault case kills the
@@ -59,6 +62,8 @@ std::ostream& operator<<(std::ostream& os, const GpuCase& c) {
             << c.decode_device << ")";
 }
 
+constexpr const char* kUcxCudaTls = "tcp,cuda_copy";
+
 class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<GpuCase> {
  protected:
   const std::string& transport() const { return GetParam().transport; }
@@ -68,6 +73,15 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<G
     auto built = transport::AvailableBackends();
     if (std::find(built.begin(), built.end(), c.transport) == built.end())
       GTEST_SKIP() << "transport " << c.transport << " is not built in";
+    if (c.transport == "ucx") {  // GPU pools through UCX itself: a UCX built with CUDA
+      transport::TransportOptions o;
+      o.backend = "ucx";
+      o.ucx.tls = kUcxCudaTls;
+      auto t = transport::CreateTransport(o);
+      if (!t.ok() || !(*t)->capabilities().cuda_memory)
+        GTEST_SKIP() << "this UCX moves no CUDA memory (--transport=ucx resolves to ucx_staged; "
+                        "scripts/install-deps.sh --ucx-cuda builds one that does)";
+    }
     const int need = std::max(c.prefill_device, c.decode_device) + 1;
     if (g_devices < need)
       GTEST_SKIP() << "needs " << need << " GPUs (prefill on cuda:" << c.prefill_device
@@ -87,6 +101,8 @@ class DaemonsGpuTest : public DisaggTest, public ::testing::WithParamInterface<G
     pair.common = model;
     pair.common.push_back("--backend=cuda");
     pair.common.push_back("--transport=" + transport());
+    // UCX's CUDA transport beside TCP (the harness pins UCX to tcp).
+    if (transport() == "ucx") pair.common.push_back(std::string("--ucx_tls=") + kUcxCudaTls);
     pair.prefill = {"--device=" + std::to_string(GetParam().prefill_device)};
     pair.decode = {"--device=" + std::to_string(GetParam().decode_device)};
     for (const auto& f : prefill_extra) pair.prefill.push_back(f);
@@ -439,11 +455,12 @@ std::string CaseName(const ::testing::TestParamInfo<GpuCase>& p) { return p.para
 
 // nccl is not here: NCCL refuses two ranks on one GPU (the transport says so at Connect).
 INSTANTIATE_TEST_SUITE_P(OneGpu, DaemonsGpuTest,
-                         ::testing::Values(GpuCase{"cuda_ipc", 0, 0}, GpuCase{"ucx_staged", 0, 0}),
+                         ::testing::Values(GpuCase{"cuda_ipc", 0, 0}, GpuCase{"ucx_staged", 0, 0},
+                                           GpuCase{"ucx", 0, 0}),
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(TwoGpus, DaemonsGpuTest,
                          ::testing::Values(GpuCase{"nccl", 0, 1}, GpuCase{"cuda_ipc", 0, 1},
-                                           GpuCase{"ucx_staged", 0, 1}),
+                                           GpuCase{"ucx_staged", 0, 1}, GpuCase{"ucx", 0, 1}),
                          CaseName);
 
 }  // namespace

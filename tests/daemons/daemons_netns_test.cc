@@ -8,57 +8,19 @@
 #include <string>
 
 #include "tests/daemons/disagg_fixture.h"
+#include "tests/veth_pair.h"
 
 namespace kvstream::testing {
 namespace {
 
 namespace v1 = kvstream::v1;
 
-int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
-
-struct Names {
-  std::string ns = "kvs-p-" + std::to_string(getpid());
-  std::string veth_p = "kvp" + std::to_string(getpid() % 1000000);
-  std::string veth_d = "kvd" + std::to_string(getpid() % 1000000);
-  int subnet = 10 + getpid() % 200;
-  std::string ip_p() const { return "10.211." + std::to_string(subnet) + ".1"; }
-  std::string ip_d() const { return "10.211." + std::to_string(subnet) + ".2"; }
-};
-
-const Names& N() {
-  static Names n;
-  return n;
+VethPair& N() {
+  static VethPair pair("kvs");
+  return pair;
 }
 
-void TearDownNetwork() {
-  Sh("ip link del " + N().veth_d);
-  Sh("ip netns del " + N().ns);
-}
-
-// Empty on success, else why the namespace setup is impossible here.
-std::string SetUpNetwork() {
-  if (geteuid() != 0) return "not root (network namespaces need CAP_SYS_ADMIN)";
-  if (Sh("ip -V") != 0) return "iproute2 'ip' not found";
-  TearDownNetwork();
-  if (Sh("ip netns add " + N().ns) != 0) return "'ip netns add' failed (no CAP_SYS_ADMIN or no netns support)";
-  const std::string in = "ip netns exec " + N().ns + " ";
-  std::vector<std::string> cmds = {
-      "ip link add " + N().veth_d + " type veth peer name " + N().veth_p,
-      "ip link set " + N().veth_p + " netns " + N().ns,
-      "ip addr add " + N().ip_d() + "/24 dev " + N().veth_d,
-      "ip link set " + N().veth_d + " up",
-      in + "ip addr add " + N().ip_p() + "/24 dev " + N().veth_p,
-      in + "ip link set " + N().veth_p + " up",
-      in + "ip link set lo up",
-  };
-  for (const auto& c : cmds) {
-    if (Sh(c) != 0) {
-      TearDownNetwork();
-      return "network setup step failed: " + c;
-    }
-  }
-  return "";
-}
+int Sh(const std::string& cmd) { return VethPair::Sh(cmd); }
 
 class NetnsTest : public DisaggTest {};
 
@@ -67,9 +29,9 @@ TEST_F(NetnsTest, KvCrossesAVethPairAndTokensMatchColocated) {
   pair.common = {"--model=tiny"};
   // Off loopback without credentials: allowed only with --insecure (docs/security.md).
   pair.prefill_prefix = {"ip", "netns", "exec", N().ns};
-  pair.prefill_host = N().ip_p();
-  pair.prefill = {"--ucx_net_devices=" + N().veth_p, "--insecure"};
-  pair.decode = {"--ucx_net_devices=" + N().veth_d, "--insecure"};
+  pair.prefill_host = N().inner_ip;
+  pair.prefill = {"--ucx_net_devices=" + N().inner, "--insecure"};
+  pair.decode = {"--ucx_net_devices=" + N().outer, "--insecure"};
   ASSERT_NO_FATAL_FAILURE(StartDaemons(pair));
   for (int n : {2, 33, 200}) {
     auto prompt = MakePrompt(n, 512, 900 + n);
@@ -104,7 +66,7 @@ TEST_F(NetnsTest, LoopbackDaemonsSurviveAnotherTestsInterfaceVanishing) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, expected);
   // The other test ends: its interface goes away.
-  ASSERT_EQ(Sh("ip link del " + N().veth_d), 0);
+  ASSERT_EQ(Sh("ip link del " + N().outer), 0);
   for (int i = 0; i < 3; ++i) {
     auto p = MakePrompt(30 + i, 512, 80 + i);
     r = CallGenerate(*stub_, p, 3, v1::LOAD_MODE_PIPELINED, 20000);
@@ -114,20 +76,20 @@ TEST_F(NetnsTest, LoopbackDaemonsSurviveAnotherTestsInterfaceVanishing) {
     EXPECT_TRUE(r.messages.front().load().loaded_remotely());
   }
   // Later tests get their network back.
-  ASSERT_EQ(SetUpNetwork(), "");
+  ASSERT_EQ(N().SetUp(), "");
 }
 
 }  // namespace
 }  // namespace kvstream::testing
 
 int main(int argc, char** argv) {
-  std::string why = kvstream::testing::SetUpNetwork();
+  std::string why = kvstream::testing::N().SetUp();
   if (!why.empty()) {
     std::printf("SKIPPED: %s\n", why.c_str());
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);
   int rc = RUN_ALL_TESTS();
-  kvstream::testing::TearDownNetwork();
+  kvstream::testing::N().TearDown();
   return rc;
 }

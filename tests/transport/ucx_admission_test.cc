@@ -2,6 +2,7 @@
 // named (issue 15, item 3): a raw UCX client (ucx_raw_client, ucp alone) that connects to a
 // receiver's listener and puts into its registered memory, even with the memory key and the
 // genuine writer's client id, is refused and nothing lands; the admitted writer's data does.
+// And an admitted client's hostile data messages land nowhere outside registered memory.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -38,7 +39,10 @@ Attack RawPut(const ucx::WireSockAddr& listener, uint64_t client_id, uint64_t ta
   std::ostringstream cmd;
   cmd << KVSTREAM_UCX_RAW_CLIENT_BIN << " " << ip << " " << listener.port << " " << std::hex
       << client_id << std::dec << " " << target << " "
-      << (packed_rkey.empty() ? "-" : test::ToHex(packed_rkey)) << " " << bytes << " 2>&1";
+      << (packed_rkey.empty()                 ? std::string("-")
+          : packed_rkey.rfind("am:", 0) == 0 ? packed_rkey  // a data message (header in hex)
+                                              : test::ToHex(packed_rkey))
+      << " " << bytes << " 2>&1";
   Attack a;
   FILE* p = popen(cmd.str().c_str(), "r");
   if (p == nullptr) return a;
@@ -229,6 +233,71 @@ TEST_P(UcxAdmission, RepliesGoBackOverTheAdmittedConnection) {
   EXPECT_EQ((*reply)->status().code(), StatusCode::kRemoteDisconnect);
   reply->reset();
   tx_->SetNotificationSink(nullptr);
+}
+
+// Data messages (how CUDA memory moves: ucx_writer.h) from an admitted but hostile writer land
+// only inside memory the receiver registered: a header naming memory around or outside the
+// registration, a length other than the bytes carried, an address range that wraps, or no
+// header at all is dropped (logged), and the receiver keeps serving; a message inside lands.
+TEST(UcxDataMessages, HostileHeadersNeverWriteOutsideRegisteredMemory) {
+  TransportOptions o = test::Options("ucx", "tcp");
+  o.ucx.admit_any = true;  // the attacker is admitted: what it sends is the question here
+  auto rx = CreateTransport(o);
+  ASSERT_TRUE(rx.ok()) << rx.status().ToString();
+  // Three 64 KiB thirds; only the middle one is registered.
+  std::vector<uint8_t> mem(3 * kBytes, 0);
+  const uint64_t reg_at = reinterpret_cast<uint64_t>(mem.data()) + kBytes;
+  auto reg = (*rx)->Register(MemoryRegion{mem.data() + kBytes, kBytes});
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  auto a = ucx::DecodeAddress((*rx)->LocalAddress());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto header = [](uint64_t addr, uint64_t length) {
+    return ucx::EncodeDataHeader(ucx::UcxDataHeader{addr, length});
+  };
+  struct Case {
+    const char* what;
+    std::string header;
+    size_t bytes;
+  };
+  const std::vector<Case> hostile = {
+      {"straddling the registration's start", header(reg_at - 4096, 8192), 8192},
+      {"straddling its end", header(reg_at + kBytes - 4096, 8192), 8192},
+      {"memory the receiver did not register", header(reg_at - kBytes, 4096), 4096},
+      {"a header announcing more than it carries", header(reg_at, 8192), 4096},
+      {"a header announcing less than it carries", header(reg_at, 4096), 8192},
+      {"an address range that wraps", header(~uint64_t{0} - 4095, 8192), 8192},
+      {"garbage for a header", std::string(40, '\x5a'), 4096},
+  };
+  std::string outcomes;
+  for (const Case& c : hostile) {
+    Attack at = RawPut(a->listener, 0, 0, "am:" + test::ToHex(c.header), c.bytes);
+    EXPECT_TRUE(at.exit_code == 0 || at.exit_code == 1) << c.what << ": " << at.result;
+    size_t changed = 0;
+    for (uint8_t b : mem) changed += b != 0;
+    EXPECT_EQ(changed, 0u) << c.what << ": bytes landed";
+  }
+  // One message inside the registration lands, and only there.
+  Attack inside = RawPut(a->listener, 0, 0, "am:" + test::ToHex(header(reg_at + 4096, 4096)), 4096);
+  EXPECT_EQ(inside.exit_code, 1) << inside.result;
+  const Deadline deadline = DeadlineAfterMs(5000);
+  while (mem[kBytes + 4096] != 0xAB && !Expired(deadline)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (size_t i = 0; i < mem.size(); ++i) {
+    const bool in = i >= kBytes + 4096 && i < kBytes + 8192;
+    ASSERT_EQ(mem[i], in ? 0xAB : 0) << "byte " << i;
+  }
+  FaultOutcome f;
+  f.tries = static_cast<int>(hostile.size());
+  f.aborts = 0;
+  f.bytes_outside = 0;
+  f.outcome = "each dropped by the receiver, nothing landed outside the registration; a message "
+              "inside it landed afterwards";
+  RecordFault("data.hostile_ucx_data_messages",
+              "an admitted raw UCX client's data messages (active-message rendezvous, how CUDA "
+              "memory moves) naming memory around or outside the registration, lengths that "
+              "disagree with the bytes, a wrapping range, a garbage header",
+              f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, UcxAdmission, ::testing::Values("tcp", "sm,tcp", ""),

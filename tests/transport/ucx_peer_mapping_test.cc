@@ -130,15 +130,34 @@ TEST(UcxPeerMapping, OtherBackendsEndpointIsRefused) {
 }  // namespace
 
 // A UCX built with CUDA before 1.16 puts from device memory with a host memcpy (it crashed on
-// the H200: bench/results/ucx_cuda_2026-12-01.md), so the backend claims CUDA memory only from
-// 1.16 on, and ResolveBackend then sends GPU pools through ucx_staged.
-TEST(UcxCudaMemory, ClaimedOnlyFromUcx116WithCudaInTheContext) {
-  EXPECT_FALSE(ucx::MovesCudaMemory(1, 13, true));
-  EXPECT_FALSE(ucx::MovesCudaMemory(1, 15, true));
+// the H200: bench/results/ucx_cuda_2026-12-01.md), so CUDA memory moves as active-message
+// rendezvous, which 1.13 lands memory-type-aware; older releases were not tried, and without
+// CUDA in the context ResolveBackend sends GPU pools through ucx_staged.
+TEST(UcxCudaMemory, ClaimedFromUcx113WithCudaInTheContext) {
+  EXPECT_FALSE(ucx::MovesCudaMemory(1, 12, true));
+  EXPECT_TRUE(ucx::MovesCudaMemory(1, 13, true));
+  EXPECT_TRUE(ucx::MovesCudaMemory(1, 15, true));
   EXPECT_TRUE(ucx::MovesCudaMemory(1, 16, true));
   EXPECT_TRUE(ucx::MovesCudaMemory(1, 18, true));
   EXPECT_TRUE(ucx::MovesCudaMemory(2, 0, true));
   EXPECT_FALSE(ucx::MovesCudaMemory(1, 18, false));
+}
+
+// ucx_staged's inner transport leaves UCX's CUDA transports out of any selection.
+TEST(UcxTls, WithoutCudaKeepsTheRestOfTheSelection) {
+  EXPECT_EQ(ucx::TlsWithoutCuda("tcp,cuda_copy"), "tcp");
+  EXPECT_EQ(ucx::TlsWithoutCuda("sm,tcp"), "sm,tcp");
+  EXPECT_EQ(ucx::TlsWithoutCuda("all"), "^cuda_copy,cuda_ipc,gdr_copy");
+  EXPECT_EQ(ucx::TlsWithoutCuda("^sm"), "^sm,cuda_copy,cuda_ipc,gdr_copy");
+  EXPECT_EQ(ucx::TlsWithoutCuda("cuda_copy"), "^cuda_copy,cuda_ipc,gdr_copy");
+  EXPECT_EQ(ucx::TlsWithoutCuda("tcp,cuda_ipc,cuda_copy,sm"), "tcp,sm");
+  // UCX takes the exclusion whether or not it was built with CUDA.
+  TransportOptions o;
+  o.backend = "ucx";
+  o.ucx.tls = ucx::TlsWithoutCuda("all");
+  auto t = CreateTransport(o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_FALSE((*t)->capabilities().cuda_memory);
 }
 
 // UCX_TLS=sm alone used to fail at the first Connect with UCX's "no peer failure handler"

@@ -5,6 +5,9 @@
 //                  <bytes>
 //   The put uses the packed rkey given (a leaked one), or, with "-", a key of this process's own
 //   memory (over TCP, UCX writes to whatever address a put names). Then it flushes.
+//   With "am:<header hex>" instead of a key it sends a data message (the UCX backend's active
+//   message 18, rendezvous) of <bytes> bytes of 0xAB with that header (<target address> unused)
+//   and waits for the send to complete.
 //   stdout: "RESULT <UCX status of the flush>"; exit 0 when the attempt failed (refused),
 //   1 when the flush succeeded (the bytes landed), 3 when nothing answered within 6 s,
 //   2 on a usage or set-up error.
@@ -96,8 +99,33 @@ int main(int argc, char** argv) {
     return 0;  // refused before anything was sent
   }
 
-  // The key the put goes with: a leaked one, or one of our own memory.
   std::vector<char> source(bytes, '\xAB');
+  if (rkey_arg.rfind("am:", 0) == 0) {
+    const std::string header = FromHex(rkey_arg.substr(3));
+    ucp_request_param_t ap{};
+    ap.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    ap.flags = UCP_AM_SEND_FLAG_RNDV;
+    ucs_status_ptr_t send = ucp_am_send_nbx(ep, 18, header.data(), header.size(), source.data(),
+                                            source.size(), &ap);
+    ucs_status_t result = UCS_INPROGRESS;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+    while (std::chrono::steady_clock::now() < until) {
+      ucp_worker_progress(worker);
+      if (!UCS_PTR_IS_PTR(send)) {
+        result = UCS_PTR_STATUS(send);
+        break;
+      }
+      if (ucp_request_check_status(send) != UCS_INPROGRESS) {
+        result = ucp_request_check_status(send);
+        break;
+      }
+    }
+    if (result == UCS_OK && g_ep_error != UCS_OK) result = g_ep_error;
+    std::printf("RESULT %s\n", result == UCS_INPROGRESS ? "no answer" : ucs_status_string(result));
+    std::fflush(stdout);
+    std::_Exit(result == UCS_OK ? 1 : result == UCS_INPROGRESS ? 3 : 0);
+  }
+  // The key the put goes with: a leaked one, or one of our own memory.
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.address = source.data();

@@ -195,6 +195,13 @@ Result<std::unique_ptr<Transport>> CreateStagedTransport(const StagedOptions& op
   inner.backend = "ucx";
   inner.ucx = options.ucx;
   KV_ASSIGN_OR_RETURN(shared->inner, ucx::CreateUcxTransport(inner));
+  if (shared->inner->capabilities().cuda_memory) {
+    // A UCX built with CUDA: host memory only here, or its CUDA transports would page-lock the
+    // staging area themselves (and kvstream's own page-locking would then fail).
+    shared->inner.reset();
+    inner.ucx.tls = ucx::TlsWithoutCuda(options.ucx.tls);
+    KV_ASSIGN_OR_RETURN(shared->inner, ucx::CreateUcxTransport(inner));
+  }
   auto t = std::make_unique<StagedTransport>(shared);
   KV_RETURN_IF_ERROR(t->Init());
   return std::unique_ptr<Transport>(std::move(t));

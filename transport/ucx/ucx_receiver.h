@@ -1,7 +1,10 @@
 // The receiving side of the UCX backend (transport/ucx/): the memory a peer writes into (a
 // Registration: ucp_mem_map'ed, its packed rkey published in RemoteKey(); Allocate()d memory is a
-// memfd a same-host writer maps) and the active-message handler that hands a write's
-// notification to the NotificationSink on the progress thread.
+// memfd a same-host writer maps) and the active-message handlers: data messages (CUDA memory on
+// either side) land only inside a live registration of this transport, the range their header
+// names checked first (anything else is dropped, logged); a notification reaches the
+// NotificationSink on the progress thread only once every data message that arrived before it
+// has landed.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -23,6 +26,7 @@ struct UcxRegionState {
   int memfd = -1;            // Allocate(): the memory is this memfd, mapped at region.addr
   size_t mapped_length = 0;
   bool gated = false;        // offered to same-host writers through the worker's gate
+  bool listed = false;       // in the worker's region table (data messages may land here)
 
   ~UcxRegionState();
 };
@@ -42,6 +46,10 @@ class UcxRegistration final : public Registration {
 // copies are allowed, else by UCX) with the worker's context.
 Result<std::unique_ptr<Registration>> RegisterMemory(std::shared_ptr<UcxWorker> worker,
                                                       const MemoryRegion& region, bool allocate);
+
+// The worker's handler of data active messages (arg: the UcxWorker).
+ucs_status_t OnDataMessage(void* arg, const void* header, size_t header_length, void* data,
+                           size_t length, const ucp_am_recv_param_t* param);
 
 // The worker's handler of notification active messages (arg: the UcxWorker).
 ucs_status_t OnNotificationMessage(void* arg, const void* header, size_t header_length, void* data,

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -157,12 +159,15 @@ class UcxTransport final : public Transport {
       }
     }
     std::vector<std::string_view> keys;
+    std::vector<bool> remote_cuda;
     for (size_t i = 0; i < peer.regions.size(); ++i) {
       KV_ASSIGN_OR_RETURN(UcxKey key, DecodeKey(peer.regions[i].key,
                                                 "memory key of region " + std::to_string(i)));
       keys.push_back(key.rkey);
+      remote_cuda.push_back(key.cuda);
     }
     auto ep = std::make_shared<UcxEndpointState>();
+    ep->remote_cuda = std::move(remote_cuda);
     ep->maps.resize(peer.regions.size());
     ep->host_copy.assign(peer.regions.size(), false);
     ep->worker = worker_.get();
@@ -286,8 +291,57 @@ PeerMapping::~PeerMapping() {
   if (map_ != nullptr) munmap(map_, map_length_);
 }
 
+Result<std::string> DescribeEndpoint(const Endpoint& endpoint) {
+  const auto* ep = dynamic_cast<const UcxEndpoint*>(&endpoint);
+  if (ep == nullptr) return NotSupported("ucx DescribeEndpoint: not an endpoint of the UCX backend");
+  const UcxEndpointState* st = &ep->state();
+  std::string out;
+  KV_RETURN_IF_ERROR(st->worker->RunSync([st, &out]() -> Status {
+    if (st->ep == nullptr || st->borrowed) {
+      return Unavailable("ucx: the endpoint has no connection of its own (no write yet, or closed)");
+    }
+    char* buf = nullptr;
+    size_t len = 0;
+    FILE* f = open_memstream(&buf, &len);
+    if (f == nullptr) return Internal("ucx: open_memstream failed");
+    ucp_ep_print_info(st->ep, f);
+    std::fclose(f);
+    out.assign(buf, len);
+    std::free(buf);
+    return OkStatus();
+  }));
+  return out;
+}
+
 bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_reports_cuda) {
-  return context_reports_cuda && (ucx_major > 1 || (ucx_major == 1 && ucx_minor >= 16));
+  return context_reports_cuda && (ucx_major > 1 || (ucx_major == 1 && ucx_minor >= 13));
+}
+
+std::string TlsWithoutCuda(const std::string& tls_in) {
+  static const char* kCuda[] = {"cuda_copy", "cuda_ipc", "gdr_copy", "cuda"};
+  auto is_cuda = [](const std::string& t) {
+    for (const char* c : kCuda) {
+      if (t == c) return true;
+    }
+    return false;
+  };
+  std::string tls = tls_in;
+  if (tls.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls = env ? env : "";
+  }
+  const std::string none = "cuda_copy,cuda_ipc,gdr_copy";
+  if (tls.empty() || tls == "all") return "^" + none;
+  const bool exclude = tls[0] == '^';
+  std::string out;
+  std::stringstream ss(exclude ? tls.substr(1) : tls);
+  for (std::string t; std::getline(ss, t, ',');) {
+    if (t.empty() || (!exclude && is_cuda(t))) continue;
+    if (t == "all" && !exclude) return "^" + none;
+    out += (out.empty() ? "" : ",") + t;
+  }
+  if (exclude) return "^" + (out.empty() ? none : out + "," + none);
+  return out.empty() ? "^" + none : out;
 }
 
 bool TlsLacksPeerFailureTransport(const std::string& tls) {

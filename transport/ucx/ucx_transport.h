@@ -11,7 +11,10 @@
 // Write(): the adjacent CopyOps are coalesced; every run is posted with ucp_put_nbx, then one
 // ucp_ep_flush_nbx waits for remote completion of all of them, and only then, if asked, an
 // active message {request_id, layer, flags} carries the notification. The receiver's AM
-// handler calls the NotificationSink on its progress thread.
+// handler calls the NotificationSink on its progress thread. CUDA memory on either side: each
+// run is an active-message rendezvous instead, which the receiver lands only inside memory it
+// registered; notifications wait for the data messages that came before them (ucx_writer.h,
+// ucx_receiver.h).
 //
 // Peer failure: endpoints are created with UCP_ERR_HANDLING_MODE_PEER and an error callback;
 // the failure marks the endpoint kRemoteDisconnect and fails pending and later writes.
@@ -95,11 +98,24 @@ Result<std::unique_ptr<PeerMapping>> MapPeerRegion(const Endpoint& endpoint, int
 // kInvalidArgument for a malformed ticket, kNotSupported for another backend's transport.
 Result<std::unique_ptr<Endpoint>> ReplyEndpoint(Transport& transport, const std::string& ticket);
 
+// UCX's own description of the connection `endpoint` (made by a UCX transport's Connect) uses:
+// its lanes and the transports behind them (ucp_ep_print_info), e.g. to check that a selection
+// (UCX_TLS) took. kNotSupported for another backend's endpoint, kUnavailable before its first
+// write (the connection is made then) or once it is closed.
+Result<std::string> DescribeEndpoint(const Endpoint& endpoint);
+
 // Whether the backend moves CUDA memory itself (Capabilities::cuda_memory) with a UCX of this
-// version whose context reports CUDA memory: only from UCX 1.16, whose memory-type-aware
-// protocols are the default. Older releases built with CUDA put from device memory with a host
-// memcpy (docs/transports.md, "A CUDA-enabled UCX"); the GPU pools then go through ucx_staged.
+// version whose context reports CUDA memory: from UCX 1.13 (the oldest release tested), writing
+// it as active-message rendezvous (ucx_writer.h), never with puts, which copy device memory with
+// the host's memcpy before 1.16 (docs/transports.md, "A CUDA-enabled UCX"). Otherwise the GPU
+// pools go through ucx_staged.
 bool MovesCudaMemory(unsigned ucx_major, unsigned ucx_minor, bool context_reports_cuda);
+
+// `tls` (UCX's syntax, "" = UCX_TLS from the environment, else every transport) without UCX's
+// CUDA transports (cuda_copy, cuda_ipc, gdr_copy). For a transport that moves host memory only
+// (ucx_staged's inner one): with them, a UCX built with CUDA page-locks every host registration
+// itself (cudaHostRegister), which then fails for its owner.
+std::string TlsWithoutCuda(const std::string& tls);
 
 // Whether a UCX_TLS selection (UCX's syntax: "a,b", "^a,b"; empty = all) names only transports
 // that cannot detect a failed peer (shared memory, self). UCX 1.13 cannot create kvstream's

@@ -18,10 +18,10 @@ namespace {
 using internal::PayloadReader;
 using internal::PayloadWriter;
 
-// Version 6: the address names a ucp_listener instead of a UCX worker address; tickets. A
-// mismatch is refused, never misread.
-constexpr internal::WireTag kTag = {{'K', 'V', 'U', 'X'}, 6};
-enum Message : uint16_t { kAddress = 1, kKey = 2, kNotify = 3, kTicket = 4 };
+// Version 7: keys say whether the region is CUDA memory; data messages. (6: the address names a
+// ucp_listener instead of a UCX worker address; tickets.) A mismatch is refused, never misread.
+constexpr internal::WireTag kTag = {{'K', 'V', 'U', 'X'}, 7};
+enum Message : uint16_t { kAddress = 1, kKey = 2, kNotify = 3, kTicket = 4, kData = 5 };
 
 bool ValidSockAddr(const WireSockAddr& w) {
   return (w.family == AF_INET || w.family == AF_INET6) && w.port != 0 && w.reserved == 0;
@@ -139,8 +139,9 @@ Result<UcxTicket> DecodeTicket(const std::string& blob) {
   return out;
 }
 
-std::string EncodeKey(const void* rkey, size_t length) {
+std::string EncodeKey(const void* rkey, size_t length, bool cuda) {
   return PayloadWriter()
+      .Record(static_cast<uint32_t>(cuda ? 1 : 0))
       .Bytes(std::string_view(static_cast<const char*>(rkey), length))
       .Seal(kTag, kKey);
 }
@@ -149,12 +150,30 @@ Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what) {
   KV_ASSIGN_OR_RETURN(internal::Envelope e, internal::OpenEnvelope(kTag, blob, what));
   UcxKey out;
   PayloadReader in(e.payload);
-  if (e.type != kKey || !in.Bytes(&out.rkey) || !in.done() ||
-      out.rkey.empty()) {
+  uint32_t kind = 0;
+  if (e.type != kKey || !in.Record(&kind) || !in.Bytes(&out.rkey) || !in.done() ||
+      out.rkey.empty() || kind > 1) {
     return InvalidArgument(what + " is not a UCX memory key");
   }
+  out.cuda = kind == 1;
   KV_RETURN_IF_ERROR(CheckPackedRkey(out.rkey, what));
   return out;
+}
+
+std::string EncodeDataHeader(const UcxDataHeader& h) {
+  return PayloadWriter().Record(h).Seal(kTag, kData);
+}
+
+Result<UcxDataHeader> DecodeDataHeader(std::string_view header) {
+  KV_ASSIGN_OR_RETURN(internal::Envelope e,
+                      internal::OpenEnvelope(kTag, header, "ucx data message header"));
+  UcxDataHeader h;
+  PayloadReader in(e.payload);
+  if (e.type != kData || !in.Record(&h) || !in.done() || h.length == 0 ||
+      h.addr + h.length < h.addr) {
+    return InvalidArgument("ucx data message header is malformed");
+  }
+  return h;
 }
 
 std::string EncodeNotification(const Notification& n) {

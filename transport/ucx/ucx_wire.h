@@ -18,6 +18,9 @@ namespace kvstream::transport::ucx {
 
 // The active-message id of notifications.
 inline constexpr unsigned kNotifyAmId = 17;
+// The active-message id of data written as messages (CUDA memory on either side): the receiver
+// lands each in memory it registered, after checking the range its header names.
+inline constexpr unsigned kDataAmId = 18;
 
 // Where a worker runs and how a writer on the same host (same boot, same pid namespace) reaches
 // its same-host gate (ucx_same_host.h), carried in front of the ucp address. No pid: a writer
@@ -74,9 +77,19 @@ Result<UcxTicket> DecodeTicket(const std::string& blob);  // kInvalidArgument wh
 
 struct UcxKey {
   std::string_view rkey;  // into the blob decoded
+  bool cuda = false;      // the region is CUDA memory (written with data messages)
 };
-std::string EncodeKey(const void* rkey, size_t length);
+std::string EncodeKey(const void* rkey, size_t length, bool cuda);
 Result<UcxKey> DecodeKey(const std::string& blob, const std::string& what);
+
+// A data message's header: where in the receiver's memory its bytes go (the receiver's virtual
+// address, as its RemoteRegion names it, and the length; the message carries exactly that many).
+struct UcxDataHeader {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+std::string EncodeDataHeader(const UcxDataHeader& h);
+Result<UcxDataHeader> DecodeDataHeader(std::string_view header);  // kInvalidArgument when not one
 
 // The notification's active-message header, its MAC included (its landed_seq is not carried:
 // always 0).

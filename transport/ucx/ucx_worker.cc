@@ -153,6 +153,21 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
 
   ucp_context_attr_t cattr{};
   cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  // With CUDA: CUDA memory is registered as the range given, never widened to its whole
+  // allocation (UCX 1.13 takes a nil base for memory mapped with the CUDA VMM API, the KV
+  // pools' kind, and the registration fails). The setting exists only where UCX has its CUDA
+  // transports (elsewhere UCX warns of it), so the context is made again with it. Left as the
+  // user set it in the environment.
+  if (ucp_context_query(w->context_, &cattr) == UCS_OK &&
+      (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0 &&
+      std::getenv("UCX_CUDA_COPY_REG_WHOLE_ALLOC") == nullptr) {
+    ucp_cleanup(w->context_);
+    w->context_ = nullptr;
+    st = ucp_config_modify(config, "CUDA_COPY_REG_WHOLE_ALLOC", "off");
+    if (st != UCS_OK) return FromUcs(st, "UCX_CUDA_COPY_REG_WHOLE_ALLOC=off").WithContext("ucx");
+    st = ucp_init(&params, config, &w->context_);
+    if (st != UCS_OK) return FromUcs(st, "ucp_init").WithContext("ucx");
+  }
   if (ucp_context_query(w->context_, &cattr) == UCS_OK) {
     unsigned major = 0, minor = 0, release = 0;
     ucp_get_version(&major, &minor, &release);
@@ -222,6 +237,13 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
   am.flags = UCP_AM_FLAG_WHOLE_MSG;
   am.cb = &OnNotificationMessage;
   am.arg = w.get();
+  st = ucp_worker_set_am_recv_handler(w->worker_, &am);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler").WithContext("ucx");
+  // Data messages: PERSISTENT_DATA so that even a small (eager) one comes as a descriptor that
+  // ucp_am_recv_data_nbx can land in CUDA memory.
+  am.id = kDataAmId;
+  am.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+  am.cb = &OnDataMessage;
   st = ucp_worker_set_am_recv_handler(w->worker_, &am);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler").WithContext("ucx");
 
@@ -312,6 +334,28 @@ Status UcxWorker::RunSync(std::function<Status()> fn) {
     return Internal("ucx: progress thread did not answer within 30 s");
   }
   return sync->status;
+}
+
+void UcxWorker::AddRegion(uint64_t addr, uint64_t length, std::weak_ptr<UcxRegionState> region) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  const UcxRegionState* raw = region.lock().get();
+  regions_[addr] = RegionEntry{length, std::move(region), raw};
+}
+
+void UcxWorker::RemoveRegion(uint64_t addr, const UcxRegionState* region) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  auto it = regions_.find(addr);
+  if (it != regions_.end() && it->second.raw == region) regions_.erase(it);
+}
+
+std::shared_ptr<UcxRegionState> UcxWorker::FindRegion(uint64_t addr, uint64_t length) const {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  auto it = regions_.upper_bound(addr);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  const uint64_t offset = addr - it->first;
+  if (offset > it->second.length || length > it->second.length - offset) return nullptr;
+  return it->second.state.lock();
 }
 
 void UcxWorker::Loop() {

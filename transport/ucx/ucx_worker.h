@@ -9,7 +9,10 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <cstdint>
 #include <deque>
+#include <map>
+#include <set>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,6 +29,8 @@
 #include "transport/ucx/ucx_wire.h"
 
 namespace kvstream::transport::ucx {
+
+struct UcxRegionState;
 
 // The kvstream status of a UCX status (kRemoteDisconnect for a lost peer, ...).
 Status FromUcs(ucs_status_t s, const std::string& what);
@@ -77,6 +82,22 @@ class UcxWorker {
     return sink_;
   }
 
+  // The registrations data messages may land in (ucx_receiver.cc), by start address. Any thread.
+  void AddRegion(uint64_t addr, uint64_t length, std::weak_ptr<UcxRegionState> region);
+  void RemoveRegion(uint64_t addr, const UcxRegionState* region);
+  // The live registration holding [addr, addr + length) whole, or nullptr.
+  std::shared_ptr<UcxRegionState> FindRegion(uint64_t addr, uint64_t length) const;
+
+  // Progress-thread only: data messages being received (ids in order of arrival) and the
+  // notifications held until every data message that arrived before them has landed
+  // (ucx_receiver.cc).
+  struct Landing {
+    uint64_t next_id = 0;
+    std::set<uint64_t> receiving;
+    std::deque<std::pair<uint64_t, Notification>> held;  // (next_id when it came, notification)
+  };
+  Landing landing;
+
   // Progress-thread only: writes and closes in flight keep the thread spinning.
   int busy = 0;
   // Progress-thread only: periodic checks (close deadlines) run each loop while non-empty.
@@ -108,6 +129,14 @@ class UcxWorker {
   std::deque<std::function<void()>> queue_;
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> stopping_{false};
+
+  struct RegionEntry {
+    uint64_t length = 0;
+    std::weak_ptr<UcxRegionState> state;
+    const UcxRegionState* raw = nullptr;
+  };
+  mutable std::mutex regions_mu_;
+  std::map<uint64_t, RegionEntry> regions_;
 
   mutable std::mutex sink_mu_;
   std::shared_ptr<const NotificationSink> sink_;

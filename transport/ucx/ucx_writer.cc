@@ -4,6 +4,10 @@
 
 #include "common/log.h"
 
+#if KVSTREAM_UCX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace kvstream::transport::ucx {
 namespace {
 
@@ -31,7 +35,18 @@ static void MaybeSignalClosed(UcxEndpointState* ep) {
   ep->closed_cv.notify_all();
 }
 
+static void ReleaseDep(UcxWriteOp* op) {
+#if KVSTREAM_UCX_HAVE_CUDA
+  if (op->dep != nullptr) {
+    cudaSetDevice(op->dep_device);
+    cudaEventDestroy(static_cast<cudaEvent_t>(op->dep));
+  }
+#endif
+  op->dep = nullptr;
+}
+
 void FinishWrite(UcxWriteOp* op, Status status) {
+  ReleaseDep(op);
   op->completion->Complete(std::move(status));
   UcxEndpointState* ep = op->ep.get();
   --ep->inflight;
@@ -118,6 +133,81 @@ bool EnsureConnected(UcxEndpointState* ep) {
   return true;
 }
 
+static void OnDataSent(void* request, ucs_status_t st, void* user) {
+  auto* op = static_cast<UcxWriteOp*>(user);
+  if (request != nullptr) ucp_request_free(request);
+  if (st != UCS_OK && op->put_error.ok()) op->put_error = OpFailure(op, st, "data message");
+  if (--op->am_pending == 0) OnWriteFlushed(nullptr, UCS_OK, op);
+}
+
+// Progress thread: every run as a data message; the write goes on (OnWriteFlushed) once all of
+// them completed.
+static void SendDataMessages(UcxWriteOp* op) {
+  UcxEndpointState* ep = op->ep.get();
+  if (ep->closing || ep->failed.load()) {
+    Status e = ep->Error();
+    return FinishWrite(op, e.ok() ? Canceled("ucx: endpoint is closing") : e);
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE |
+                   UCP_OP_ATTR_FIELD_MEMH;
+  // Rendezvous always: the receiver then lands the bytes itself, memory-type-aware.
+  p.flags = UCP_AM_SEND_FLAG_RNDV;
+  p.memory_type = op->cuda_source ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  p.memh = op->reg->memh;
+  p.cb.send = &OnDataSent;
+  p.user_data = op;
+  auto* base = static_cast<uint8_t*>(op->reg->region.addr);
+  op->am_headers.reserve(op->runs.size());  // no reallocation: UCX holds the pointers
+  op->am_pending = 1;  // held while posting
+  for (const Run& run : op->runs) {
+    if (op->completion->cancel_requested()) {
+      op->put_error = Canceled("ucx: write canceled");
+      break;
+    }
+    op->am_headers.push_back(
+        EncodeDataHeader(UcxDataHeader{op->remote_base + run.remote_offset, run.length}));
+    const std::string& h = op->am_headers.back();
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep->ep, kDataAmId, h.data(), h.size(),
+                                         base + run.local_offset, run.length, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      op->put_error = OpFailure(op, UCS_PTR_STATUS(r), "ucp_am_send_nbx");
+      break;
+    }
+    if (r != nullptr) ++op->am_pending;
+  }
+  if (--op->am_pending == 0) OnWriteFlushed(nullptr, UCS_OK, op);
+}
+
+// Progress thread: sends once the event after_stream recorded has completed (polled each turn
+// of the loop), or fails the write with the CUDA error.
+static void SendAfterDependency(UcxWriteOp* op) {
+#if KVSTREAM_UCX_HAVE_CUDA
+  UcxWorker* w = op->ep->worker;
+  w->watchers[op] = [op] {
+    cudaSetDevice(op->dep_device);
+    cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(op->dep));
+    if (e == cudaErrorNotReady && !op->completion->cancel_requested() &&
+        !op->ep->failed.load()) {
+      return false;
+    }
+    ReleaseDep(op);
+    if (e != cudaSuccess && e != cudaErrorNotReady) {
+      FinishWrite(op, Internal(std::string("ucx: the write's stream failed: ") +
+                               cudaGetErrorString(e)));
+    } else if (op->completion->cancel_requested()) {
+      FinishWrite(op, Canceled("ucx: write canceled"));
+    } else {
+      SendDataMessages(op);
+    }
+    return true;
+  };
+#else
+  FinishWrite(op, Internal("ucx: after_stream without CUDA"));
+#endif
+}
+
 void StartWrite(UcxWriteOp* op) {
   UcxEndpointState* ep = op->ep.get();
   ++ep->inflight;
@@ -135,6 +225,12 @@ void StartWrite(UcxWriteOp* op) {
     --ep->worker->busy;
     ep->worker->copier().Post([op] { CopyOnHost(op); });
     return;
+  }
+
+  if (op->am_data) {
+    if (op->dep != nullptr) return SendAfterDependency(op);
+    if (op->runs.empty()) return OnWriteFlushed(nullptr, UCS_OK, op);
+    return SendDataMessages(op);
   }
 
   ucp_request_param_t put{};
@@ -257,12 +353,13 @@ UcxEndpoint::~UcxEndpoint() {
 
 Result<std::unique_ptr<WriteHandle>> UcxEndpoint::Write(const WriteRequest& request) {
   KV_RETURN_IF_ERROR(internal::CheckRequestShape(request, state_->regions.size()));
-  if (request.after_stream != nullptr) {
-    return NotSupported("ucx: after_stream needs a GPU backend; this one moves host memory");
-  }
   const auto* local = dynamic_cast<const UcxRegistration*>(request.local);
   if (local == nullptr || local->state()->worker.get() != worker_.get()) {
     return InvalidArgument("local registration was not made by this UCX transport");
+  }
+  const bool cuda_source = local->region().kind == MemoryKind::kCuda;
+  if (request.after_stream != nullptr && !cuda_source) {
+    return NotSupported("ucx: after_stream is for CUDA sources; this write's is host memory");
   }
   const RemoteRegion& remote = state_->regions[request.remote_region];
   KV_ASSIGN_OR_RETURN(internal::WritePlan plan,
@@ -280,6 +377,33 @@ Result<std::unique_ptr<WriteHandle>> UcxEndpoint::Write(const WriteRequest& requ
   if (const UcxEndpointState::PeerMap& m = state_->maps[request.remote_region]; m.ptr != nullptr) {
     op->mapped_dst = m.ptr + (remote.addr - m.base);
   }
+  op->cuda_source = cuda_source;
+  const size_t region = static_cast<size_t>(request.remote_region);
+  op->am_data = cuda_source ||
+                (region < state_->remote_cuda.size() && state_->remote_cuda[region]);
+  if (op->am_data) op->host_copy = false;
+#if KVSTREAM_UCX_HAVE_CUDA
+  if (request.after_stream != nullptr) {
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaGetDevice(&op->dep_device);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      e = cudaEventRecord(ev, static_cast<cudaStream_t>(request.after_stream));
+      if (e != cudaSuccess) cudaEventDestroy(ev);
+    }
+    if (e != cudaSuccess) {
+      delete op;
+      return InvalidArgument(std::string("ucx Write: after_stream is not usable: ") +
+                             cudaGetErrorString(e));
+    }
+    op->dep = ev;
+  }
+#else
+  if (request.after_stream != nullptr) {
+    delete op;
+    return NotSupported("ucx: after_stream needs kvstream built with CUDA");
+  }
+#endif
   op->runs = std::move(plan.runs);
   op->notify = request.notify;
   if (request.notify) op->notify_header = EncodeNotification(request.notification);

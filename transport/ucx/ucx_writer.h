@@ -4,6 +4,12 @@
 // ucp_ep_flush_nbx waits for remote completion of all of them, and only then, if asked, an
 // active message carries the notification. A same-host peer's memory is written by the copier
 // thread instead (ucx_host_copy.cc), after which the notification goes the same way.
+// CUDA memory on either side: every run is a data message instead (ucp_am_send_nbx, rendezvous,
+// the source's memory type given), which UCX moves memory-type-aware in every release (its puts
+// from CUDA memory copy with the host's memcpy before 1.16); the write is complete when every
+// message's send completed, and the receiver lands each in memory it registered
+// (ucx_receiver.h). With after_stream (CUDA sources only) nothing is sent before the work queued
+// on that stream when Write() was called has finished (an event the progress thread polls).
 //
 // Endpoint destruction: flush (bounded), then force-close the ucp endpoint, then wait until
 // every write through it has completed (canceled ones with kCanceled).
@@ -60,6 +66,8 @@ struct UcxEndpointState {
   // Per remote region: copied on this host (inside a range the peer's gate granted), else by
   // UCX puts.
   std::vector<bool> host_copy;
+  // Per remote region: CUDA memory (its key says so): written with data messages.
+  std::vector<bool> remote_cuda;
   // Per remote region: the peer's memfd (granted over the gate) mapped here (nullptr = none);
   // writes then memcpy. `fd` is this endpoint's own descriptor of it (-1 = none).
   struct PeerMap {
@@ -116,6 +124,14 @@ struct UcxWriteOp {
   bool notify = false;
   std::string notify_header;  // the notification active message's header
   Status put_error;
+  // Data messages (CUDA memory on either side): their headers (alive until sent), the memory
+  // type of the source, the sends not yet complete, and the event after_stream waits for.
+  bool am_data = false;
+  bool cuda_source = false;
+  std::vector<std::string> am_headers;
+  int am_pending = 0;
+  void* dep = nullptr;   // cudaEvent_t
+  int dep_device = -1;
 };
 
 // Progress thread: connects to the peer's listener on the first call (a failure marks the

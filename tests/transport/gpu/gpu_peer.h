@@ -103,6 +103,8 @@ class PeerProcess {
     if (pid_ == 0) {
       dup2(in[0], 0);
       dup2(out[1], 1);
+      // stdout is the protocol: UCX's warnings go to stderr (its default is stdout).
+      setenv("UCX_LOG_FILE", "stderr", 0);
       std::vector<char*> argv;
       static char self[] = "/proc/self/exe";
       argv.push_back(self);

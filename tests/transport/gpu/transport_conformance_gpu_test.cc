@@ -1,10 +1,12 @@
 // The transport conformance suite (tests/transport/conformance/) over device and managed
 // memory (label gpu): the GPU backends (cuda_ipc; ucx_staged with zero-copy, with UCX puts, in
 // 1 MiB chunks, and polling instead of a busy wait; nccl, which needs two GPUs), each also
-// with host memory and the CPU backends with CUDA memory, which their capabilities refuse
-// (skipped with that reason). Real processes on one GPU: the receiver of the peer-process cases
-// is this binary re-executed with --helper=receiver (tests/transport/gpu/gpu_peer.h). And the
-// ucx_staged receiver's slot reclaim after a killed writer (StagedReclaimTest).
+// with host memory, and the CPU backends with CUDA memory, which their capabilities refuse
+// (skipped with that reason) unless UCX was built with CUDA: then the ucx configurations run
+// the peer-process cases too, their receiver on the same UCX_TLS. Real processes on one GPU:
+// the receiver of the peer-process cases is this binary re-executed with --helper=receiver
+// (tests/transport/gpu/gpu_peer.h). And the ucx_staged receiver's slot reclaim after a killed
+// writer (StagedReclaimTest).
 //
 // Without a usable GPU the binary prints why and exits 77 (CTest: skipped).
 #include <cuda_runtime_api.h>
@@ -76,7 +78,18 @@ Result<std::unique_ptr<Transport>> MakeBackend(const std::string& name, int devi
 #if KVSTREAM_HAVE_NCCL
   if (name == "nccl") return MakeNccl(device);
 #endif
+  (void)device;
   return NotSupported("backend " + name + " not built");
+}
+
+// The ucx configurations' writer and receiver: the configuration's UCX_TLS.
+TransportMaker UcxMaker(const std::string& tls) {
+  return [tls] {
+    TransportOptions o;
+    o.backend = "ucx";
+    o.ucx.tls = tls;
+    return CreateTransport(o);
+  };
 }
 
 bool IsGpuBackend(const std::string& b) { return b == "cuda_ipc" || b == "nccl" || b.rfind("ucx_staged", 0) == 0; }
@@ -97,8 +110,13 @@ std::vector<Config> GpuConfigs() {
       out.push_back(Config{b, name, m, 0, reader, {}, /*refuses_foreign_registration=*/b == "nccl"});
     }
   }
-  // The CPU backends over CUDA memory (their capabilities say whether they move it).
+  // The CPU backends over CUDA memory (their capabilities say whether they move it), and UCX
+  // on its network path for CUDA memory (TCP beside its CUDA copy transport).
+  std::vector<test::BackendConfig> cpu = test::AllConfigs();
   for (const test::BackendConfig& c : test::AllConfigs()) {
+    if (c.label == "ucx_tcp") cpu.push_back({"ucx_tcp_cuda", test::Options("ucx", "tcp,cuda_copy")});
+  }
+  for (const test::BackendConfig& c : cpu) {
     for (Memory m : {Memory::kDevice, Memory::kManaged}) {
       out.push_back(Config{c.label, c.options.backend, m, 0, 0, c.options});
     }
@@ -178,16 +196,19 @@ int VisibleGpus() { return g_gpus; }
 // ---- the peer-process cases' hooks (peer_process_cases.h) -----------------------------------
 
 bool HasPeerProcess(const Config& c) {
-  return c.backend == "cuda_ipc" || c.backend == "nccl" || c.backend.rfind("ucx_staged", 0) == 0;
+  return c.backend == "cuda_ipc" || c.backend == "nccl" || c.backend.rfind("ucx_staged", 0) == 0 ||
+         c.name == "ucx";
 }
 
 // The receiver: this binary with --helper=receiver on the configuration's reader device (nccl's
 // on GPU 1).
 void OpenPeer(const Config& c, Link* l, TransportMaker make) {
-  const std::string backend = c.backend;
-  if (!make) make = [backend] { return MakeBackend(backend, 0); };
+  const bool ucx = c.name == "ucx";
+  const std::string backend = ucx ? std::string("ucx") : c.backend;
+  if (!make) make = ucx ? UcxMaker(c.options.ucx.tls) : [backend] { return MakeBackend(backend, 0); };
   const int64_t start_ms = backend == "nccl" ? 30000 : 20000;
-  OpenLink({"--helper=receiver", "--backend=" + backend, "--device=" + std::to_string(c.reader_device)},
+  OpenLink({"--helper=receiver", "--backend=" + backend, "--device=" + std::to_string(c.reader_device),
+            "--ucx-tls=" + c.options.ucx.tls},
            start_ms, make, l);
 }
 
@@ -207,6 +228,7 @@ std::vector<WriterVariant> ScatterVariants(const Config& c) {
     return out;
   }
 #endif
+  if (c.name == "ucx") return {{1000, UcxMaker(c.options.ucx.tls)}};
   // cuda_ipc: copy engine, block-table kernel (the default for these paged writes), packed-run
   // kernel (the previous path, block_table off), and auto mode with the block table.
   struct Variant {
@@ -235,6 +257,7 @@ std::vector<WriterVariant> StreamVariants(const Config& c) {
   }
 #endif
   const std::string backend = c.backend;
+  if (c.name == "ucx") return {{2000, UcxMaker(c.options.ucx.tls)}};
   return {{2000, [backend] { return MakeBackend(backend, 0); }}};
 }
 
@@ -245,6 +268,7 @@ void CheckFreshLink(const Config& c, const Link& l) {
   }
 #if KVSTREAM_HAVE_UCX_STAGED
   if (c.backend == "cuda_ipc") return;
+  if (c.name == "ucx") return;
   // The receiver is another process on this host: zero-copy unless turned off. Asserted where
   // the caller says the host allows it (KVSTREAM_EXPECT_ZERO_COPY=1), printed always.
   const std::string path = staged::EndpointPath(*l.ep);
@@ -263,7 +287,7 @@ namespace {
 
 // Receiver helper process on `device`: the sink runs on the transport's thread; blocking there
 // is the test's choice (it checks the data at the moment the notification arrives).
-int RunReceiver(const std::string& backend, int device) {
+int RunReceiver(const std::string& backend, int device, const std::string& ucx_tls) {
   if (cudaSetDevice(device) != cudaSuccess) {
     PeerSay("ERROR cudaSetDevice " + std::to_string(device));
     return 1;
@@ -274,6 +298,7 @@ int RunReceiver(const std::string& backend, int device) {
   if (backend == "nccl") made = MakeNccl(device, nccl::CopyMode::kAuto, 1 << 20);
 #endif
   if (backend != "nccl") made = MakeBackend(backend, device);
+  if (backend == "ucx") made = UcxMaker(ucx_tls)();
   return ServeAsReceiver(
       std::move(made), device, kPeerRegions, kPeerRegionBytes, /*host_memory=*/false,
       [device](const ReceiverPool& pool) { return CheckingSink(pool, device); }, HashCommand);
@@ -540,7 +565,7 @@ INSTANTIATE_TEST_SUITE_P(Staged, StagedReclaimTest,
 }  // namespace kvstream::transport::conformance
 
 int main(int argc, char** argv) {
-  std::string helper, backend = "cuda_ipc", peer;
+  std::string helper, backend = "cuda_ipc", peer, ucx_tls;
   int device = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -548,8 +573,9 @@ int main(int argc, char** argv) {
     if (a.rfind("--backend=", 0) == 0) backend = a.substr(10);
     if (a.rfind("--peer=", 0) == 0) peer = a.substr(7);
     if (a.rfind("--device=", 0) == 0) device = std::stoi(a.substr(9));
+    if (a.rfind("--ucx-tls=", 0) == 0) ucx_tls = a.substr(10);
   }
-  if (helper == "receiver") return kvstream::transport::conformance::RunReceiver(backend, device);
+  if (helper == "receiver") return kvstream::transport::conformance::RunReceiver(backend, device, ucx_tls);
 #if KVSTREAM_HAVE_UCX_STAGED
   if (helper == "writer") return kvstream::transport::conformance::RunWriter(backend, peer);
 #endif
