@@ -153,20 +153,38 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
 
   ucp_context_attr_t cattr{};
   cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  // With CUDA: CUDA memory is registered as the range given, never widened to its whole
-  // allocation (UCX 1.13 takes a nil base for memory mapped with the CUDA VMM API, the KV
-  // pools' kind, and the registration fails). The setting exists only where UCX has its CUDA
-  // transports (elsewhere UCX warns of it), so the context is made again with it. Left as the
-  // user set it in the environment.
+  // With CUDA, the KV pools (memory mapped with the CUDA VMM API) must be registrable:
+  //  - registered as the range given, never widened to its whole allocation (UCX 1.13 takes a
+  //    nil base for VMM memory and the registration fails): UCX_CUDA_COPY_REG_WHOLE_ALLOC=off,
+  //    an environment setting (as a config entry UCX warns that its interfaces do not know it);
+  //  - without cuda_ipc, which cannot register VMM memory (cuIpcGetMemHandle) and is a same-host
+  //    path (kvstream's own cuda_ipc backend is that): left out of an empty selection.
+  // Both exist only where UCX has its CUDA transports, so the context is made again with them;
+  // what the user set is kept.
   if (ucp_context_query(w->context_, &cattr) == UCS_OK &&
-      (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0 &&
-      std::getenv("UCX_CUDA_COPY_REG_WHOLE_ALLOC") == nullptr) {
-    ucp_cleanup(w->context_);
-    w->context_ = nullptr;
-    st = ucp_config_modify(config, "CUDA_COPY_REG_WHOLE_ALLOC", "off");
-    if (st != UCS_OK) return FromUcs(st, "UCX_CUDA_COPY_REG_WHOLE_ALLOC=off").WithContext("ucx");
-    st = ucp_init(&params, config, &w->context_);
-    if (st != UCS_OK) return FromUcs(st, "ucp_init").WithContext("ucx");
+      (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0) {
+    const char* env_tls = std::getenv("UCX_TLS");
+    const bool default_tls = options.tls.empty() && (env_tls == nullptr || *env_tls == 0);
+    const bool whole_alloc_set = std::getenv("UCX_CUDA_COPY_REG_WHOLE_ALLOC") != nullptr;
+    if (default_tls || !whole_alloc_set) {
+      ucp_cleanup(w->context_);
+      w->context_ = nullptr;
+      if (!whole_alloc_set) setenv("UCX_CUDA_COPY_REG_WHOLE_ALLOC", "off", 0);
+      ucp_config_t* again = nullptr;
+      st = ucp_config_read(nullptr, nullptr, &again);
+      if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
+      ucp_config_release(config_guard.c);
+      config_guard.c = config = again;
+      st = ucp_config_modify(config, "UNIFIED_MODE", "n");
+      if (st == UCS_OK && default_tls) st = ucp_config_modify(config, "TLS", "^cuda_ipc");
+      if (st == UCS_OK && !options.tls.empty()) st = ucp_config_modify(config, "TLS", options.tls.c_str());
+      if (st == UCS_OK && !options.net_devices.empty()) {
+        st = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+      }
+      if (st != UCS_OK) return FromUcs(st, "configuring UCX for CUDA memory").WithContext("ucx");
+      st = ucp_init(&params, config, &w->context_);
+      if (st != UCS_OK) return FromUcs(st, "ucp_init").WithContext("ucx");
+    }
   }
   if (ucp_context_query(w->context_, &cattr) == UCS_OK) {
     unsigned major = 0, minor = 0, release = 0;
