@@ -155,8 +155,9 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
   cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   // With CUDA, the KV pools (memory mapped with the CUDA VMM API) must be registrable:
   //  - registered as the range given, never widened to its whole allocation (UCX 1.13 takes a
-  //    nil base for VMM memory and the registration fails): UCX_CUDA_COPY_REG_WHOLE_ALLOC=off,
-  //    an environment setting (as a config entry UCX warns that its interfaces do not know it);
+  //    nil base for VMM memory and the registration fails): CUDA_COPY_REG_WHOLE_ALLOC=off (a
+  //    memory-domain setting: UCX 1.13 warns "invalid configuration" at each worker, whose
+  //    check looks at interface settings only; setting it in the environment here did not take);
   //  - without cuda_ipc, which cannot register VMM memory (cuIpcGetMemHandle) and is a same-host
   //    path (kvstream's own cuda_ipc backend is that): left out of an empty selection.
   // Both exist only where UCX has its CUDA transports, so the context is made again with them;
@@ -169,13 +170,15 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
     if (default_tls || !whole_alloc_set) {
       ucp_cleanup(w->context_);
       w->context_ = nullptr;
-      if (!whole_alloc_set) setenv("UCX_CUDA_COPY_REG_WHOLE_ALLOC", "off", 0);
       ucp_config_t* again = nullptr;
       st = ucp_config_read(nullptr, nullptr, &again);
       if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
       ucp_config_release(config_guard.c);
       config_guard.c = config = again;
       st = ucp_config_modify(config, "UNIFIED_MODE", "n");
+      if (st == UCS_OK && !whole_alloc_set) {
+        st = ucp_config_modify(config, "CUDA_COPY_REG_WHOLE_ALLOC", "off");
+      }
       if (st == UCS_OK && default_tls) st = ucp_config_modify(config, "TLS", "^cuda_ipc");
       if (st == UCS_OK && !options.tls.empty()) st = ucp_config_modify(config, "TLS", options.tls.c_str());
       if (st == UCS_OK && !options.net_devices.empty()) {
