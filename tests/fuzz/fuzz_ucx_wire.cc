@@ -62,11 +62,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 1: {
-      if (mode & 0x80) blob = SealLike(ucx::EncodeKey(&one, 1), blob);
+      if (mode & 0x80) blob = SealLike(ucx::EncodeKey(&one, 1, (mode & 0x20) != 0), blob);
       auto k = ucx::DecodeKey(blob, "fuzz key");
       if (!k.ok()) break;
       if (k->rkey.empty()) Fail("empty rkey accepted");
-      if (ucx::EncodeKey(k->rkey.data(), k->rkey.size()) != blob)
+      if (ucx::EncodeKey(k->rkey.data(), k->rkey.size(), k->cuda) != blob)
         Fail("key does not encode back to its blob");
       break;
     }

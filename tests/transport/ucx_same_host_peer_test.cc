@@ -174,6 +174,57 @@ TEST_P(SameHostPeer, HandshakeNamingABystanderWritesNothingIntoIt) {
   EXPECT_EQ(line, "NOTE 5 0 OK");
 }
 
+// A region its owner keyed as CUDA memory is not the gate's to grant (the gate grants host
+// memory only): a same-host writer connects without asking the gate about it and sends its
+// bytes as data messages, which the receiver lands only inside what it registered. Here the
+// region names a bystander's buffer: the connection is made, nothing lands in the bystander,
+// and the receiver keeps serving. (Before the fix every same-host writer to CUDA memory was
+// refused: "region 0 is not memory the peer registered".)
+TEST_P(SameHostPeer, CudaKeyedRegionIsLeftToTheReceiversOwnRegistrations) {
+  Bystander bystander;
+  ASSERT_GT(bystander.pid(), 0);
+  ASSERT_NE(bystander.addr(), 0u);
+  auto receiver = test::StartPeer(GetParam(), kBytes, kBytes);
+  ASSERT_NE(receiver, nullptr);
+  auto t = CreateTransport(test::Options("ucx", GetParam().substr(0, GetParam().find('+'))));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<uint8_t> src(kBytes);
+  test::FillPattern(src.data(), kBytes, 7);
+  auto reg = (*t)->Register(MemoryRegion{src.data(), kBytes});
+  ASSERT_TRUE(reg.ok());
+
+  PeerDescriptor cuda = receiver->descriptor;
+  auto key = ucx::DecodeKey(cuda.regions[0].key, "key");
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  cuda.regions[0].key = ucx::EncodeKey(key->rkey.data(), key->rkey.size(), true);
+  cuda.regions[0].addr = bystander.addr();
+  {
+    auto ep = test::ConnectAdmitted(**t, *receiver, cuda);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    WriteRequest r;
+    r.local = reg->get();
+    r.ops.push_back(CopyOp{0, 0, kBytes});
+    auto h = (*ep)->Write(r);
+    if (h.ok()) (*h)->Wait(DeadlineAfterMs(10000)).IgnoreError();
+  }
+  EXPECT_EQ(bystander.Changed(), 0u) << "bytes of the bystander's buffer were overwritten";
+
+  test::FillPattern(src.data(), kBytes, 8);
+  auto good = test::ConnectAdmitted(**t, *receiver, receiver->descriptor);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  WriteRequest r;
+  r.local = reg->get();
+  r.ops.push_back(CopyOp{0, 0, kBytes});
+  r.notify = true;
+  r.notification = Notification{8, 0, 0};
+  auto h = (*good)->Write(r);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
+  std::string line;
+  ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
+  EXPECT_EQ(line, "NOTE 8 0 OK");
+}
+
 // The gate is a filesystem socket (never abstract) of mode 0600 in a directory of mode 0700, and
 // a writer that presents another token gets no shortcut: its writes go through UCX and land.
 TEST_P(SameHostPeer, GateIsPrivateAndWantsTheToken) {

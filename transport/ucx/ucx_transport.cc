@@ -206,7 +206,11 @@ class UcxTransport final : public Transport {
       return OkStatus();
     }
     int mapped = 0, copied = 0;
+    // CUDA regions are not the gate's: they move as data messages, landed by the receiver only
+    // inside what it registered (ucx_worker.h), whichever host the writer is on.
+    auto cuda = [&](size_t i) { return i < ep.remote_cuda.size() && ep.remote_cuda[i]; };
     for (size_t i = 0; i < ep.regions.size(); ++i) {
+      if (cuda(i)) continue;
       const RemoteRegion& r = ep.regions[i];
       const GrantedRange* g = grant->Covering(r.addr, r.length);
       if (g == nullptr) {
@@ -228,12 +232,12 @@ class UcxTransport final : public Transport {
     // Registered memory (no memfd) is written with process_vm_writev: only where the kernel
     // lets this process reach the peer (ptrace access), tried on the first such region.
     for (size_t i = 0; i < ep.regions.size(); ++i) {
-      if (ep.maps[i].ptr != nullptr) continue;
+      if (ep.maps[i].ptr != nullptr || cuda(i)) continue;
       uint8_t byte;
       iovec l{&byte, 1}, rv{reinterpret_cast<void*>(ep.regions[i].addr), 1};
       if (process_vm_readv(grant->pid, &l, 1, &rv, 1, 0) != 1) break;
       for (size_t j = i; j < ep.regions.size(); ++j) {
-        if (ep.maps[j].ptr != nullptr) continue;
+        if (ep.maps[j].ptr != nullptr || cuda(j)) continue;
         ep.host_copy[j] = true;
         ++copied;
       }
