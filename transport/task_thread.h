@@ -25,6 +25,8 @@ class TaskThread {
   TaskThread(const TaskThread&) = delete;
   TaskThread& operator=(const TaskThread&) = delete;
 
+  bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
   void Post(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -122,7 +122,15 @@ Result<std::shared_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& options) 
                   << "(docs/transports.md)";
     }
   }
-  std::shared_ptr<UcxWorker> w(new UcxWorker());
+  // Callbacks and copies hold references too (a landing data message holds its region, which
+  // holds the worker): when one of them is the last, the worker is destroyed on another thread.
+  std::shared_ptr<UcxWorker> w(new UcxWorker(), [](UcxWorker* p) {
+    if (p->OnInternalThread()) {
+      std::thread([p] { delete p; }).detach();
+    } else {
+      delete p;
+    }
+  });
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
@@ -313,6 +321,15 @@ UcxWorker::~UcxWorker() {
   if (wake_fd_ >= 0) close(wake_fd_);
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+bool UcxWorker::OnInternalThread() {
+  if (OnThread() || (copier_ != nullptr && copier_->OnThread())) return true;
+  std::lock_guard<std::mutex> lock(lanes_mu_);
+  for (const auto& lane : lanes_) {
+    if (lane->OnThread()) return true;
+  }
+  return false;
 }
 
 TaskThread& UcxWorker::copy_lane(int i) {

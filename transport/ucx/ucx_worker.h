@@ -66,6 +66,10 @@ class UcxWorker {
   int max_copy_lanes() const { return max_copy_lanes_; }
   TaskThread& copy_lane(int i);
   bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // On the progress thread, the copier or a copy lane: where the last reference to the worker
+  // must not be dropped (the worker would join the thread it runs on). The shared_ptr that
+  // Create() returns hands such a last reference to a short-lived thread that destroys it.
+  bool OnInternalThread();
 
   // Runs fn on the progress thread, in order of posting.
   void Post(std::function<void()> fn);
