@@ -26,6 +26,10 @@
 #include "transport/ucx/ucx_worker.h"
 #include "transport/ucx/ucx_writer.h"
 
+#if KVSTREAM_UCX_HAVE_CUDA
+#include "transport/cuda/cuda_util.h"
+#endif
+
 namespace kvstream::transport::ucx {
 namespace {
 
@@ -133,6 +137,23 @@ class UcxTransport final : public Transport {
     if (region.kind == MemoryKind::kCuda && !worker_->cuda_memory()) {
       return NotSupported("ucx: this UCX build cannot register CUDA memory");
     }
+#if KVSTREAM_UCX_HAVE_CUDA
+    if (region.kind == MemoryKind::kCuda) {
+      // CUDA memory is registered only as what it is: device memory of the device named (if
+      // one is), inside one allocation. UCX checks neither, and data messages land in whatever
+      // a registration spans.
+      auto info = cuda::QueryDevicePointer(region.addr, region.length);
+      if (!info.ok()) return info.status().WithContext("ucx Register");
+      if (region.device >= 0 && info->device != region.device) {
+        return InvalidArgument("ucx Register: the memory is on device " +
+                               std::to_string(info->device) + ", the region names device " +
+                               std::to_string(region.device));
+      }
+      MemoryRegion r = region;
+      r.device = info->device;
+      return RegisterMemory(worker_, r, /*allocate=*/false);
+    }
+#endif
     return RegisterMemory(worker_, region, /*allocate=*/false);
   }
 

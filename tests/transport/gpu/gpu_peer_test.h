@@ -241,13 +241,16 @@ inline void LandCheckedWrite(Link& l, int64_t wait_ms, void** src,
   EXPECT_TRUE(ExpectNotes(l.rx.proc, {{{req, 0}, true}}, 20000));
 }
 
-// Registrations a GPU backend must refuse: host memory (kNotSupported), a null address, zero
-// length, host memory called kCuda, and a length past the allocation (`dev`: 1 MiB of device
-// 0; `host`: 1 MiB).
-inline void ExpectRegisterRefusals(transport::Transport& tx, void* dev, std::vector<char>& host) {
+// Registrations a GPU backend must refuse: host memory (kNotSupported; not for a backend that
+// moves host memory too, `takes_host`), a null address, zero length, host memory called kCuda,
+// and a length past the allocation (`dev`: 1 MiB of device 0; `host`: 1 MiB).
+inline void ExpectRegisterRefusals(transport::Transport& tx, void* dev, std::vector<char>& host,
+                                   bool takes_host = false) {
   using transport::MemoryKind;
-  EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kHost, -1}).status().code(),
-            StatusCode::kNotSupported);
+  if (!takes_host) {
+    EXPECT_EQ(tx.Register({host.data(), host.size(), MemoryKind::kHost, -1}).status().code(),
+              StatusCode::kNotSupported);
+  }
   EXPECT_EQ(tx.Register({nullptr, 4096, MemoryKind::kCuda, 0}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(tx.Register({dev, 0, MemoryKind::kCuda, 0}).status().code(),
