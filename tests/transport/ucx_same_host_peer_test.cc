@@ -111,6 +111,23 @@ std::string NamingBystander(const std::string& address, pid_t receiver, pid_t by
   return internal::SealEnvelope(tag, e->type, payload);
 }
 
+// Writes kBytes from `reg` to the receiver's region 0 through `ep`, notified as `request`, and
+// checks that the receiver saw them land intact (it checks the pattern seeded with `request`).
+void ExpectLayerLands(Endpoint& ep, const Registration* reg, test::RemotePeer& receiver,
+                      uint64_t request) {
+  WriteRequest r;
+  r.local = reg;
+  r.ops.push_back(CopyOp{0, 0, kBytes});
+  r.notify = true;
+  r.notification = Notification{request, 0, 0};
+  auto h = ep.Write(r);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
+  std::string line;
+  ASSERT_TRUE(receiver.process.ReadLine(&line, DeadlineAfterMs(10000)));
+  EXPECT_EQ(line, "NOTE " + std::to_string(request) + " 0 OK");
+}
+
 class SameHostPeer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SameHostPeer, HandshakeNamingABystanderWritesNothingIntoIt) {
@@ -161,17 +178,7 @@ TEST_P(SameHostPeer, HandshakeNamingABystanderWritesNothingIntoIt) {
   // The genuine receiver is still reached and its layer lands.
   auto good = test::ConnectAdmitted(**t, *receiver, receiver->descriptor);
   ASSERT_TRUE(good.ok()) << good.status().ToString();
-  WriteRequest r;
-  r.local = reg->get();
-  r.ops.push_back(CopyOp{0, 0, kBytes});
-  r.notify = true;
-  r.notification = Notification{5, 0, 0};
-  auto h = (*good)->Write(r);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
-  std::string line;
-  ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
-  EXPECT_EQ(line, "NOTE 5 0 OK");
+  ASSERT_NO_FATAL_FAILURE(ExpectLayerLands(**good, reg->get(), *receiver, 5));
 }
 
 // A region its owner keyed as CUDA memory is not the gate's to grant (the gate grants host
@@ -212,17 +219,7 @@ TEST_P(SameHostPeer, CudaKeyedRegionIsLeftToTheReceiversOwnRegistrations) {
   test::FillPattern(src.data(), kBytes, 8);
   auto good = test::ConnectAdmitted(**t, *receiver, receiver->descriptor);
   ASSERT_TRUE(good.ok()) << good.status().ToString();
-  WriteRequest r;
-  r.local = reg->get();
-  r.ops.push_back(CopyOp{0, 0, kBytes});
-  r.notify = true;
-  r.notification = Notification{8, 0, 0};
-  auto h = (*good)->Write(r);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
-  std::string line;
-  ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
-  EXPECT_EQ(line, "NOTE 8 0 OK");
+  ASSERT_NO_FATAL_FAILURE(ExpectLayerLands(**good, reg->get(), *receiver, 8));
 }
 
 // The gate is a filesystem socket (never abstract) of mode 0600 in a directory of mode 0700, and
@@ -254,17 +251,7 @@ TEST_P(SameHostPeer, GateIsPrivateAndWantsTheToken) {
   ASSERT_TRUE(reg.ok());
   auto ep = test::ConnectAdmitted(**t, *receiver, d);
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-  WriteRequest r;
-  r.local = reg->get();
-  r.ops.push_back(CopyOp{0, 0, kBytes});
-  r.notify = true;
-  r.notification = Notification{6, 0, 0};
-  auto h = (*ep)->Write(r);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
-  ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
-  std::string line;
-  ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
-  EXPECT_EQ(line, "NOTE 6 0 OK");
+  ASSERT_NO_FATAL_FAILURE(ExpectLayerLands(**ep, reg->get(), *receiver, 6));
   if (GetParam().find("alloc") != std::string::npos) {
     EXPECT_EQ(ucx::MapPeerRegion(**ep, 0).status().code(), StatusCode::kNotSupported)
         << "a writer without the token mapped the peer's memory";
@@ -290,17 +277,7 @@ TEST_P(SameHostPeer, AnAddressGivesTheShortcutToOneWriter) {
       EXPECT_EQ(ucx::MapPeerRegion(**ep, 0).ok(), writer == 0)
           << (writer == 0 ? "the first writer got no shortcut" : "a replayed address mapped the peer's memory");
     }
-    WriteRequest r;
-    r.local = reg->get();
-    r.ops.push_back(CopyOp{0, 0, kBytes});
-    r.notify = true;
-    r.notification = Notification{uint64_t(20 + writer), 0, 0};
-    auto h = (*ep)->Write(r);
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    ASSERT_TRUE((*h)->Wait(DeadlineAfterMs(20000)).ok());
-    std::string line;
-    ASSERT_TRUE(receiver->process.ReadLine(&line, DeadlineAfterMs(10000)));
-    EXPECT_EQ(line, "NOTE " + std::to_string(20 + writer) + " 0 OK");
+    ASSERT_NO_FATAL_FAILURE(ExpectLayerLands(**ep, reg->get(), *receiver, 20 + writer));
   }
 }
 
