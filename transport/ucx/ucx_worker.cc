@@ -24,7 +24,6 @@ namespace kvstream::transport::ucx {
 namespace {
 
 constexpr auto kCloseFlushTimeout = std::chrono::seconds(2);
-constexpr auto kCloseWaitTimeout = std::chrono::seconds(10);
 constexpr auto kSyncCallTimeout = std::chrono::seconds(30);
 // The progress thread spins this long after the last event before it sleeps on the event fds;
 // while writes are in flight it spins up to kBusySpin without progress before sleeping in
